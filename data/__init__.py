@@ -1,0 +1,1 @@
+"""Data preparation for spheretnorm: tokenisers, dataset preparation and bin readers."""

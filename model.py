@@ -1,0 +1,677 @@
+"""
+A GPT language model with a switchable deep connection, in one file.
+
+The model is GPT-2 as in nanoGPT (learned token and position embeddings, causal
+self-attention, GELU MLP, weight-tied head). What changes between experiments is
+the *deep connection*: the rule that combines a hidden state h with the output of
+a sublayer F (attention or MLP). Each rule is one small class below, registered in
+CONNECTIONS; a Block is simply two connection calls.
+
+The maths follows the paper "Sphere Retraction Normalizations" (arXiv 2608.02668)
+and the project's spec (shared/spec/connections.md). Equation numbers refer to the
+paper.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
+ALPHA_INDICES = ("block", "sublayer")
+CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
+
+
+# -----------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # bias in Linear and LayerNorm layers, as GPT-2 (paper Table 6)
+    connection: str = "pre_ln"  # a key of CONNECTIONS
+    spheret_p: float = 0.5  # p of p-SpheretNorm: angle = p * arctan(beta / p)
+    angle_max: float = math.pi / 4  # largest rotation of one sphere update (paper 4.2)
+    alpha_decay: str = "sqrt"  # depth decay lambda_l of the sphere step size
+    alpha_index: str = "block"  # l counts blocks (1..L) or sublayers (1..2L)
+    dyt_alpha: float = 0.5  # initial scalar a of DyT(x) = g * tanh(a x) + b
+    keel_alpha: float | None = None  # Keel's fixed residual scale; None means 2 * n_layer
+    peri_embed_ln: bool = False  # Peri-LN: also LayerNorm the embedding output
+
+    def __post_init__(self) -> None:
+        if self.connection not in CONNECTIONS:
+            raise ValueError(
+                f"Unknown connection {self.connection!r}; valid connections are: "
+                f"{', '.join(CONNECTIONS)}."
+            )
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                "choose n_embd as a multiple of n_head."
+            )
+        if not self.spheret_p > 0:
+            raise ValueError(f"spheret_p must be > 0, got {self.spheret_p}.")
+        if not 0 < self.angle_max <= math.pi:
+            raise ValueError(f"angle_max must lie in (0, pi], got {self.angle_max}.")
+        if self.alpha_decay not in ALPHA_DECAYS:
+            raise ValueError(
+                f"Unknown alpha_decay {self.alpha_decay!r}; valid values are: "
+                f"{', '.join(ALPHA_DECAYS)}."
+            )
+        if self.alpha_index not in ALPHA_INDICES:
+            raise ValueError(
+                f"Unknown alpha_index {self.alpha_index!r}; valid values are: "
+                f"{', '.join(ALPHA_INDICES)}."
+            )
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
+
+    @property
+    def keel_scale(self) -> float:
+        return float(self.keel_alpha) if self.keel_alpha is not None else 2.0 * self.n_layer
+
+
+def config_from_dict(d: dict[str, Any]) -> GPTConfig:
+    """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling)."""
+    known = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(
+            f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}."
+        )
+    return GPTConfig(**d)
+
+
+# -----------------------------------------------------------------------------
+# Normalisations
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
+
+    def __init__(self, ndim: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh: DyT(x) = g * tanh(a x) + b, a learnable scalar a."""
+
+    def __init__(self, ndim: int, alpha_init: float):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * torch.tanh(self.alpha * x) + self.bias
+
+
+def inverse_softplus(y: float) -> float:
+    """x with softplus(x) = y; for large y softplus is the identity to fp32 precision."""
+    return y if y >= 20.0 else math.log(math.expm1(y))
+
+
+class ScaleNorm(nn.Module):
+    """Modified ScaleNorm of the embedding output (Eq. 11): puts h on a sphere.
+
+    h1 = clamp(softplus(gamma), 1, sqrt(d)) * x / ||x||, with softplus(gamma) = sqrt(d)
+    at init, so every token starts on the sphere of radius sqrt(d) (RMS 1).
+    """
+
+    def __init__(self, ndim: int):
+        super().__init__()
+        self.max_radius = math.sqrt(ndim)
+        self.gamma = nn.Parameter(torch.tensor(inverse_softplus(self.max_radius)))
+
+    def radius(self) -> torch.Tensor:
+        return F.softplus(self.gamma).clamp(1.0, self.max_radius)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r2 = (x * x).sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        return self.radius() * x * torch.rsqrt(r2)
+
+
+# -----------------------------------------------------------------------------
+# Sublayers (nanoGPT's, unchanged)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        # (B, T, C) -> (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+# -----------------------------------------------------------------------------
+# Deep connections. Each is built as cls(config, layer_idx, slot) with layer_idx the
+# 1-based block index and slot 0 (attention) or 1 (MLP), and called as
+# conn(h, sublayer) -> new h. The class also says which norm sits on the embedding
+# output and which before the LM head.
+
+Sublayer = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Connection(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__()
+        if not 1 <= layer_idx <= config.n_layer:
+            raise ValueError(f"layer_idx must lie in 1..{config.n_layer}, got {layer_idx}.")
+        if slot not in (0, 1):
+            raise ValueError(f"slot must be 0 (attention) or 1 (MLP), got {slot}.")
+        self.layer_idx = layer_idx
+        self.slot = slot
+
+    @staticmethod
+    def embed_norm(config: GPTConfig) -> nn.Module:
+        return nn.Identity()
+
+    @staticmethod
+    def final_norm(config: GPTConfig) -> nn.Module:
+        return LayerNorm(config.n_embd, bias=config.bias)
+
+
+class PreLN(Connection):
+    """Pre-LN (GPT-2): h = h + F(LN(h))."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.ln = LayerNorm(config.n_embd, bias=config.bias)
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        return h + sublayer(self.ln(h))
+
+
+class PostLN(Connection):
+    """Post-LN (original Transformer): h = LN(h + F(h))."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.ln = LayerNorm(config.n_embd, bias=config.bias)
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        return self.ln(h + sublayer(h))
+
+
+class PreDyT(Connection):
+    """Pre-DyT: h = h + F(DyT(h)); the final norm is DyT too."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.dyt = DyT(config.n_embd, config.dyt_alpha)
+
+    @staticmethod
+    def final_norm(config: GPTConfig) -> nn.Module:
+        return DyT(config.n_embd, config.dyt_alpha)
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        return h + sublayer(self.dyt(h))
+
+
+class PeriLN(Connection):
+    """Peri-LN: h = h + LN_out(F(LN_in(h))), optional LN on the embedding."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.ln_in = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_out = LayerNorm(config.n_embd, bias=config.bias)
+
+    @staticmethod
+    def embed_norm(config: GPTConfig) -> nn.Module:
+        return LayerNorm(config.n_embd, bias=config.bias) if config.peri_embed_ln else nn.Identity()
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        return h + self.ln_out(sublayer(self.ln_in(h)))
+
+
+class Keel(Connection):
+    """Keel: h = LN_post(alpha * h + F(LN_in(h))), alpha fixed (default 2L sublayers)."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.alpha = config.keel_scale
+        self.ln_in = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_post = LayerNorm(config.n_embd, bias=config.bias)
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        return self.ln_post(self.alpha * h + sublayer(self.ln_in(h)))
+
+
+class LNS(Connection):
+    """LayerNorm Scaling (curse-of-depth paper): h = h + F(LN(h) / sqrt(l))."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.ln = LayerNorm(config.n_embd, bias=config.bias)
+        self.scale = 1.0 / math.sqrt(layer_idx)
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        return h + sublayer(self.ln(h) * self.scale)
+
+
+def depth_decay(config: GPTConfig, layer_idx: int, slot: int) -> float:
+    """lambda_l of the sphere step size, with l a block or sublayer index."""
+    if config.alpha_index == "block":
+        l, L = layer_idx, config.n_layer
+    else:
+        l, L = 2 * (layer_idx - 1) + slot + 1, 2 * config.n_layer
+    return {
+        "sqrt": 1.0 / math.sqrt(l),
+        "harmonic": 1.0 / l,
+        "linear": (L - l) / L,
+        "none": 1.0,
+    }[config.alpha_decay]
+
+
+class SphereConnection(Connection):
+    """Shared part of GeoNorm and SpheretNorm: tangent projection and step size.
+
+    Subclasses implement retract(h, z, r, s, alpha, beta), which moves h along the
+    sphere of radius r = ||h|| in the tangent direction z (||z|| = s).
+    """
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.angle_max = config.angle_max
+        self.decay = depth_decay(config, layer_idx, slot)
+        # softplus(a) = 1 at init: the full (decayed) step.
+        self.a = nn.Parameter(torch.tensor(math.log(math.e - 1.0)))
+
+    @staticmethod
+    def embed_norm(config: GPTConfig) -> nn.Module:
+        return ScaleNorm(config.n_embd)
+
+    def step_size(self) -> torch.Tensor:
+        """alpha = min(softplus(a), 1) * lambda_l."""
+        return F.softplus(self.a).clamp(max=1.0) * self.decay
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        # The retraction keeps ||h|| only as well as <h, z> = 0 holds, so the
+        # geometry is computed in fp32 even when the sublayer runs in bf16.
+        dtype = h.dtype
+        h = h.float()
+        f = sublayer(h.to(dtype)).float()
+        r2 = (h * h).sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        r = r2.sqrt()
+        z = f - ((h * f).sum(dim=-1, keepdim=True) / r2) * h  # Gram-Schmidt (Eq. 5)
+        s = (z * z).sum(dim=-1, keepdim=True).clamp_min(1e-12).sqrt()
+        alpha = self.step_size()
+        beta = alpha * s / r
+        return self.retract(h, z, r, s, alpha, beta).to(dtype)
+
+    def retract(self, h, z, r, s, alpha, beta) -> torch.Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def rotate(h, z, r, s, theta) -> torch.Tensor:
+        """Move h by the angle theta towards z on its sphere (exponential map)."""
+        return torch.cos(theta) * h + r * torch.sin(theta) * (z / s)
+
+
+class GeoNorm(SphereConnection):
+    """GeoNorm: the exponential map, theta = min(beta, angle_max) (Eq. 6)."""
+
+    def retract(self, h, z, r, s, alpha, beta):
+        theta = beta.clamp(max=self.angle_max)
+        return self.rotate(h, z, r, s, theta)
+
+
+class ProjSpheretNorm(SphereConnection):
+    """1-SpheretNorm, the metric projection: h = r (h + alpha z) / ||h + alpha z|| (Eq. 9)."""
+
+    def retract(self, h, z, r, s, alpha, beta):
+        v = h + alpha * z
+        return r * v / v.norm(dim=-1, keepdim=True)
+
+
+class CaySpheretNorm(SphereConnection):
+    """2-SpheretNorm, the Cayley map (Eq. 10), with the angle capped at angle_max.
+
+    g = min(alpha, beta_max r / s), b = g s / r, h = ((4 - b^2) h + 4 g z) / (4 + b^2);
+    the rotation angle is 2 arctan(b / 2) <= angle_max for beta_max = 2 tan(angle_max / 2).
+    """
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.beta_max = 2.0 * math.tan(config.angle_max / 2.0)
+
+    def retract(self, h, z, r, s, alpha, beta):
+        g = torch.minimum(alpha, self.beta_max * r / s)
+        b2 = (g * s / r) ** 2
+        return ((4.0 - b2) * h + 4.0 * g * z) / (4.0 + b2)
+
+
+class PSpheretNorm(SphereConnection):
+    """p-SpheretNorm: theta = p arctan(beta / p), capped at angle_max when p > 1."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        self.p = config.spheret_p
+
+    def retract(self, h, z, r, s, alpha, beta):
+        theta = self.p * torch.atan(beta / self.p)
+        if self.p > 1:  # for p <= 1, theta < p pi / 2 <= pi / 2 needs no cap
+            theta = theta.clamp(max=self.angle_max)
+        return self.rotate(h, z, r, s, theta)
+
+
+CONNECTIONS: dict[str, type[Connection]] = {
+    "pre_ln": PreLN,
+    "post_ln": PostLN,
+    "pre_dyt": PreDyT,
+    "peri_ln": PeriLN,
+    "keel": Keel,
+    "lns": LNS,
+    "geonorm": GeoNorm,
+    "proj_spheret": ProjSpheretNorm,
+    "cay_spheret": CaySpheretNorm,
+    "p_spheret": PSpheretNorm,
+}
+SPHERE_CONNECTIONS = tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        connection = CONNECTIONS[config.connection]
+        self.attn = CausalSelfAttention(config)
+        self.mlp = MLP(config)
+        self.conn_attn = connection(config, layer_idx, slot=0)
+        self.conn_mlp = connection(config, layer_idx, slot=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conn_attn(x, self.attn)
+        x = self.conn_mlp(x, self.mlp)
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        connection = CONNECTIONS[config.connection]
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                embed_norm=connection.embed_norm(config),
+                h=nn.ModuleList([Block(config, l) for l in range(1, config.n_layer + 1)]),
+                ln_f=connection.final_norm(config),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+        self.apply(self._init_weights)
+        # Residual projections get std 0.02 / sqrt(2L), as GPT-2.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; position embeddings excluded by default (as nanoGPT).
+
+        Token embeddings are counted because they are tied to the LM head.
+        """
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token + position embeddings, then the connection's embedding norm."""
+        b, t = idx.size()
+        if t > self.config.block_size:
+            raise ValueError(
+                f"Cannot forward a sequence of length {t}; block_size is {self.config.block_size}."
+            )
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        return self.transformer.embed_norm(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) and, given targets, the mean cross-entropy (-1 ignored).
+
+        last_only=True computes logits for the last position only (fast sampling).
+        """
+        x = self.embed(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1
+            )
+            return logits, loss
+        if last_only:
+            x = x[:, [-1], :]  # a list index keeps the time dimension
+        return self.lm_head(x), None
+
+    @torch.no_grad()
+    def diagnostics(self, idx: torch.Tensor) -> dict[str, Any]:
+        """What the paper's argument rests on, measured on one batch.
+
+        rms[l]: RMS of the hidden state after block l (index 0 is the embedding output);
+        angle[k]: mean angle (radians) between h before and after sublayer update k;
+        final_cosine: mean pairwise cosine of the final hidden states (1.0 means every
+        token sits at the same point: representation collapse).
+        """
+
+        def rms(x: torch.Tensor) -> float:
+            return x.float().pow(2).mean(dim=-1).sqrt().mean().item()
+
+        def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
+            cos = F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
+            return torch.acos(cos.clamp(-1.0, 1.0)).mean().item()
+
+        x = self.embed(idx)
+        rms_list, angles = [rms(x)], []
+        for block in self.transformer.h:
+            for conn, sub in ((block.conn_attn, block.attn), (block.conn_mlp, block.mlp)):
+                y = conn(x, sub)
+                angles.append(mean_angle(x, y))
+                x = y
+            rms_list.append(rms(x))
+        final = F.normalize(x.float().reshape(-1, x.size(-1)), dim=-1)
+        n = final.size(0)
+        if n > 1:
+            gram = final @ final.T
+            final_cosine = ((gram.sum() - gram.diagonal().sum()) / (n * (n - 1))).item()
+        else:
+            final_cosine = 1.0
+        return {"rms": rms_list, "angle": angles, "final_cosine": final_cosine}
+
+    def step_sizes(self) -> list[float]:
+        """Current sphere step sizes alpha per sublayer (empty for Euclidean models)."""
+        return [
+            conn.step_size().item()
+            for block in self.transformer.h
+            for conn in (block.conn_attn, block.conn_mlp)
+            if isinstance(conn, SphereConnection)
+        ]
+
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the context length (e.g. to fine-tune at a smaller block size)."""
+        if block_size > self.config.block_size:
+            raise ValueError(
+                f"block_size={block_size} is larger than the model's {self.config.block_size}."
+            )
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+
+    def configure_optimizers(
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float],
+        device_type: str,
+    ) -> torch.optim.AdamW:
+        """AdamW with decay on matrices and embeddings (dim >= 2) only.
+
+        Biases, norm gains and every connection scalar (sphere a, ScaleNorm gamma,
+        DyT alpha) are 0-dim or 1-dim and so undecayed.
+        """
+        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        decay = [p for p in params.values() if p.dim() >= 2]
+        no_decay = [p for p in params.values() if p.dim() < 2]
+        assert len(decay) + len(no_decay) == len(params), "a parameter is in no group"
+        assert not {id(p) for p in decay} & {id(p) for p in no_decay}, "a parameter is in two groups"
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        extra = {"fused": True} if fused else {}
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+    def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float) -> float:
+        """Model FLOPs utilisation as a fraction of peak_flops (e.g. 989e12 for H100 bf16).
+
+        FLOPs per token follow the PaLM paper (Appendix B): 6N + 12 L H Q T.
+        """
+        cfg = self.config
+        N = self.get_num_params()
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+        flops_per_token = 6 * N + 12 * L * H * Q * T
+        flops_per_iter = flops_per_token * T * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+    ) -> torch.Tensor:
+        """Sample max_new_tokens after the prompt idx (B, T); temperature 0 is greedy."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size :]
+            logits, _ = self(idx_cond, last_only=True)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+    # -- checkpoints ----------------------------------------------------------
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The model part of a checkpoint: format tag, config and weights."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": asdict(self.config),
+            "model": self.state_dict(),
+        }
+
+    @classmethod
+    def from_checkpoint(
+        cls, ckpt: str | Path | dict[str, Any], map_location: str | torch.device = "cpu"
+    ) -> "GPT":
+        """Rebuild a model from a checkpoint file (or its loaded dict)."""
+        if not isinstance(ckpt, dict):
+            ckpt = load_checkpoint(ckpt, map_location)
+        model = cls(config_from_dict(ckpt["model_config"]))
+        model.load_state_dict(clean_state_dict(ckpt["model"]))
+        return model
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint file and check that it is one of this project's."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
+    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(
+            f"{str(path)!r} is not a spheretnorm checkpoint (format {found!r}, "
+            f"expected {CHECKPOINT_FORMAT!r})."
+        )
+    return ckpt
+
+
+def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip the prefixes that torch.compile and DDP add to parameter names."""
+    out = {}
+    for k, v in state.items():
+        for prefix in ("_orig_mod.", "module."):
+            while k.startswith(prefix):
+                k = k[len(prefix) :]
+        out[k] = v
+    return out
