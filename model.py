@@ -79,6 +79,8 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.keel_alpha is not None and not self.keel_alpha > 0:
+            raise ValueError(f"keel_alpha must be > 0 (or None for 2 * n_layer), got {self.keel_alpha}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
 
@@ -522,8 +524,9 @@ class GPT(nn.Module):
 
         rms[l]: RMS of the hidden state after block l (index 0 is the embedding output);
         angle[k]: mean angle (radians) between h before and after sublayer update k;
-        final_cosine: mean pairwise cosine of the final hidden states (1.0 means every
-        token sits at the same point: representation collapse).
+        final_cosine: mean pairwise cosine of the final hidden states, after ln_f, as
+        the LM head reads them (1.0 means every token sits at the same point:
+        representation collapse).
         """
 
         def rms(x: torch.Tensor) -> float:
@@ -541,6 +544,7 @@ class GPT(nn.Module):
                 angles.append(mean_angle(x, y))
                 x = y
             rms_list.append(rms(x))
+        x = self.transformer.ln_f(x)
         final = F.normalize(x.float().reshape(-1, x.size(-1)), dim=-1)
         n = final.size(0)
         if n > 1:
@@ -670,8 +674,7 @@ def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip the prefixes that torch.compile and DDP add to parameter names."""
     out = {}
     for k, v in state.items():
-        for prefix in ("_orig_mod.", "module."):
-            while k.startswith(prefix):
-                k = k[len(prefix) :]
+        while k.startswith(("_orig_mod.", "module.")):
+            k = k.split(".", 1)[1]
         out[k] = v
     return out
