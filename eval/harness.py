@@ -1,0 +1,381 @@
+"""lm-eval model class for this project's checkpoints, registered as ``nanogpt``.
+
+    from eval.harness import NanoGPTLM
+    lm = NanoGPTLM(ckpt="out/ckpt.pt", batch_size=16)
+    lm_eval.simple_evaluate(model=lm, tasks=["piqa"])
+
+Importing this module registers the name, so ``simple_evaluate(model="nanogpt",
+model_args="ckpt=out/ckpt.pt")`` and ``python -m eval.lm_eval_cli --model nanogpt ...`` work.
+
+Any connection loads: the model is rebuilt from the config stored in the checkpoint. Text is
+tokenised with the GPT-2 BPE (tiktoken, offline), the same ids HF's GPT-2 tokenizer gives, and
+<|endoftext|> (50256) is both the end-of-text token and the prefix for empty contexts, as for
+lm-eval's ``hf`` model on GPT-2. Runs in bf16 autocast on CUDA, fp32 elsewhere; log-softmax
+is always taken in fp32. Single process only (no data parallelism).
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from common import autocast_context, get_device, resolve_dtype
+from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
+from eval.errors import EvalError
+from model import GPT, load_checkpoint
+
+MODEL_NAME = "nanogpt"
+EOT_TEXT = "<|endoftext|>"
+DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's hf model uses the same default
+
+# (context tokens, continuation tokens) and lm-eval's request triple around it.
+TokenPair = tuple[list[int], list[int]]
+TokenRequest = tuple[Any, list[int], list[int]]
+
+
+# -----------------------------------------------------------------------------
+# Loading checkpoints
+
+
+def resolve_checkpoint_path(path: str | Path) -> Path:
+    """The checkpoint file, or an EvalError saying why `path` is not one."""
+    path = Path(path)
+    if path.is_dir():
+        raise EvalError(f"Checkpoint {str(path)!r} is a directory; pass the checkpoint file itself (e.g. out/ckpt.pt).")
+    if not path.is_file():
+        raise EvalError(f"Checkpoint {str(path)!r} does not exist.")
+    return path
+
+
+def check_gpt2_tokenizer(ckpt: dict[str, Any], source: str) -> None:
+    """Refuse checkpoints whose token ids are not GPT-2 BPE ids (e.g. char-level models)."""
+    meta = ckpt.get("data_meta")
+    tokenizer = meta.get("tokenizer") if isinstance(meta, dict) else None
+    if tokenizer is not None and tokenizer != "gpt2":
+        raise EvalError(
+            f"{source} was trained with the {tokenizer!r} tokenizer, but zero-shot benchmarks need "
+            "a model trained on GPT-2 BPE tokens."
+        )
+    vocab_size = ckpt["model_config"].get("vocab_size", 0)
+    if vocab_size < GPT2_VOCAB_SIZE:
+        raise EvalError(
+            f"{source} has vocab_size {vocab_size}, smaller than GPT-2's {GPT2_VOCAB_SIZE}, so it "
+            "cannot score GPT-2 BPE tokens."
+        )
+
+
+def load_eval_model(path: str | Path) -> tuple[GPT, dict[str, Any]]:
+    """Rebuild the model of a training checkpoint on the CPU; returns (model, checkpoint dict)."""
+    path = resolve_checkpoint_path(path)
+    source = f"Checkpoint {str(path)!r}"
+    try:
+        ckpt = load_checkpoint(path, map_location="cpu")
+    except ValueError as exc:  # a dict of another format: model.py's message says which
+        raise EvalError(str(exc)) from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError) as exc:
+        # Not something torch.load can read at all (a text file, a safetensors file, ...).
+        raise EvalError(f"{source} is not a PyTorch checkpoint file ({type(exc).__name__}: {exc}).") from None
+    check_gpt2_tokenizer(ckpt, source)
+    try:
+        model = GPT.from_checkpoint(ckpt)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise EvalError(f"{source} does not match this version of model.py ({exc}).") from None
+    return model, ckpt
+
+
+# -----------------------------------------------------------------------------
+# The lm-eval model
+
+
+@dataclass
+class _Generation:
+    """One generate_until request while it runs."""
+
+    tokens: list[int]  # context followed by what has been generated so far
+    n_context: int
+    until: list[str]
+    max_new_tokens: int
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.n_context :]
+
+
+@register_model(MODEL_NAME)
+class NanoGPTLM(TemplateLM):
+    """lm-eval model for a spheretnorm checkpoint (``ckpt``) or an in-memory GPT (``model``).
+
+    Model arguments: ckpt, device ("auto": cuda > mps > cpu), dtype ("auto": bf16 on CUDA,
+    fp32 elsewhere), batch_size (requests per forward pass), max_gen_toks (default for
+    generate_until). With ``model=`` the GPT is put in eval mode on ``device``.
+    """
+
+    def __init__(
+        self,
+        ckpt: str | Path | None = None,
+        model: GPT | None = None,
+        device: str | None = "auto",
+        dtype: str = "auto",
+        batch_size: int | str = 1,
+        max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        max_batch_size: int | None = None,  # passed by lm-eval; only meaningful for "auto" sizes
+        **unknown: Any,
+    ) -> None:
+        super().__init__()
+        if unknown:
+            raise EvalError(
+                f"Unknown nanogpt model argument(s) {sorted(unknown)}; valid ones are ckpt, device, "
+                "dtype, batch_size and max_gen_toks."
+            )
+        if (ckpt is None) == (model is None):
+            raise EvalError("Give the nanogpt model exactly one of ckpt=PATH or model=GPT instance.")
+        self._batch_size = _positive_int(batch_size, "batch_size")
+        self._max_gen_toks = _positive_int(max_gen_toks, "max_gen_toks")
+        self._ckpt_path = None if ckpt is None else str(ckpt)
+        if model is None:
+            model, _ = load_eval_model(ckpt)
+            device = _available_device(device or "auto")
+        elif device in (None, "auto"):
+            device = str(next(model.parameters()).device)  # evaluate where the caller keeps it
+        self.model, self._device, self._dtype = _place(model, device, dtype)
+        self.encoding = get_gpt2_encoding()
+
+    # -- what lm-eval asks of a model -------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return EOT_TOKEN
+
+    @property
+    def prefix_token_id(self) -> int:
+        # lm-eval's hf model on GPT-2 conditions empty contexts (and rolling windows) on
+        # <|endoftext|>; we do the same so scores are comparable.
+        return EOT_TOKEN
+
+    @property
+    def max_length(self) -> int:
+        return self.model.config.block_size
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def tokenizer_name(self) -> str:
+        return "gpt2"
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Recorded by lm-eval under results["config"]."""
+        return {
+            "checkpoint": self._ckpt_path,
+            "connection": self.model.config.connection,
+            "model_config": asdict(self.model.config),
+            "model_num_parameters": self.model.get_num_params(non_embedding=False),
+            "model_dtype": self._dtype,
+        }
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        # GPT-2 adds no BOS. A literal "<|endoftext|>" in the text becomes token 50256, as it
+        # does with HF's GPT-2 tokenizer.
+        return self.encoding.encode(string, allowed_special="all")
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.encoding.decode(tokens)
+
+    # -- scoring ------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _logits(self, sequences: list[list[int]]) -> torch.Tensor:
+        """Logits (B, L, V) of right-padded sequences; causal attention keeps padding invisible."""
+        longest = max(len(s) for s in sequences)
+        x = torch.full((len(sequences), longest), EOT_TOKEN, dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            x[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        with autocast_context(self._device.type, self._dtype):
+            logits, _ = self.model(x.to(self._device))
+        return logits
+
+    def _score_batch(self, pairs: list[TokenPair]) -> list[tuple[float, bool]]:
+        """(sum of continuation log-probs, continuation is the greedy choice) for each pair."""
+        block = self.max_length
+        # Input: the last block_size + 1 tokens of context+continuation without the final one
+        # (it is only a target). Too long a context loses its left end, as in lm-eval's hf model.
+        inputs = [(context + continuation)[-(block + 1) : -1] for context, continuation in pairs]
+        n_cont = [len(continuation) for _, continuation in pairs]
+        logits = self._logits(inputs)
+        # Gather only the rows that predict continuation tokens: log-softmax over the whole
+        # (B, L, V) tensor would cost far more than the model on short multiple-choice items.
+        rows = torch.cat([torch.full((n,), b) for b, n in enumerate(n_cont)]).to(logits.device)
+        cols = torch.cat([torch.arange(len(x) - n, len(x)) for x, n in zip(inputs, n_cont)]).to(logits.device)
+        targets = torch.tensor([t for _, cont in pairs for t in cont], device=logits.device)
+        logprobs = F.log_softmax(logits[rows, cols].float(), dim=-1)
+        token_lp = logprobs.gather(1, targets[:, None]).squeeze(1)
+        greedy = logprobs.argmax(dim=-1) == targets
+        return [(float(lp.sum()), bool(g.all())) for lp, g in zip(token_lp.split(n_cont), greedy.split(n_cont))]
+
+    def _pieces(self, context: list[int], continuation: list[int]) -> list[TokenPair]:
+        """[(context, continuation)], or for a continuation longer than block_size (lm-eval's hf
+        model stops with an assertion there) block_size-token pieces, each conditioned on all
+        the text before it."""
+        if not context or not continuation:
+            raise ValueError("lm-eval passed an empty context or continuation token list.")
+        block = self.max_length
+        return [(context + continuation[:i], continuation[i : i + block]) for i in range(0, len(continuation), block)]
+
+    def _loglikelihood_tokens(
+        self, requests: list[TokenRequest], disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
+        pieces: list[TokenPair] = []
+        owners: list[int] = []
+        for i, (_, context, continuation) in enumerate(requests):
+            for piece in self._pieces(context, continuation):
+                pieces.append(piece)
+                owners.append(i)
+        # Longest first: lengths in a batch are similar (little padding) and the largest batch
+        # comes first, so an out-of-memory error shows at once rather than at the end.
+        order = sorted(range(len(pieces)), key=lambda j: -(len(pieces[j][0]) + len(pieces[j][1])))
+        logprob = [0.0] * len(requests)
+        greedy = [True] * len(requests)
+        pbar = tqdm(total=len(pieces), disable=disable_tqdm, desc="nanogpt loglikelihood")
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            for j, (lp, g) in zip(batch, self._score_batch([pieces[j] for j in batch])):
+                logprob[owners[j]] += lp
+                greedy[owners[j]] &= g
+            pbar.update(len(batch))
+        pbar.close()
+        results = list(zip(logprob, greedy))
+        for (cache_key, _, _), answer in zip(requests, results):
+            if cache_key is not None:  # rolling windows carry no cache key
+                self.cache_hook.add_partial("loglikelihood", cache_key, answer)
+        return results
+
+    def rolling_windows(self, tokens: list[int]) -> list[TokenPair]:
+        """Disjoint (context, continuation) windows scoring every token once, as lm-eval's hf model."""
+        windows = lm_utils.get_rolling_token_windows(
+            token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1
+        )
+        return [lm_utils.make_disjoint_window(w) for w in windows]
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        windows: list[TokenRequest] = []
+        owners: list[int] = []
+        for i, (string,) in enumerate(req.args for req in requests):
+            for context, continuation in self.rolling_windows(self.tok_encode(string)):
+                windows.append((None, context, continuation))
+                owners.append(i)
+        # All windows of all documents go through one batched pass.
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owners, scores):
+            totals[i] += logprob
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # -- generation ---------------------------------------------------------------
+
+    def _generation_settings(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int]:
+        """Stop strings (always including <|endoftext|>) and the token budget of one request."""
+        kwargs = dict(gen_kwargs or {})
+        if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0.0) > 0.0:
+            raise EvalError("The nanogpt model generates greedily only; use do_sample=False and temperature=0.")
+        until = kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        if EOT_TEXT not in until:
+            until.append(EOT_TEXT)
+        max_new = kwargs.get("max_gen_toks") or kwargs.get("max_new_tokens") or self.max_gen_toks
+        return until, int(max_new)
+
+    def _finished(self, gen: _Generation) -> bool:
+        if len(gen.new_tokens) >= gen.max_new_tokens:
+            return True
+        text = self.tok_decode(gen.new_tokens)
+        return any(stop in text for stop in gen.until)
+
+    def _generate_greedy(self, gens: list[_Generation]) -> None:
+        """Extend every generation in place, one token per step, until each is finished.
+
+        Each row sees its own last block_size tokens and reads the logits at its own last
+        position, so rows of different lengths share a forward pass without an attention mask.
+        """
+        active = [g for g in gens if g.max_new_tokens > 0]
+        while active:
+            windows = [g.tokens[-self.max_length :] for g in active]
+            logits = self._logits(windows)
+            last = torch.tensor([len(w) - 1 for w in windows], device=logits.device)
+            # Rows past GPT-2's 50257 tokens are padding of the embedding table, not tokens.
+            step = logits[torch.arange(len(active), device=logits.device), last, :GPT2_VOCAB_SIZE]
+            for gen, token in zip(active, step.argmax(dim=-1).tolist()):
+                gen.tokens.append(token)
+            active = [g for g in active if not self._finished(g)]
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        gens = []
+        for context, gen_kwargs in (req.args for req in requests):
+            until, max_new = self._generation_settings(gen_kwargs)
+            tokens = self.tok_encode(context) or [self.prefix_token_id]
+            gens.append(_Generation(tokens, len(tokens), until, max_new))
+        order = sorted(range(len(gens)), key=lambda i: -gens[i].n_context)
+        pbar = tqdm(total=len(gens), disable=disable_tqdm, desc="nanogpt generate_until")
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            self._generate_greedy([gens[i] for i in batch])
+            pbar.update(len(batch))
+        pbar.close()
+        outputs = []
+        for req, gen in zip(requests, gens):
+            text = self.tok_decode(gen.new_tokens)
+            for stop in gen.until:  # the answer ends before the first stop string
+                text = text.split(stop)[0]
+            outputs.append(text)
+            self.cache_hook.add_partial("generate_until", req.args, text)
+        return outputs
+
+
+def _available_device(device: str) -> str:
+    """get_device's choice, except that a CUDA device on a machine without CUDA falls back to it.
+
+    lm-eval's CLI passes device "cuda:0" unless told otherwise; its hf model falls back the same way.
+    """
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        warnings.warn(f"Device {device!r} requested but CUDA is not available; using {get_device('auto')!r}.")
+        return get_device("auto")
+    return get_device(device)
+
+
+def _place(model: GPT, device: str, dtype: str) -> tuple[GPT, torch.device, str]:
+    """The model in eval mode on the device, with the autocast dtype to run it in."""
+    try:
+        torch_device = torch.device(device)
+        dtype = resolve_dtype(dtype, torch_device.type)
+        return model.to(torch_device).eval(), torch_device, dtype
+    except ValueError as exc:  # an unknown dtype
+        raise EvalError(str(exc)) from None
+    except (RuntimeError, AssertionError) as exc:  # e.g. "cuda" on a machine without CUDA
+        raise EvalError(f"Cannot run the model on device {device!r} ({exc}).") from None
+
+
+def _positive_int(value: int | str, name: str) -> int:
+    """lm-eval's CLI passes numbers as strings; 'auto' batch sizing is not supported."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise EvalError(f"{name} must be a positive integer for the nanogpt model, got {value!r}.")
+    return number

