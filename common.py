@@ -108,3 +108,40 @@ def print0(*args, **kwargs) -> None:
     """print on rank 0 only."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(*args, **kwargs)
+
+
+def enable_tf32() -> None:
+    """TF32 for fp32 matmuls on Ampere and later GPUs (the rest of the model runs in bf16)."""
+    torch.set_float32_matmul_precision("high")
+
+
+def rng_state() -> dict:
+    """Every random number generator a training step can touch (dropout, shuffling, ...)."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's generator
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() captured (a CUDA state is skipped when running on CPU)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def atomic_torch_save(obj: object, path: str | Path) -> None:
+    """torch.save to a temp file beside `path`, then rename: a crash never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename, so a node crash cannot leave it empty
+    os.replace(tmp, path)

@@ -1,0 +1,450 @@
+"""Tests of the training script: it learns, resumes exactly, scales across processes without
+changing the optimisation, survives pre-emption, refuses bad configs and unsafe resumes.
+
+Every run uses a tiny model on a synthetic dataset written to tmp_path, so the tests need no
+prepared data. Most runs call train.main in-process; the signal and torchrun tests need real
+processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from model import GPT, load_checkpoint
+from trainconfig import ConfigError, grad_accum_steps, parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = REPO.parent / "shared" / "reference" / "paper_results.json"
+VOCAB = 48
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A learnable token stream: each token has three likely successors (a random Markov chain)."""
+    root = tmp_path_factory.mktemp("tiny_data")
+    rng = np.random.default_rng(0)
+    successors = rng.integers(0, VOCAB, size=(VOCAB, 3))
+    ids = np.empty(30_000, dtype=np.uint16)
+    ids[0] = 0
+    for i in range(1, len(ids)):
+        ids[i] = successors[ids[i - 1], rng.integers(0, 3)]
+    train_ids, val_ids = ids[:27_000], ids[27_000:]
+    train_ids.tofile(root / "train.bin")
+    val_ids.tofile(root / "val.bin")
+    meta = {
+        "tokenizer": "char",
+        "vocab_size": VOCAB,
+        "eot_token": None,
+        "dtype": "uint16",
+        "train_tokens": len(train_ids),
+        "val_tokens": len(val_ids),
+    }
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"--data_dir={data_dir}",
+        f"--out_dir={out_dir}",
+        "--n_layer=2",
+        "--n_head=2",
+        "--n_embd=32",
+        "--block_size=16",
+        "--batch_size=4",
+        "--global_batch_size=8",
+        "--eval_iters=2",
+        "--log_interval=1",
+        "--warmup_iters=2",
+        "--lr_decay_iters=40",
+        "--learning_rate=3e-3",
+        "--min_lr=3e-4",
+        "--device=cpu",
+        "--dtype=float32",
+        "--wandb_log=false",
+        *extra,
+    ]
+
+
+def read_metrics(out_dir: Path, kind: str) -> list[dict]:
+    lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["kind"] == kind]
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    return {row["iter"]: row["train_loss"] for row in read_metrics(out_dir, "train")}
+
+
+def train_curves(out_dir: Path) -> dict[int, tuple]:
+    """Everything a train row holds except the timings."""
+    keys = ("train_loss", "train_loss_avg200", "lr", "grad_norm", "tokens")
+    return {row["iter"]: tuple(row[k] for k in keys) for row in read_metrics(out_dir, "train")}
+
+
+# -----------------------------------------------------------------------------
+# Training
+
+
+TRAIN_FIELDS = {"iter", "tokens", "train_loss", "train_loss_avg200", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s"}
+EVAL_FIELDS = {"iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "rms", "angle", "final_cosine", "step_sizes"}
+
+
+@pytest.mark.parametrize("connection", ["pre_ln", "p_spheret"])
+def test_tiny_model_trains_and_logs_every_field(data_dir: Path, tmp_path: Path, connection: str) -> None:
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=40", "--eval_interval=20", f"--connection={connection}"))
+
+    rows = read_metrics(tmp_path, "train")
+    assert [r["iter"] for r in rows] == list(range(1, 41))
+    for row in rows:
+        assert TRAIN_FIELDS <= set(row), TRAIN_FIELDS - set(row)
+        assert row["mfu"] is None  # no known peak FLOPs on a CPU
+    losses = [r["train_loss"] for r in rows]
+    assert np.mean(losses[:5]) - np.mean(losses[-5:]) > 0.5, losses
+    assert rows[-1]["train_loss_avg200"] == pytest.approx(np.mean(losses))
+
+    evals = read_metrics(tmp_path, "eval")
+    assert [r["iter"] for r in evals] == [0, 20, 40]
+    for row in evals:
+        assert EVAL_FIELDS <= set(row), EVAL_FIELDS - set(row)
+        assert len(row["rms"]) == 3 and len(row["angle"]) == 4  # embedding + 2 blocks; 4 sublayers
+        assert -1.0 <= row["final_cosine"] <= 1.0
+        assert row["val_ppl"] == pytest.approx(math.exp(row["val_loss"]))
+        assert len(row["step_sizes"]) == (4 if connection == "p_spheret" else 0)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+
+    model = GPT.from_checkpoint(tmp_path / "ckpt.pt")
+    assert model.config.connection == connection
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["method"] == ("p_spheret:0.5" if connection == "p_spheret" else "pre_ln")
+
+
+def test_resume_is_exact(data_dir: Path, tmp_path: Path) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ("--eval_interval=10", "--connection=p_spheret")
+    train.main(tiny_args(data_dir, straight, "--max_iters=20", *common))
+    train.main(tiny_args(data_dir, split, "--max_iters=10", *common))
+    train.main(tiny_args(data_dir, split, "--max_iters=20", "--init_from=resume", *common))
+
+    assert train_curves(split) == train_curves(straight)  # bit-identical, every iteration once
+    assert sorted(train_curves(split)) == list(range(1, 21))
+    assert [r["val_loss"] for r in read_metrics(split, "eval")] == [r["val_loss"] for r in read_metrics(straight, "eval")]
+    a, b = load_checkpoint(straight / "ckpt.pt"), load_checkpoint(split / "ckpt.pt")
+    assert a["iter_num"] == b["iter_num"] == 20
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_resume_after_a_crash_drops_the_abandoned_rows(data_dir: Path, tmp_path: Path) -> None:
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    train.main(tiny_args(data_dir, straight, "--max_iters=20", "--eval_interval=10"))
+    with pytest.raises(train.NonFiniteLossError):
+        train.main(tiny_args(data_dir, crashed, "--max_iters=20", "--eval_interval=10", "--debug_nan_at_iter=15"))
+    assert max(train_losses(crashed)) == 14  # rows 11..14 were written after the checkpoint at 10
+
+    train.main(tiny_args(data_dir, crashed, "--max_iters=20", "--eval_interval=10", "--init_from=resume"))
+    assert train_curves(crashed) == train_curves(straight)
+    assert [r["iter"] for r in read_metrics(crashed, "eval")] == [0, 10, 20]
+
+
+def test_nan_stops_without_touching_the_last_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(train.NonFiniteLossError, match=r"loss became nan at iter 8.*untouched"):
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=5", "--debug_nan_at_iter=8"))
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["iter_num"] == 5
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
+    assert max(train_losses(tmp_path)) == 7  # the bad step is never logged
+
+
+def test_resume_takes_the_model_config_from_the_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=2", "--eval_interval=2", "--connection=geonorm"))
+
+    with pytest.raises(ConfigError, match=r"connection: checkpoint has 'geonorm'.*'pre_ln'"):
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--connection=pre_ln"))
+    with pytest.raises(ConfigError, match="n_embd"):
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--n_embd=64"))
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 2  # refused before any work
+
+    # Without --connection the checkpoint's connection is used, not the default pre_ln.
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["iter_num"] == 4 and ckpt["model_config"]["connection"] == "geonorm"
+
+
+def test_resume_without_checkpoint_is_a_clear_error(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        train.main(tiny_args(data_dir, tmp_path / "nothing", "--init_from=resume"))
+
+
+def wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"train.py exited early:\n{proc.communicate()[0]}")
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_saves_a_checkpoint_and_exits_zero(data_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    args = tiny_args(data_dir, tmp_path, "--max_iters=100000", "--eval_interval=100000")
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *args], cwd=REPO, env=SUBPROCESS_ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    wait_for(lambda: metrics.is_file() and '"kind": "train"' in metrics.read_text(), 120, proc)
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert f"Stopped by {sig.name}" in output
+
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["iter_num"] == max(train_losses(tmp_path)) >= 1
+    GPT.from_checkpoint(ckpt)  # loadable
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "train.py", "--learning_rat=1e-3", f"--out_dir={tmp_path / 'out'}"],
+        cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Unknown config key 'learning_rat'" in result.stderr and "learning_rate" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_torchrun_two_processes_match_one(data_dir: Path, tmp_path: Path) -> None:
+    """Same global batch: 1 process x 4 micro-steps == 2 processes x 2 micro-steps (gloo)."""
+    common = ("--max_iters=6", "--eval_interval=3", "--batch_size=2", "--connection=cay_spheret")
+    train.main(tiny_args(data_dir, tmp_path / "one", *common))
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "train.py", *tiny_args(data_dir, tmp_path / "two", *common), "--backend=gloo",
+        ],
+        cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 process(es) x 2 seqs x 2 micro-steps" in result.stdout
+
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 7))
+    for it in one:
+        assert two[it] == pytest.approx(one[it], abs=1e-5), it
+    for a, b in zip(read_metrics(tmp_path / "one", "eval"), read_metrics(tmp_path / "two", "eval")):
+        assert b["val_loss"] == pytest.approx(a["val_loss"], abs=1e-5)
+    assert load_checkpoint(tmp_path / "two" / "ckpt.pt")["iter_num"] == 6
+
+
+# -----------------------------------------------------------------------------
+# Configuration
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--n_layr=2"], r"Unknown config key 'n_layr'.*Did you mean n_layer"),
+        (["--n_layer=two"], r"--n_layer='two': expected a value of type int"),
+        (["--compile=maybe"], r"expected a value of type bool"),
+        (["--learning_rate=fast"], r"expected a value of type float"),
+        (["--connection=spheret"], r"connection='spheret' is not valid.*Choose one of: pre_ln"),
+        (["--dtype=fp8"], r"dtype='fp8' is not valid"),
+        (["--n_embd=100", "--n_head=12"], r"not divisible by n_head"),
+        (["--global_batch_size=100", "--batch_size=16"], r"global_batch_size=100 is not divisible"),
+        (["n_layer=2"], r"expected a config file"),
+        (["--n_layer"], r"--key=value"),
+    ],
+)
+def test_bad_config_is_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(argv, world_size=1)
+
+
+def test_config_values_are_typed() -> None:
+    parsed = parse_config(
+        ["--max_iters=5e4", "--learning_rate=6e-4", "--compile=True", "--keel_alpha=None", "--peak_flops=1e15"],
+        world_size=1,
+    )
+    assert parsed.train.max_iters == 50_000 and isinstance(parsed.train.max_iters, int)
+    assert parsed.train.learning_rate == 6e-4 and parsed.train.compile is True
+    assert parsed.model_keys == {"keel_alpha": None}
+    assert parsed.train.peak_flops == 1e15
+
+
+def test_config_file_keys_are_checked(tmp_path: Path) -> None:
+    good = tmp_path / "good.py"
+    good.write_text("import math\n_helper = 3\nangle_max = math.pi / 8\nn_layer = 2\nlearning_rate = 1\n")
+    parsed = parse_config([str(good), "--n_layer=3"], world_size=1)
+    assert parsed.model_keys == {"angle_max": math.pi / 8, "n_layer": 3}  # the command line wins
+    assert parsed.train.learning_rate == 1.0 and parsed.train.config_name == "good"
+
+    for body, message in [
+        ("learning_rat = 1e-3\n", r"'learning_rat' \(in .*bad.py\).*learning_rate"),
+        ('n_layer = "12"\n', r"n_layer = '12' \(in .*bad.py\): expected a value of type int"),
+        ("bias = 1\n", r"expected a value of type bool"),
+    ]:
+        bad = tmp_path / "bad.py"
+        bad.write_text(body)
+        with pytest.raises(ConfigError, match=message):
+            parse_config([str(bad)], world_size=1)
+
+
+def test_gradient_accumulation_keeps_the_global_batch() -> None:
+    assert grad_accum_steps(128, 16, 8) == 1
+    assert grad_accum_steps(128, 16, 1) == 8
+    assert grad_accum_steps(128, 8, 4) == 4
+    with pytest.raises(ConfigError, match="batch_size \\* world_size = 16 \\* 3"):
+        grad_accum_steps(128, 16, 3)
+    with pytest.raises(ConfigError):
+        parse_config(["--batch_size=16"], world_size=3)
+
+
+def test_bad_config_stops_before_any_work(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        train.main(tiny_args(data_dir, tmp_path / "out", "--max_iter=3"))
+    assert not (tmp_path / "out").exists()
+
+
+SCALE_FILES = {"s": "S", "m": "M", "l": "L"}
+
+
+@pytest.mark.skipif(not PAPER.is_file(), reason="../shared/reference/paper_results.json is absent")
+@pytest.mark.parametrize("dataset", ["openwebtext", "fineweb_edu"])
+@pytest.mark.parametrize("suffix", list(SCALE_FILES))
+def test_paper_configs_carry_the_paper_values(dataset: str, suffix: str) -> None:
+    paper = json.loads(PAPER.read_text())
+    shared, scale = paper["shared_hparams"], paper["scales"][SCALE_FILES[suffix]]
+    parsed = parse_config([str(REPO / "config" / f"{dataset}_{suffix}.py")], world_size=8)
+    t, m = parsed.train, parsed.model_config()
+    assert t.dataset == dataset and t.config_name == f"{dataset}_{suffix}"
+    assert (m.n_layer, m.n_head, m.n_embd) == (scale["n_layer"], scale["n_head"], scale["n_embd"])
+    assert (t.learning_rate, t.min_lr) == (scale["learning_rate"], scale["min_lr"])
+    assert (t.beta1, t.beta2, t.weight_decay, t.grad_clip) == (
+        shared["beta1"], shared["beta2"], shared["weight_decay"], shared["grad_clip"]
+    )
+    assert (t.max_iters, t.lr_decay_iters, t.warmup_iters) == (
+        shared["max_iters"], shared["lr_decay_iters"], shared["warmup_iters"]
+    )
+    assert (t.batch_size, t.global_batch_size, t.seed) == (
+        shared["batch_size_per_gpu"], shared["global_batch_sequences"], shared["seed"]
+    )
+    assert t.global_batch_size * m.block_size == shared["tokens_per_update"]
+    assert (m.block_size, m.vocab_size, m.bias, m.dropout) == (
+        shared["block_size"], shared["vocab_size"], shared["bias"], shared["dropout"]
+    )
+    assert t.compile is shared["torch_compile"] and t.dtype == "auto"  # auto is bf16 on CUDA
+    assert grad_accum_steps(t.global_batch_size, t.batch_size, 8) == 1  # the paper's 8 GPUs
+
+
+def test_shakespeare_char_config_parses() -> None:
+    parsed = parse_config([str(REPO / "config" / "shakespeare_char.py")], world_size=1)
+    assert parsed.train.dataset == "shakespeare_char"
+    assert parsed.model_config().n_layer <= 6  # small enough for a CPU
+
+
+# -----------------------------------------------------------------------------
+# Pieces
+
+
+def test_learning_rate_schedule() -> None:
+    cfg = parse_config(["--warmup_iters=10", "--lr_decay_iters=100", "--learning_rate=1.0", "--min_lr=0.1"], 1).train
+    lrs = [train.learning_rate_at(s, cfg) for s in range(120)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warm-up from 0
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then decays monotonically
+    assert lrs[55] == pytest.approx(0.55)  # half way through the cosine: the midpoint
+    assert lrs[100] == lrs[119] == pytest.approx(0.1)
+
+
+def test_batch_of_a_step_does_not_depend_on_the_world_size() -> None:
+    offsets = train.batch_offsets(1337, train.TRAIN_STREAM, 7, 8, 1000, 16)
+    assert np.array_equal(offsets, train.batch_offsets(1337, train.TRAIN_STREAM, 7, 8, 1000, 16))
+    assert not np.array_equal(offsets, train.batch_offsets(1337, train.TRAIN_STREAM, 8, 8, 1000, 16))
+    assert not np.array_equal(offsets, train.batch_offsets(1337, train.EVAL_STREAM, 7, 8, 1000, 16))
+    assert offsets.min() >= 0 and offsets.max() < 1000 - 16
+
+
+def test_wandb_payload_flattens_diagnostics() -> None:
+    row = {"kind": "eval", "iter": 5, "val_loss": 2.0, "rms": [1.0, 2.0], "angle": [0.1], "final_cosine": 0.2, "step_sizes": [], "val_ppl": None}
+    assert train.wandb_payload(row) == {
+        "val_loss": 2.0,
+        "diag/rms/layer_00": 1.0,
+        "diag/rms/layer_01": 2.0,
+        "diag/angle/sublayer_00": 0.1,
+        "diag/final_cosine": 0.2,
+    }
+
+
+class FakeWandb:
+    """Stands in for the wandb module: records init arguments and logged payloads."""
+
+    def __init__(self) -> None:
+        self.inits: list[dict] = []
+        self.logged: list[tuple[int, dict]] = []
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        fake = self
+
+        class Run:
+            id = kwargs.get("id") or "run123"
+
+            def log(self, payload: dict, step: int) -> None:
+                fake.logged.append((step, payload))
+
+            def finish(self) -> None:
+                pass
+
+        return Run()
+
+
+def test_wandb_gets_config_metrics_and_diagnostics(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    common = ("--eval_interval=2", "--wandb_log=true", "--wandb_mode=offline", "--connection=p_spheret", "--spheret_p=0.25")
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=2", "--config_name=tiny_s", *common))
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--config_name=tiny_s", "--init_from=resume", *common))
+
+    first, second = fake.inits
+    assert first["group"] == "tiny_s" and first["name"] == "tiny_s/p_spheret:0.25"
+    assert first["mode"] == "offline" and first["id"] is None
+    assert first["config"]["connection"] == "p_spheret" and first["config"]["method"] == "p_spheret:0.25"
+    assert first["config"]["n_layer"] == 2 and first["config"]["learning_rate"] == 3e-3
+    assert second["id"] == "run123" and second["resume"] == "allow"  # the same W&B run continues
+
+    keys = set().union(*(payload for _, payload in fake.logged))
+    assert {"train_loss", "train_loss_avg200", "val_loss", "val_ppl", "lr", "grad_norm", "tokens_per_s"} <= keys
+    assert {"diag/rms/layer_00", "diag/rms/layer_02", "diag/angle/sublayer_03", "diag/final_cosine", "diag/step_sizes/sublayer_03"} <= keys
+    assert [step for step, payload in fake.logged if "val_loss" in payload] == [0, 2, 4]
+
+
+def test_bench_reports_every_requested_connection(tmp_path: Path) -> None:
+    import bench
+
+    out = tmp_path / "bench.json"
+    report = bench.main([
+        "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=32",
+        "--device=cpu", "--connections=pre_ln,geonorm", "--compile=off", "--steps=2", "--warmup=1", f"--json={out}",
+    ])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    rows = report["results"]
+    assert [(r["method"], r["mode"]) for r in rows] == [("pre_ln", "eager"), ("geonorm", "eager")]
+    assert rows[0]["ratio_to_pre_ln"] == 1.0 and rows[1]["tokens_per_s"] > 0
+    with pytest.raises(ConfigError, match="unknown"):
+        bench.main(["--connections=pre_ln,nope"])

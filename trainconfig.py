@@ -1,0 +1,350 @@
+"""Training configuration: the TrainConfig dataclass and the command-line / config-file parser.
+
+There is one source of truth for every key: the fields of ``TrainConfig`` (below) and of
+``model.GPTConfig``. A run is configured as
+
+    python train.py [config/NAME.py ...] [--key=value ...]
+
+Config files are plain Python files of ``key = value`` assignments. They are run into a
+private namespace (never into this module's globals), and every public name they define must
+be a field of one of the two dataclasses. ``--key=value`` strings are converted by the field's
+type. Any unknown key or badly typed value raises ``ConfigError`` before a run does any work.
+
+The defaults of both dataclasses are the paper's shared hyperparameters (arXiv 2608.02668,
+Tables 6 and 7) at the S scale, so a config file only sets what differs: AdamW (0.9, 0.95),
+weight decay 0.1, gradient clip 1.0, 50,000 iterations, 2,000 warm-up iterations, cosine decay
+to min_lr at 50,000, 16 sequences per GPU, 128 sequences per optimizer step, seed 1337, bf16 on
+CUDA, no torch.compile; GPTConfig adds block 1024, vocab 50304, bias on, dropout 0.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import runpy
+import types
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from common import REPO_ROOT
+from model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, GPTConfig
+
+INIT_FROM = ("scratch", "resume")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+WANDB_MODES = ("online", "offline", "disabled")
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class ConfigError(ValueError):
+    """A bad key or value in a config file or on the command line."""
+
+
+def _choices(*values: str) -> dict[str, tuple[str, ...]]:
+    return {"choices": values}
+
+
+@dataclass
+class TrainConfig:
+    # -- output and checkpoints
+    out_dir: str = ""  # "" means out/<config_name>/<method>, e.g. out/openwebtext_s/p_spheret-0.5
+    config_name: str = ""  # "" means the stem of the last config file, else the dataset name
+    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM))
+    always_save_checkpoint: bool = True  # at every evaluation; False keeps only the best val loss
+    checkpoint_interval: int = 0  # also save every N iterations (0: only at evaluations)
+    # -- evaluation and logging
+    eval_interval: int = 1000
+    eval_iters: int = 200  # micro-batches per split per evaluation, shared among all ranks
+    eval_only: bool = False
+    log_interval: int = 10
+    # -- data
+    dataset: str = "openwebtext"
+    data_dir: str = ""  # "" means data/<dataset> in the repository
+    batch_size: int = 16  # sequences per micro-batch on each GPU (paper: 16)
+    global_batch_size: int = 128  # sequences per optimizer step, over all GPUs (paper: 128)
+    # -- optimizer: AdamW, linear warm-up then cosine decay to min_lr
+    learning_rate: float = 6e-4
+    min_lr: float = 6e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
+    max_iters: int = 50_000
+    decay_lr: bool = True
+    warmup_iters: int = 2_000
+    lr_decay_iters: int = 50_000
+    # -- system
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA
+    compile: bool = False  # the paper trains without torch.compile
+    backend: str = ""  # process-group backend; "" means nccl on CUDA, gloo otherwise
+    seed: int = 1337
+    peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look the GPU up
+    # -- Weights & Biases
+    wandb_log: bool = False
+    wandb_project: str = "spheretnorm"
+    wandb_run_name: str = ""  # "" means <config_name>/<method>
+    wandb_group: str = ""  # "" means <config_name> (a scale and dataset)
+    wandb_mode: str = field(default="online", metadata=_choices(*WANDB_MODES))
+    # -- testing only: make the loss NaN in the step that would complete this iteration
+    debug_nan_at_iter: int = -1
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            allowed = f.metadata.get("choices")
+            if allowed and getattr(self, f.name) not in allowed:
+                raise ConfigError(
+                    f"{f.name}={getattr(self, f.name)!r} is not valid; choose one of: "
+                    f"{', '.join(allowed)}."
+                )
+        if not _DEVICE_PATTERN.match(self.device):
+            raise ConfigError(f"device={self.device!r} is not valid; use auto, cpu, cuda, cuda:N or mps.")
+        for name in ("batch_size", "global_batch_size", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "checkpoint_interval"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {getattr(self, name)}.")
+        if self.min_lr > self.learning_rate:
+            raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
+
+
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig))
+TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
+assert not set(MODEL_KEYS) & set(TRAIN_KEYS), "a key may belong to one dataclass only"
+_TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
+# Choices of the model's string keys, for the same error message as the training keys.
+_MODEL_CHOICES = {
+    "connection": tuple(CONNECTIONS),
+    "alpha_decay": ALPHA_DECAYS,
+    "alpha_index": ALPHA_INDICES,
+}
+
+
+@dataclass
+class ParsedConfig:
+    """What the command line asked for, before any data or checkpoint is read.
+
+    model_keys holds only the model keys that a config file or the command line set: the rest
+    come from the dataset (vocab_size) or, when resuming, from the checkpoint.
+    """
+
+    train: TrainConfig
+    model_keys: dict[str, Any]
+    config_files: list[str]
+
+    def model_config(self, **derived: Any) -> GPTConfig:
+        """GPTConfig of a new model: explicit keys win over derived ones (e.g. vocab_size)."""
+        return GPTConfig(**{**derived, **self.model_keys})
+
+
+# -----------------------------------------------------------------------------
+# Values
+
+
+def _unknown_key_error(key: str, where: str) -> ConfigError:
+    valid = MODEL_KEYS + TRAIN_KEYS
+    close = difflib.get_close_matches(key, valid, n=3)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    return ConfigError(
+        f"Unknown config key {key!r} ({where}).{hint} Valid keys: {', '.join(sorted(valid))}."
+    )
+
+
+def _optional_inner(tp: Any) -> tuple[Any, bool]:
+    """(T, True) for Optional[T] / T | None, else (tp, False)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    inner, optional = _optional_inner(tp)
+    return f"{inner.__name__} or None" if optional else tp.__name__
+
+
+def parse_value(key: str, raw: str) -> Any:
+    """Convert a command-line string to the type of the field `key`."""
+    tp, optional = _optional_inner(_TYPES[key])
+    text = raw.strip()
+    if optional and text.lower() in ("none", "null"):
+        return None
+    try:
+        if tp is bool:
+            lowered = text.lower()
+            if lowered in ("true", "1", "yes", "on"):
+                return True
+            if lowered in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            try:
+                return int(text)
+            except ValueError:
+                as_float = float(text)  # allows 5e4 for an integer key, when it is whole
+                if not as_float.is_integer():
+                    raise
+                return int(as_float)
+        if tp is float:
+            return float(text)
+        if tp is str:
+            return raw
+    except ValueError:
+        pass
+    else:
+        raise TypeError(f"no parser for the type {tp!r} of {key}")
+    raise ConfigError(f"--{key}={raw!r}: expected a value of type {_type_name(_TYPES[key])}.")
+
+
+def check_value(key: str, value: Any, where: str) -> Any:
+    """Check a Python value from a config file against the field type (int -> float allowed)."""
+    tp, optional = _optional_inner(_TYPES[key])
+    if value is None and optional:
+        return value
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(
+        f"{key} = {value!r} ({where}): expected a value of type {_type_name(_TYPES[key])}, "
+        f"got {type(value).__name__}."
+    )
+
+
+def _check_choice(key: str, value: Any) -> None:
+    allowed = _MODEL_CHOICES.get(key)
+    if allowed and value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{key}={value!r} is not valid.{hint} Choose one of: {', '.join(allowed)}.")
+
+
+# -----------------------------------------------------------------------------
+# Files and command line
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The public assignments of a config file (names starting with _ and imports are skipped)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"Config file {path!r} does not exist.")
+    namespace = runpy.run_path(path)
+    return {
+        k: v
+        for k, v in namespace.items()
+        if not k.startswith("_")
+        and not isinstance(v, (types.ModuleType, types.FunctionType, type))
+    }
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Config file paths and (key, raw value) pairs, in command-line order."""
+    files, pairs = [], []
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, raw = arg[2:].partition("=")
+            if not eq:
+                raise ConfigError(f"{arg!r}: write options as --key=value.")
+            pairs.append((key, raw))
+        elif arg.endswith(".py"):
+            files.append(arg)
+        else:
+            raise ConfigError(f"{arg!r}: expected a config file (NAME.py) or --key=value.")
+    return files, pairs
+
+
+def grad_accum_steps(global_batch_size: int, batch_size: int, world_size: int) -> int:
+    """Micro-steps per optimizer step so that the global batch does not depend on the GPU count."""
+    per_micro_step = batch_size * world_size
+    if global_batch_size % per_micro_step:
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not divisible by batch_size * world_size = "
+            f"{batch_size} * {world_size} = {per_micro_step}; choose a batch_size or GPU count "
+            "whose product divides it."
+        )
+    return global_batch_size // per_micro_step
+
+
+def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig:
+    """Parse `[config.py ...] [--key=value ...]`; files first, then the options, later ones win.
+
+    world_size (default: $WORLD_SIZE, else 1) is checked to divide the global batch; 0 skips
+    that check (for tools that run single micro-batches, such as bench.py).
+    """
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+    files, pairs = split_argv(argv)
+    values: dict[str, Any] = {}
+    for path in files:
+        for key, value in read_config_file(path).items():
+            if key not in _TYPES:
+                raise _unknown_key_error(key, f"in {path}")
+            values[key] = check_value(key, value, f"in {path}")
+    for key, raw in pairs:
+        if key not in _TYPES:
+            raise _unknown_key_error(key, f"--{key}")
+        values[key] = parse_value(key, raw)
+    for key, value in values.items():
+        _check_choice(key, value)
+
+    model_keys = {k: v for k, v in values.items() if k in MODEL_KEYS}
+    train_values = {k: v for k, v in values.items() if k in TRAIN_KEYS}
+    if not train_values.get("config_name"):
+        train_values["config_name"] = Path(files[-1]).stem if files else train_values.get(
+            "dataset", TrainConfig.dataset
+        )
+    try:
+        train = TrainConfig(**train_values)
+        GPTConfig(**model_keys)  # the model's own checks (n_embd % n_head, ranges) up front
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if world_size:
+        grad_accum_steps(train.global_batch_size, train.batch_size, world_size)
+    return ParsedConfig(train=train, model_keys=model_keys, config_files=files)
+
+
+# -----------------------------------------------------------------------------
+# Names derived from a config
+
+
+def method_key(cfg: GPTConfig) -> str:
+    """The paper's method name: 'p_spheret:0.5' means connection p_spheret with spheret_p 0.5."""
+    if cfg.connection == "p_spheret":
+        return f"p_spheret:{cfg.spheret_p:g}"
+    return cfg.connection
+
+
+def resolve_paths(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
+    """Fill out_dir (out/<config_name>/<method>) and data_dir (data/<dataset>) when left empty."""
+    method_dir = method_key(model_cfg).replace(":", "-")
+    return replace(
+        train,
+        out_dir=train.out_dir or os.path.join("out", train.config_name, method_dir),
+        data_dir=train.data_dir or str(REPO_ROOT / "data" / train.dataset),
+    )
+
+
+def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
+    """W&B run name <config_name>/<method> and group <config_name> (a scale and a dataset)."""
+    return replace(
+        train,
+        wandb_run_name=train.wandb_run_name or f"{train.config_name}/{method_key(model_cfg)}",
+        wandb_group=train.wandb_group or train.config_name,
+    )
+
+
+def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """'key: checkpoint X, requested Y' for every explicitly set model key that differs."""
+    return [
+        f"{k}: checkpoint has {saved[k]!r}, the config/command line asks for {v!r}"
+        for k, v in sorted(explicit.items())
+        if k in saved and saved[k] != v
+    ]
