@@ -1,0 +1,1 @@
+"""Experiment tooling: launch the paper's grid, make its tables and figures, run CPU studies."""

@@ -1,0 +1,215 @@
+"""What reproduce_cpu.py and lr_sweep.py share: the CPU model, the data, and running train.py jobs.
+
+The model is deep and narrow, 24 layers of width 128, the regime where the connections differ
+most, on Tiny Shakespeare (characters). Jobs run as subprocesses (train.py installs signal
+handlers and global RNG state, so a fresh process per run is the robust choice), several at a
+time with a fixed number of threads each: on 2 cores, two single-threaded jobs use the machine
+better than one two-threaded job after another, since width-128 matrices are too small for a
+second thread to pay off and a busy machine makes a two-threaded job wait for its slower thread.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data.common import load_meta
+from data.prepare import prepare
+from scripts.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, is_finished, load_run
+from trainconfig import ConfigError, ParsedConfig, parse_config
+
+DATASET = "shakespeare_char"
+DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
+SHARED_CORPUS = SHARED_DIR / "data" / "tinyshakespeare.txt"
+LOG_NAME = "train.log"
+
+# The model and batch of every CPU study; each script adds its schedule. Block 64 x batch 16
+# keeps a step near half a second on one core.
+CPU_MODEL: dict[str, Any] = {
+    "dataset": DATASET,
+    "n_layer": 24,
+    "n_head": 4,
+    "n_embd": 128,
+    "block_size": 64,
+    "batch_size": 16,
+    "global_batch_size": 16,
+    "eval_iters": 10,
+    "log_interval": 10,
+    "device": "cpu",
+    "dtype": "float32",
+    "compile": False,
+    "wandb_log": False,
+}
+# Keys the studies set per run, and the option to use instead.
+RESERVED = {
+    "connection": "--methods",
+    "spheret_p": "--methods (e.g. p_spheret:0.25)",
+    "dataset": "--data_dir (this study trains on shakespeare_char)",
+    "data_dir": "--data_dir",
+    "out_dir": "--out_dir",
+    "init_from": "nothing (a finished run is reused, an unfinished one restarts)",
+    "config_name": "nothing (it is <dataset>_<layers>x<width>)",
+}
+
+
+def as_args(settings: dict[str, Any]) -> list[str]:
+    return [f"--{k}={v}" for k, v in settings.items()]
+
+
+def parse_train_args(argv: list[str]) -> ParsedConfig:
+    """trainconfig's parse of a study's train.py arguments; a bad key or value is a UsageError."""
+    try:
+        return parse_config(argv, world_size=1)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def study_name(parsed: ParsedConfig) -> str:
+    """'shakespeare_char_24x128': the config_name (and W&B group) of a study's runs."""
+    model = parsed.model_config()
+    return f"{parsed.train.dataset}_{model.n_layer}x{model.n_embd}"
+
+
+# -----------------------------------------------------------------------------
+# Data
+
+
+def ensure_data(data_dir: Path, input_path: str | None = None) -> dict[str, Any]:
+    """Prepare Tiny Shakespeare (characters) in data_dir unless it is there; returns meta.json.
+
+    The text comes from input_path, else ../shared/data/tinyshakespeare.txt when present, else
+    data/prepare.py's download. An explicit input_path always prepares afresh.
+    """
+    data_dir = Path(data_dir)
+    if input_path is None and (data_dir / "meta.json").is_file():
+        return load_meta(data_dir)
+    if input_path is not None and not Path(input_path).is_file():
+        raise UsageError(f"--input {input_path!r} is not a file; give a plain-text corpus such as tinyshakespeare.txt.")
+    source = input_path or (str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None)
+    print(f"preparing {DATASET} in {data_dir} from {source or 'the download URL of data/prepare.py'}", flush=True)
+    return prepare(DATASET, input=[source] if source else None, out_dir=str(data_dir), progress=False)
+
+
+# -----------------------------------------------------------------------------
+# Jobs
+
+
+@dataclass
+class Job:
+    label: str  # e.g. 'proj_spheret' or 'proj_spheret lr 1e-3 warm-up 100'
+    argv: list[str]  # train.py arguments, --out_dir included
+    out_dir: Path
+    max_iters: int
+
+
+@dataclass
+class JobResult:
+    job: Job
+    returncode: int | None  # None: reused a finished run, nothing ran
+    seconds: float
+    message: str  # train.py's "error: ..." line when it failed
+
+    @property
+    def reused(self) -> bool:
+        return self.returncode is None
+
+
+def make_job(label: str, argv: list[str], out_dir: Path) -> Job:
+    """A job whose settings are checked now, and against any run already in out_dir."""
+    parsed = parse_train_args(argv)
+    conflicts = config_conflicts(out_dir, parsed)
+    if conflicts:
+        raise UsageError(f"{out_dir} holds a run with other settings ({'; '.join(conflicts)}); use another --out_dir or remove it.")
+    return Job(label, argv, out_dir, parsed.train.max_iters)
+
+
+def _error_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.startswith("error:")]
+    return lines[-1] if lines else ""
+
+
+def run_job(job: Job, threads: int) -> JobResult:
+    """train.py in a subprocess with `threads` threads, output to out_dir/train.log; a finished run is reused."""
+    if is_finished(job.out_dir, job.max_iters):
+        return JobResult(job, None, 0.0, "")
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    log = job.out_dir / LOG_NAME
+    start = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as out:
+        code = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *job.argv], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "")
+
+
+def run_jobs(jobs: list[Job], parallel: int, threads: int) -> list[JobResult]:
+    """Run the jobs, `parallel` at a time, printing a line as each ends; results in the jobs' order."""
+    if parallel < 1 or threads < 1:
+        raise UsageError(f"--jobs and --threads must be positive integers, got {parallel} and {threads}.")
+    lock = threading.Lock()
+    done = [0]
+
+    def work(job: Job) -> JobResult:
+        result = run_job(job, threads)
+        with lock:
+            done[0] += 1
+            print(job_status_line(result, done[0], len(jobs)), flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        return list(pool.map(work, jobs))
+
+
+def job_status_line(result: JobResult, index: int, total: int) -> str:
+    job = result.job
+    if result.reused:
+        return f"[{index}/{total}] {job.label}: already finished in {job.out_dir}, reused"
+    outcome = "done" if result.returncode == 0 else f"exit status {result.returncode} {result.message}".rstrip()
+    return f"[{index}/{total}] {job.label}: {outcome} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
+
+
+def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
+    """What a finished job left: status (ok / collapsed / diverged / ...), final losses, time.
+
+    val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
+    is this job's wall-clock, or train.py's own elapsed time for a run found finished.
+    """
+    run = load_run(result.job.out_dir) if (result.job.out_dir / CONFIG_NAME).is_file() else None
+    status, reason = classify(run, result.returncode, unigram, result.message)
+    final = run.final_eval if run else None
+    seconds = result.seconds if not result.reused else (final or {}).get("elapsed_s")
+    return {
+        "status": status,
+        "reason": reason,
+        "val_loss": final["val_loss"] if final and status != "diverged" else None,
+        "train_loss_avg": run.final_train_loss if run and status != "diverged" else None,
+        "final_cosine": final.get("final_cosine") if final else None,
+        "last_eval_iter": final["iter"] if final else None,
+        "seconds": None if seconds is None else round(seconds, 1),
+        "reused": result.reused,
+        "out_dir": str(result.job.out_dir),
+    }
+
+
+def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
+    """'Wall-clock: ...', saying how many runs were reused and what their training had cost."""
+    text = f"Wall-clock: {wall / 60:.1f} min ({wall:.0f} s) for {len(rows)} runs"
+    reused = [r for r in rows if r["reused"]]
+    if reused:
+        earlier = sum(r["seconds"] or 0 for r in reused)
+        text += f", {len(reused)} of them found finished and reused (their training took {earlier / 60:.1f} min of run time)"
+    return text + "."
+
+
+def add_common_options(parser: Any) -> None:
+    """Options shared by the CPU studies."""
+    parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help=f"prepared {DATASET} data (default: data/{DATASET}; prepared when missing)")
+    parser.add_argument("--input", default=None, help="text corpus to prepare (default: ../shared/data/tinyshakespeare.txt when present, else download)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")

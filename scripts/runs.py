@@ -1,0 +1,419 @@
+"""What the experiment scripts share: method keys, the paper's reference numbers, run folders.
+
+A *method key* is the paper's name of a model variant: a key of ``model.CONNECTIONS``, or
+``p_spheret:P`` for p-SpheretNorm with ``spheret_p = P`` (the paper's 0.5-SpheretNorm is
+``p_spheret:0.5``). Keys map to train.py arguments, run folders and W&B names through
+``trainconfig`` (``method_key``, ``resolve_paths``, ``resolve_wandb_names``), so every script
+names a run the way train.py does.
+
+A *run folder* is what train.py writes to its out_dir: ``config.json`` (both configs and the
+method key), ``metrics.jsonl`` (rows of kind "train" and "eval") and ``ckpt.pt``; the
+zero-shot results of eval/zero_shot.py go beside the checkpoint as ``ckpt_zero_shot.json``.
+Tables and plots read only these structured files, never logs.
+
+A run is *finished* when its metrics.jsonl has an eval row at iter >= max_iters: train.py
+evaluates at the last iteration, so this row exists exactly when training ran to the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from data.common import load_meta, open_split
+from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
+from train import CKPT_NAME, METRICS_NAME
+from trainconfig import MODEL_KEYS, TRAIN_KEYS, ParsedConfig, TrainConfig, method_key, resolve_paths, resolve_wandb_names
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
+CONFIG_NAME = "config.json"
+ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
+
+# The paper's eight methods, in the row order of its tables.
+PAPER_METHODS = ("pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret:0.5", "proj_spheret", "cay_spheret")
+PAPER_DATASETS = ("fineweb_edu", "openwebtext")  # column order of Tables 2 and 3
+PAPER_SCALES = ("S", "M", "L")
+
+_CONNECTION_NAMES = {
+    "pre_ln": "Pre-LN",
+    "post_ln": "Post-LN",
+    "pre_dyt": "Pre-DyT",
+    "peri_ln": "Peri-LN",
+    "keel": "Keel",
+    "lns": "LNS",
+    "geonorm": "GeoNorm",
+    "proj_spheret": "Proj-SpheretNorm (1-SpheretNorm)",
+    "cay_spheret": "Cay-SpheretNorm (2-SpheretNorm)",
+}
+_DATASET_NAMES = {
+    "fineweb_edu": "FineWeb-Edu",
+    "openwebtext": "OpenWebText",
+    "shakespeare_char": "Shakespeare-char",
+    "shakespeare": "Shakespeare",
+}
+
+# Collapse: the model predicts no better than the token frequencies, i.e. it ignores its
+# context (every position gets about the same distribution). The final hidden states' mean
+# cosine (model.diagnostics) is reported beside it but not used: it is also high early in
+# healthy training.
+COLLAPSE_MARGIN = 0.05  # nats below the unigram loss that a val loss must reach to count as learning
+
+assert all(m.partition(":")[0] in CONNECTIONS for m in PAPER_METHODS), "a paper method left the registry"
+
+
+class UsageError(ValueError):
+    """A bad command-line value; scripts print it as one line and exit with status 2."""
+
+
+# -----------------------------------------------------------------------------
+# Method keys
+
+
+def valid_methods_text() -> str:
+    return ", ".join("p_spheret:P (e.g. p_spheret:0.5)" if k == "p_spheret" else k for k in CONNECTIONS)
+
+
+def method_model_keys(key: str) -> dict[str, Any]:
+    """The model keys of a method: 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5."""
+    connection, sep, p_text = key.strip().partition(":")
+    if connection not in CONNECTIONS:
+        raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}.")
+    if not sep:
+        return {"connection": connection}
+    if connection != "p_spheret":
+        raise UsageError(f"Method {key!r}: only p_spheret takes a ':P' suffix; valid methods are: {valid_methods_text()}.")
+    try:
+        p = float(p_text)
+    except ValueError:
+        raise UsageError(f"Method {key!r}: P must be a number, as in p_spheret:0.5.") from None
+    return {"connection": connection, "spheret_p": p}
+
+
+def method_config(key: str) -> GPTConfig:
+    try:
+        return GPTConfig(**method_model_keys(key))
+    except ValueError as e:
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError(f"Method {key!r}: {e}") from None
+
+
+def canonical_method(key: str) -> str:
+    """The key train.py records for this method (trainconfig.method_key), e.g. 'p_spheret:0.5'."""
+    return method_key(method_config(key))
+
+
+def method_args(key: str) -> list[str]:
+    """train.py arguments of a method: ['--connection=p_spheret', '--spheret_p=0.5']."""
+    cfg = method_config(key)
+    args = [f"--connection={cfg.connection}"]
+    if cfg.connection == "p_spheret":
+        args.append(f"--spheret_p={cfg.spheret_p}")
+    return args
+
+
+def method_dirname(key: str) -> str:
+    """The run folder name train.py gives a method ('p_spheret-0.5'), from resolve_paths."""
+    return Path(resolve_paths(TrainConfig(config_name="_"), method_config(key)).out_dir).name
+
+
+def run_name(config_name: str, key: str) -> str:
+    """The run's name, also its W&B name: '<config_name>/<method>' (resolve_wandb_names)."""
+    return resolve_wandb_names(TrainConfig(config_name=config_name), method_config(key)).wandb_run_name
+
+
+def display_name(key: str) -> str:
+    """The paper's name of a method: 'p_spheret:0.5' -> '0.5-SpheretNorm'."""
+    try:
+        cfg = method_config(key)
+    except UsageError:
+        return key
+    if cfg.connection == "p_spheret":
+        return f"{cfg.spheret_p:g}-SpheretNorm"
+    return _CONNECTION_NAMES.get(cfg.connection, cfg.connection)
+
+
+def is_sphere_method(key: str) -> bool:
+    return key.partition(":")[0] in SPHERE_CONNECTIONS
+
+
+def parse_methods(spec: str) -> list[str]:
+    """'paper' (the paper's 8), 'all' (every registered connection) or a comma-separated list."""
+    if spec.strip() == "paper":
+        return list(PAPER_METHODS)
+    if spec.strip() == "all":
+        return [canonical_method(k) for k in CONNECTIONS]
+    keys = [canonical_method(k) for k in spec.split(",") if k.strip()]
+    if not keys:
+        raise UsageError(f"--methods {spec!r} names no method; valid methods are: paper, all, {valid_methods_text()}.")
+    return list(dict.fromkeys(keys))
+
+
+def parse_choices(spec: str, valid: Iterable[str], what: str) -> list[str]:
+    """A comma-separated subset of `valid`, in the order given."""
+    valid = list(valid)
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [s for s in items if s not in valid]
+    if bad or not items:
+        raise UsageError(f"--{what} {spec!r} is not valid; choose from: {', '.join(valid)}.")
+    return list(dict.fromkeys(items))
+
+
+def dataset_display(dataset: str) -> str:
+    return _DATASET_NAMES.get(dataset, dataset)
+
+
+def group_label(dataset: str, scale: str) -> str:
+    """'OpenWebText S': one dataset at one scale (a column group, a figure, a W&B group)."""
+    return f"{dataset_display(dataset)} {scale}"
+
+
+# -----------------------------------------------------------------------------
+# Train-argument overrides
+
+
+def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[str]:
+    """Check extra --key=value arguments for train.py; reserved keys are set by the script.
+
+    reserved maps a key to what to use instead (e.g. 'connection' -> '--methods').
+    """
+    valid = set(MODEL_KEYS) | set(TRAIN_KEYS)
+    for arg in overrides:
+        key, eq, _ = arg.removeprefix("--").partition("=")
+        if not arg.startswith("--") or not eq:
+            raise UsageError(f"{arg!r} is not an option of this script, nor a train.py override of the form --key=value.")
+        if key not in valid:
+            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see trainconfig.py for the keys.")
+        if key in reserved:
+            raise UsageError(f"--{key} is set by this script; use {reserved[key]} instead.")
+    return overrides
+
+
+# -----------------------------------------------------------------------------
+# The paper's numbers
+
+
+@functools.lru_cache(maxsize=4)
+def load_reference(path: Path = REFERENCE_PATH) -> dict[str, Any]:
+    """paper_results.json: the paper's Tables 2-7 (a copy of ../shared/reference)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def scale_of(config: Mapping[str, Any]) -> str:
+    """'S', 'M' or 'L' for the paper's model shapes, else '<n_layer>x<n_embd>' (e.g. '24x128')."""
+    shape = (config["n_layer"], config["n_head"], config["n_embd"])
+    for name, s in load_reference()["scales"].items():
+        if shape == (s["n_layer"], s["n_head"], s["n_embd"]):
+            return name
+    return f"{config['n_layer']}x{config['n_embd']}"
+
+
+def config_file(dataset: str, scale: str) -> Path:
+    """config/<dataset>_<scale>.py, the paper's setting of one dataset at one scale."""
+    path = REPO_ROOT / "config" / f"{dataset}_{scale.lower()}.py"
+    if not path.is_file():
+        raise UsageError(f"There is no config file {path.relative_to(REPO_ROOT)} for dataset {dataset!r} at scale {scale!r}.")
+    return path
+
+
+# -----------------------------------------------------------------------------
+# Run folders
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl; a line cut short by a crash is skipped."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def last_eval_iter(out_dir: Path) -> int | None:
+    """Iteration of the last eval row in out_dir/metrics.jsonl (None: no evaluation yet)."""
+    path = Path(out_dir) / METRICS_NAME
+    if not path.is_file():
+        return None
+    iters = [r["iter"] for r in read_metrics(path) if r.get("kind") == "eval"]
+    return max(iters) if iters else None
+
+
+def is_finished(out_dir: Path, max_iters: int) -> bool:
+    """True when metrics.jsonl has an eval row at iter >= max_iters (see the module docstring)."""
+    last = last_eval_iter(out_dir)
+    return last is not None and last >= max_iters
+
+
+def has_checkpoint(out_dir: Path) -> bool:
+    return (Path(out_dir) / CKPT_NAME).is_file()
+
+
+# Settings that must agree before an existing run folder is reused (skipped or resumed).
+# max_iters may grow (a finished run can be extended); the schedule's end, lr_decay_iters, may not.
+_COMPARED_TRAIN_KEYS = (
+    "dataset", "batch_size", "global_batch_size", "learning_rate", "min_lr", "weight_decay", "beta1",
+    "beta2", "grad_clip", "decay_lr", "warmup_iters", "lr_decay_iters", "seed", "dtype",
+)
+
+
+def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
+    """'key: the run has X, asked for Y' for each setting where out_dir's config.json differs.
+
+    parsed is the config of the command that would reuse out_dir; vocab_size is not compared
+    (train.py derives it from the dataset).
+    """
+    path = Path(out_dir) / CONFIG_NAME
+    if not path.is_file():
+        return []
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    wanted = {k: getattr(parsed.train, k) for k in _COMPARED_TRAIN_KEYS}
+    model = parsed.model_config()
+    wanted.update({k: getattr(model, k) for k in MODEL_KEYS if k != "vocab_size"})
+    return [f"{k}: the run has {saved[k]!r}, asked for {v!r}" for k, v in wanted.items() if k in saved and saved[k] != v]
+
+
+@dataclass
+class Run:
+    """One run folder: its config.json, metrics rows and (optional) zero-shot paper columns."""
+
+    path: Path
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    zero_shot: dict[str, float | None] | None
+
+    @property
+    def method(self) -> str:
+        return self.config["method"]
+
+    @property
+    def dataset(self) -> str:
+        return self.config["dataset"]
+
+    @property
+    def scale(self) -> str:
+        return scale_of(self.config)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("kind") == kind]
+
+    @property
+    def final_eval(self) -> dict[str, Any] | None:
+        evals = self.of_kind("eval")
+        return evals[-1] if evals else None
+
+    @property
+    def final_train_loss(self) -> float | None:
+        """Train loss averaged over the last AVG_WINDOW (200) iterations, as train.py logs it."""
+        trains = self.of_kind("train")
+        return trains[-1]["train_loss_avg200"] if trains else None
+
+    @property
+    def final_val_loss(self) -> float | None:
+        return self.final_eval["val_loss"] if self.final_eval else None
+
+    @property
+    def finished(self) -> bool:
+        return self.final_eval is not None and self.final_eval["iter"] >= self.config["max_iters"]
+
+
+def load_run(path: Path) -> Run:
+    path = Path(path)
+    config = json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
+    rows = read_metrics(path / METRICS_NAME) if (path / METRICS_NAME).is_file() else []
+    zero_shot = None
+    if (path / ZERO_SHOT_NAME).is_file():
+        zero_shot = json.loads((path / ZERO_SHOT_NAME).read_text(encoding="utf-8")).get("paper_table")
+    return Run(path, config, rows, zero_shot)
+
+
+def find_runs(root: Path) -> list[Run]:
+    """Every run folder under root (a config.json beside a metrics.jsonl), sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"--runs_root {str(root)!r} is not a folder; point it at the out_dir root of your runs (default out/).")
+    return [load_run(p.parent) for p in sorted(root.rglob(CONFIG_NAME)) if (p.parent / METRICS_NAME).is_file()]
+
+
+def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
+    """{(dataset, scale, method): run}; two runs of one cell are refused, not silently merged."""
+    index: dict[tuple[str, str, str], Run] = {}
+    for run in runs:
+        key = (run.dataset, run.scale, run.method)
+        if key in index:
+            raise UsageError(
+                f"Two runs of {run.method} on {run.dataset} at scale {run.scale}: {index[key].path} and "
+                f"{run.path}; point --runs_root at the folder of one experiment."
+            )
+        index[key] = run
+    return index
+
+
+def sort_methods(methods: Iterable[str]) -> list[str]:
+    """The paper's row order first, then any other method alphabetically."""
+    order = {m: i for i, m in enumerate(PAPER_METHODS)}
+    return sorted(set(methods), key=lambda m: (order.get(m, len(order)), m))
+
+
+def sort_groups(groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(dataset, scale) pairs in the paper's column order, then the others alphabetically."""
+    d_order = {d: i for i, d in enumerate(PAPER_DATASETS)}
+    s_order = {s: i for i, s in enumerate(PAPER_SCALES)}
+    return sorted(set(groups), key=lambda g: (d_order.get(g[0], len(d_order)), g[0], s_order.get(g[1], len(s_order)), g[1]))
+
+
+# -----------------------------------------------------------------------------
+# Outcome of a run: finished, collapsed, diverged
+
+
+def unigram_loss(data_dir: Path) -> float:
+    """Cross-entropy (nats) of the val tokens under the train split's token frequencies.
+
+    This is the loss of a model that ignores its context; a collapsed model sits at it
+    (3.35 on Shakespeare-char).
+    """
+    meta = load_meta(data_dir)
+    vocab = int(meta["vocab_size"])
+    counts = {s: np.bincount(np.asarray(open_split(data_dir, s, meta)), minlength=vocab) for s in ("train", "val")}
+    p_train = counts["train"] / counts["train"].sum()
+    p_val = counts["val"] / counts["val"].sum()
+    seen = p_val > 0
+    return float(-(p_val[seen] * np.log(np.maximum(p_train[seen], 1e-12))).sum())
+
+
+# train.py exits with 1 and an "error: ... became nan ..." line when the loss became
+# non-finite; a crash also exits with 1 but with a traceback, so the line tells them apart.
+EXIT_NON_FINITE = 1
+
+
+def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "") -> tuple[str, str]:
+    """(status, reason): status is ok, collapsed, diverged, failed or unfinished.
+
+    diverged: train.py stopped on a non-finite loss (exit status 1 with its "error:" line).
+    collapsed: the run finished but its final val loss is above unigram - COLLAPSE_MARGIN, no
+    better than predicting the token frequencies. returncode None means the run was not started
+    here (it was found finished).
+    """
+    if returncode == EXIT_NON_FINITE and error_line.startswith("error:"):
+        return "diverged", error_line.removeprefix("error:").strip()
+    if returncode not in (None, 0):
+        return "failed", f"train.py exited with status {returncode}" + (f": {error_line}" if error_line else "")
+    if run is None or not run.finished:
+        return "unfinished", "no eval row at max_iters"
+    final = run.final_eval
+    if not math.isfinite(final["val_loss"]):
+        return "diverged", "non-finite val loss"
+    if unigram is not None and final["val_loss"] > unigram - COLLAPSE_MARGIN:
+        cosine = final.get("final_cosine")
+        extra = f", final cosine {cosine:.3f}" if cosine is not None else ""
+        return "collapsed", f"val loss {final['val_loss']:.3f} vs unigram {unigram:.3f}{extra}"
+    return "ok", ""
