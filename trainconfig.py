@@ -322,9 +322,14 @@ def method_key(cfg: GPTConfig) -> str:
     return cfg.connection
 
 
+def method_dirname(cfg: GPTConfig) -> str:
+    """The run folder name of a method: the method key with ':' (awkward in paths) as '-'."""
+    return method_key(cfg).replace(":", "-")
+
+
 def resolve_paths(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
     """Fill out_dir (out/<config_name>/<method>) and data_dir (data/<dataset>) when left empty."""
-    method_dir = method_key(model_cfg).replace(":", "-")
+    method_dir = method_dirname(model_cfg)
     return replace(
         train,
         out_dir=train.out_dir or os.path.join("out", train.config_name, method_dir),

@@ -171,9 +171,10 @@ def format_paper_table(row: dict[str, float | None], label: str) -> str:
 
 def model_label(config: dict[str, Any]) -> str:
     """The method key of paper_results.json, e.g. 'pre_ln' or 'p_spheret:0.5'."""
-    if config["connection"] == "p_spheret":
-        return f"p_spheret:{config['spheret_p']:g}"
-    return config["connection"]
+    from model import config_from_dict
+    from trainconfig import method_key
+
+    return method_key(config_from_dict(config))
 
 
 # -----------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A *method key* is the paper's name of a model variant: a key of ``model.CONNECTIONS``, or
 ``p_spheret:P`` for p-SpheretNorm with ``spheret_p = P`` (the paper's 0.5-SpheretNorm is
 ``p_spheret:0.5``). Keys map to train.py arguments, run folders and W&B names through
-``trainconfig`` (``method_key``, ``resolve_paths``, ``resolve_wandb_names``), so every script
+``trainconfig`` (``method_key``, ``method_dirname``, ``resolve_wandb_names``), so every script
 names a run the way train.py does.
 
 A *run folder* is what train.py writes to its out_dir: ``config.json`` (both configs and the
@@ -29,7 +29,15 @@ import numpy as np
 from data.common import load_meta, open_split
 from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
 from train import CKPT_NAME, METRICS_NAME
-from trainconfig import MODEL_KEYS, TRAIN_KEYS, ParsedConfig, TrainConfig, method_key, resolve_paths, resolve_wandb_names
+from trainconfig import (
+    MODEL_KEYS,
+    TRAIN_KEYS,
+    ParsedConfig,
+    TrainConfig,
+    method_dirname as config_dirname,
+    method_key,
+    resolve_wandb_names,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
@@ -121,8 +129,8 @@ def method_args(key: str) -> list[str]:
 
 
 def method_dirname(key: str) -> str:
-    """The run folder name train.py gives a method ('p_spheret-0.5'), from resolve_paths."""
-    return Path(resolve_paths(TrainConfig(config_name="_"), method_config(key)).out_dir).name
+    """The run folder name train.py gives a method ('p_spheret-0.5')."""
+    return config_dirname(method_config(key))
 
 
 def run_name(config_name: str, key: str) -> str:
