@@ -229,6 +229,29 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
     return notes
 
 
+def _cell(
+    table: Table,
+    method: str,
+    column: Column,
+    marks: dict[tuple[str, str], str],
+    style: dict[str, str],
+    missing: str,
+    unfinished_mark: str,
+    with_paper: bool,
+) -> str:
+    """One formatted cell: the value, its rank mark, the unfinished mark, the paper's value."""
+    key = (method, column.key)
+    text = _number(table.values[method].get(column.key), column.decimals, missing)
+    if key in marks:
+        text = style[marks[key]].format(text)
+    if key in table.unfinished:
+        text += unfinished_mark
+    if with_paper and table.paper:
+        paper_value = table.paper.get(method, {}).get(column.key)
+        text += f" ({_number(paper_value, column.decimals, missing)})"
+    return text
+
+
 def to_markdown(table: Table, with_paper: bool = False) -> str:
     marks = rank_marks(table)
     style = {BEST: "**{}**", SECOND: "<u>{}</u>"}
@@ -236,16 +259,7 @@ def to_markdown(table: Table, with_paper: bool = False) -> str:
     lines.append("| Method | " + " | ".join(c.label for c in table.columns) + " |")
     lines.append("|:--|" + "--:|" * len(table.columns))
     for m in table.methods:
-        cells = []
-        for c in table.columns:
-            text = _number(table.values[m].get(c.key), c.decimals, "-")
-            if (m, c.key) in marks:
-                text = style[marks[(m, c.key)]].format(text)
-            if (m, c.key) in table.unfinished:
-                text += "*"
-            if with_paper and table.paper:
-                text += f" ({_number(table.paper.get(m, {}).get(c.key), c.decimals, '-')})"
-            cells.append(text)
+        cells = [_cell(table, m, c, marks, style, "-", "*", with_paper) for c in table.columns]
         lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
     notes = _notes(table, with_paper)
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -287,16 +301,7 @@ def to_latex(table: Table, with_paper: bool = False) -> str:
     lines.append("Method & " + " & ".join(latex_escape(c.header) for c in table.columns) + r" \\")
     lines.append(r"\midrule")
     for m in table.methods:
-        cells = []
-        for c in table.columns:
-            text = _number(table.values[m].get(c.key), c.decimals, "--")
-            if (m, c.key) in marks:
-                text = style[marks[(m, c.key)]].format(text)
-            if (m, c.key) in table.unfinished:
-                text += "$^*$"
-            if with_paper and table.paper:
-                text += f" ({_number(table.paper.get(m, {}).get(c.key), c.decimals, '--')})"
-            cells.append(text)
+        cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper) for c in table.columns]
         lines.append(latex_escape(display_name(m)) + " & " + " & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% {note}" for note in _notes(table, with_paper)]
