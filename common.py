@@ -8,6 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +32,116 @@ GPU_PEAK_FLOPS = {
 }
 
 
+class DeviceError(ValueError):
+    """The requested device cannot be used with the installed torch (a user-facing, one-sentence error)."""
+
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
+_NVIDIA_PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+_NVIDIA_DEVICE_NODE = Path("/dev/nvidia0")
+_warned_cpu_torch_on_gpu_machine = False
+
+
+def nvidia_gpus_present() -> bool:
+    """True when the NVIDIA driver sees a GPU on this machine, whatever torch was built for.
+
+    Checked without torch (a CPU-only torch cannot tell): the driver's /proc entries, the device
+    node, then `nvidia-smi -L`.
+    """
+    try:
+        if _NVIDIA_PROC_GPUS.is_dir() and any(_NVIDIA_PROC_GPUS.iterdir()):
+            return True
+        if _NVIDIA_DEVICE_NODE.exists():
+            return True
+    except OSError:  # unreadable /proc or /dev: fall through to nvidia-smi
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def torch_is_cpu_only_build() -> bool:
+    """True when the installed torch was built without CUDA (and without ROCm, which also serves 'cuda')."""
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+
+
+def cpu_torch_on_gpu_machine_warning() -> str:
+    """The multi-line warning for device=auto falling back to the CPU while GPUs sit idle."""
+    build = f"torch {torch.__version__}" + (" (a CPU-only build)" if torch_is_cpu_only_build() else "")
+    return (
+        "\n"
+        "WARNING ***********************************************************************\n"
+        "WARNING: this machine has NVIDIA GPUs, but torch cannot use them, so device=auto\n"
+        f"WARNING: runs on the CPU, many times slower. Installed: {build}.\n"
+        "WARNING: Fix: install a CUDA build of torch in this environment, for the CUDA\n"
+        "WARNING: version your driver supports (https://pytorch.org/get-started/locally/),\n"
+        "WARNING: then `pip install -e .` again; or check CUDA_VISIBLE_DEVICES.\n"
+        "WARNING: To run on the CPU on purpose, pass --device=cpu.\n"
+        "WARNING ***********************************************************************\n"
+    )
+
+
+def _warn_cpu_torch_on_gpu_machine() -> None:
+    global _warned_cpu_torch_on_gpu_machine
+    if _warned_cpu_torch_on_gpu_machine:  # get_device is called more than once per run
+        return
+    _warned_cpu_torch_on_gpu_machine = True
+    print(cpu_torch_on_gpu_machine_warning(), file=sys.stderr, flush=True)
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def _check_cuda_device(device: str, index: str | None) -> None:
+    """Raise DeviceError unless torch can use the CUDA device `device` (cuda or cuda:N)."""
+    if not torch.cuda.is_available():
+        if torch_is_cpu_only_build():
+            raise DeviceError(
+                f"device={device!r} needs CUDA, but the installed torch {torch.__version__} is a CPU-only "
+                "build; install a CUDA build of torch (see README, Quick start) or use --device=cpu."
+            )
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        raise DeviceError(
+            f"device={device!r} needs CUDA, but torch {torch.__version__} sees no usable GPU{where}; "
+            "run on a GPU node or use --device=cpu."
+        )
+    count = torch.cuda.device_count()
+    if index is not None and int(index) >= count:
+        raise DeviceError(f"device={device!r} does not exist: {count} GPU(s) are visible, cuda:0 to cuda:{count - 1}.")
+
+
 def get_device(device: str = "auto") -> str:
-    """'auto' picks cuda, then mps, then cpu; anything else is returned as given."""
-    if device != "auto":
-        return device
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+    """The torch device to run on: 'auto' picks cuda, then mps, then cpu.
+
+    An explicit device that this torch cannot use raises DeviceError. 'auto' that lands on the
+    CPU of a machine with NVIDIA GPUs (a CPU-only torch, say) prints a loud warning to stderr.
+    """
+    match = _DEVICE_RE.match(device)
+    if match is None:
+        raise DeviceError(f"device={device!r} is not valid; use auto, cpu, cuda, cuda:N or mps.")
+    kind, index = match.groups()
+    if kind == "auto":
+        if index is not None:
+            raise DeviceError(f"device={device!r} is not valid; use auto, cpu, cuda, cuda:N or mps.")
+        if torch.cuda.is_available():
+            return "cuda"
+        if _mps_available():
+            return "mps"
+        if nvidia_gpus_present():
+            _warn_cpu_torch_on_gpu_machine()
+        return "cpu"
+    if kind == "cuda":
+        _check_cuda_device(device, index)
+    elif kind == "mps" and not _mps_available():
+        raise DeviceError(f"device={device!r} is not available with this torch and machine; use --device=cpu or auto.")
+    return device
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

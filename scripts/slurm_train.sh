@@ -1,13 +1,22 @@
 #!/bin/bash
 # Multi-node training on SLURM: one torchrun per node, 8 GPUs each, safe against time limits
-# and pre-emption.
+# and pre-emption, with any torch the project supports (>= 2.4).
 #
 #   sbatch --nodes=2 scripts/slurm_train.sh config/openwebtext_l.py --connection=p_spheret --spheret_p=0.5
 #
 # Three minutes before the time limit SLURM signals this script (USR1); it forwards USR1 through
-# srun and torchrun to every worker, the workers finish the current step, write ckpt.pt and
-# exit 0, and the script requeues the job. A requeued job (SLURM_RESTART_COUNT > 0) resumes
-# from out_dir/ckpt.pt. Pre-emption by another job sends SIGTERM, which does the same.
+# srun to every node, the workers finish the current step, write ckpt.pt and exit 0, and the
+# script requeues the job. Pre-emption by another job sends SIGTERM, which does the same.
+# train.py runs with --init_from=auto: a requeued job (SLURM_RESTART_COUNT > 0), or any job whose
+# out_dir already holds ckpt.pt, resumes from it; otherwise training starts from scratch.
+#
+# How USR1 reaches the workers depends on the torchrun found on PATH:
+#  - torch >= 2.10: torchrun itself forwards it (--signals_to_handle) and gives the workers
+#    --shutdown_timeout seconds to checkpoint.
+#  - torch 2.4-2.9: torchrun has neither flag, and a USR1 would kill torchrun itself (it leaves the
+#    signal at its default action) before the workers could save. So each node runs torchrun
+#    under a small shell that starts it with USR1 ignored and hands USR1 and TERM straight to
+#    its children, the train.py workers.
 # The global batch stays 128 sequences whatever --nodes is (gradient accumulation adapts).
 #SBATCH --job-name=spheretnorm
 #SBATCH --nodes=1
@@ -21,35 +30,76 @@
 #SBATCH --output=slurm-%x-%j.out
 set -uo pipefail
 
+SIGNAL_FLAGS=(--signals_to_handle=SIGTERM,SIGINT,SIGUSR1 --shutdown_timeout=150)
+
+# True when the torchrun on PATH accepts --signals_to_handle and --shutdown_timeout (torch >= 2.10).
+# The help text is captured first: `torchrun --help | grep -q` could end torchrun with SIGPIPE,
+# which pipefail would report as "flag missing".
+torchrun_has_signal_flags() {
+  local usage
+  usage=$(torchrun --help 2>&1) || true
+  [[ $usage == *--signals_to_handle* && $usage == *--shutdown_timeout* ]]
+}
+
+# Exit status of background process $1, waiting again whenever a trap interrupts `wait`.
+wait_for_exit() {
+  local pid=$1
+  while kill -0 "$pid" 2>/dev/null; do
+    wait "$pid"
+  done
+  wait "$pid"  # bash keeps the status of a reaped child, so this returns the real one
+}
+
+# One node's launcher for a torchrun without signal flags: runs "$@" (the torchrun command) with
+# USR1 ignored, and forwards USR1/TERM from srun to the processes torchrun started. train.py
+# installs its own handlers, so the inherited "ignore" does not stop the workers from saving.
+run_node_forwarding_signals() {
+  (trap '' USR1; exec "$@") &
+  LAUNCHER_PID=$!
+  trap 'echo "node ${SLURM_NODEID:-?}: forwarding USR1 to the workers"; pkill -USR1 -P "$LAUNCHER_PID"' USR1
+  trap 'echo "node ${SLURM_NODEID:-?}: forwarding TERM to the workers"; pkill -TERM -P "$LAUNCHER_PID"' TERM
+  wait_for_exit "$LAUNCHER_PID"
+}
+
 CONFIG=${1:?usage: sbatch scripts/slurm_train.sh config/NAME.py [--key=value ...]}
 shift
+if ! command -v torchrun >/dev/null 2>&1; then
+  echo "error: torchrun is not on PATH; activate the environment that has torch before running sbatch." >&2
+  exit 2
+fi
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=${MASTER_PORT:-29500}
-if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then INIT=resume; else INIT=scratch; fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+echo "job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}: train.py --init_from=auto resumes if a checkpoint exists"
+
+TORCHRUN=(
+  torchrun
+  --nnodes="$SLURM_JOB_NUM_NODES"
+  --nproc_per_node="$GPUS_PER_NODE"
+  --rdzv_id="$SLURM_JOB_ID"
+  --rdzv_backend=c10d
+  --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"
+)
+if torchrun_has_signal_flags; then
+  LAUNCH=("${TORCHRUN[@]}" "${SIGNAL_FLAGS[@]}")
+else
+  echo "torchrun has no --signals_to_handle (torch < 2.10): signals go to the workers through a per-node shell"
+  # The function travels to every node as text: only this batch node has a copy of this script.
+  NODE_SHELL="$(declare -f wait_for_exit run_node_forwarding_signals); run_node_forwarding_signals \"\$@\""
+  LAUNCH=(bash -c "$NODE_SHELL" slurm-node "${TORCHRUN[@]}")
+fi
 
 STOPPING=0
-trap 'echo "time limit near: asking the workers to checkpoint"; STOPPING=1; kill -USR1 "$SRUN_PID"' USR1
+SRUN_PID=""
+# srun passes the signals it receives on to its tasks (torchrun, or the per-node shell).
+trap 'echo "time limit near: asking the workers to checkpoint"; STOPPING=1; [ -n "$SRUN_PID" ] && kill -USR1 "$SRUN_PID"' USR1
 
-srun --kill-on-bad-exit=1 torchrun \
-  --nnodes="$SLURM_JOB_NUM_NODES" \
-  --nproc_per_node="$GPUS_PER_NODE" \
-  --rdzv_id="$SLURM_JOB_ID" \
-  --rdzv_backend=c10d \
-  --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \
-  --signals_to_handle=SIGTERM,SIGINT,SIGUSR1 \
-  --shutdown_timeout=150 \
-  train.py "$CONFIG" --init_from="$INIT" "$@" &
+srun --kill-on-bad-exit=1 "${LAUNCH[@]}" train.py "$CONFIG" --init_from=auto "$@" &
 SRUN_PID=$!
 
-# `wait` returns early when the trap runs; wait again for srun's own exit status.
-wait "$SRUN_PID"
+wait_for_exit "$SRUN_PID"
 STATUS=$?
-while kill -0 "$SRUN_PID" 2>/dev/null; do
-  wait "$SRUN_PID"
-  STATUS=$?
-done
 
 if [ "$STOPPING" = 1 ]; then
   echo "checkpoint written; requeueing job $SLURM_JOB_ID"

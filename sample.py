@@ -1,0 +1,291 @@
+"""
+Sample text from a trained model, as in nanoGPT.
+
+    python sample.py out/shakespeare_char/p_spheret-0.5                  # an out_dir holding ckpt.pt
+    python sample.py out/openwebtext_s/geonorm/ckpt.pt --start="The meaning of life is"
+    python sample.py CKPT --start=FILE:prompt.txt --num_samples=1 --temperature=0   # greedy
+
+The tokenizer is the one the model was trained with: the dataset's meta.json, which train.py
+stores in the checkpoint (GPT-2 BPE, built offline if need be, or the character vocabulary of
+a char-level dataset). Older checkpoints without it fall back to the meta.json in the run's
+data_dir, or --meta. Each sample is printed (prompt, then continuation) followed by a line of
+dashes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
+from data.common import META_FILE, PrepareError, decode_char, load_meta
+from data.tokenizer import EOT_TOKEN, TokenizerUnavailableError, get_gpt2_encoding
+from model import GPT, load_checkpoint
+
+CKPT_NAME = "ckpt.pt"
+FILE_PREFIX = "FILE:"
+TOKENIZERS = ("gpt2", "char")
+SEPARATOR = "---------------"
+
+
+class SampleError(ValueError):
+    """A user-facing problem with the arguments or the checkpoint; printed without a traceback."""
+
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sample.py",
+        description="Generate text from a spheretnorm checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("checkpoint", nargs="?", default=None, help="a ckpt.pt file, or an out_dir that holds one")
+    parser.add_argument("--out_dir", default=None, help="nanoGPT-style alternative to the positional checkpoint")
+    parser.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file (default: %(default)r)")
+    parser.add_argument("--num_samples", type=int, default=3, help="number of samples to draw")
+    parser.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
+    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (argmax)")
+    parser.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens only; 0 for all")
+    parser.add_argument("--seed", type=int, default=1337, help="random seed (same seed, same samples)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA)")
+    parser.add_argument("--meta", default=None, help="meta.json (or its dataset directory) to take the tokenizer from, "
+                        "instead of the one recorded in the checkpoint")
+    return parser
+
+
+@dataclass(frozen=True)
+class SampleArgs:
+    checkpoint: Path
+    start: str
+    num_samples: int
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    seed: int
+    device: str
+    dtype: str
+    meta: str | None
+
+
+def parse_args(argv: list[str]) -> SampleArgs:
+    ns = build_parser().parse_args(argv)
+    if (ns.checkpoint is None) == (ns.out_dir is None):
+        raise SampleError("Give the checkpoint once: either a ckpt.pt path / out_dir as the argument, or --out_dir.")
+    for name in ("num_samples", "max_new_tokens"):
+        if getattr(ns, name) < 1:
+            raise SampleError(f"--{name} must be a positive integer, got {getattr(ns, name)}.")
+    if not ns.temperature >= 0:  # also refuses nan
+        raise SampleError(f"--temperature must be >= 0 (0 is greedy), got {ns.temperature}.")
+    if ns.top_k < 0:
+        raise SampleError(f"--top_k must be >= 0 (0 keeps every token), got {ns.top_k}.")
+    if ns.dtype not in ("auto", *DTYPES):
+        raise SampleError(f"--dtype={ns.dtype!r} is not valid; choose one of: auto, {', '.join(DTYPES)}.")
+    return SampleArgs(
+        checkpoint=Path(ns.checkpoint if ns.checkpoint is not None else ns.out_dir),
+        start=read_start(ns.start),
+        num_samples=ns.num_samples,
+        max_new_tokens=ns.max_new_tokens,
+        temperature=ns.temperature,
+        top_k=ns.top_k or None,
+        seed=ns.seed,
+        device=ns.device,
+        dtype=ns.dtype,
+        meta=ns.meta,
+    )
+
+
+def read_start(start: str) -> str:
+    """The prompt: the text itself, or the contents of the file named after FILE:."""
+    if not start.startswith(FILE_PREFIX):
+        return start
+    path = Path(start[len(FILE_PREFIX) :])
+    if not path.is_file():
+        raise SampleError(f"--start={start!r}: the file {str(path)!r} does not exist.")
+    return path.read_text(encoding="utf-8")
+
+
+# -----------------------------------------------------------------------------
+# Checkpoint and tokenizer
+
+
+def checkpoint_file(path: Path) -> Path:
+    """ckpt.pt itself, or the one inside an out_dir."""
+    candidate = path / CKPT_NAME if path.is_dir() else path
+    if not candidate.is_file():
+        where = f"the out_dir {str(path)!r} has no {CKPT_NAME}" if path.is_dir() else f"{str(path)!r} does not exist"
+        raise SampleError(f"No checkpoint to sample from: {where}; give a ckpt.pt file or an out_dir that holds one.")
+    return candidate
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint dict, through model.load_checkpoint (which checks that it is one of ours)."""
+    try:
+        return load_checkpoint(path, map_location="cpu")
+    except ValueError as e:
+        raise SampleError(str(e)) from None
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise SampleError(f"Cannot read the checkpoint {str(path)!r}: {e}") from None
+
+
+def load_meta_file(path: str) -> dict[str, Any]:
+    """A meta.json given by path, or the one in a dataset directory."""
+    p = Path(path)
+    if p.is_dir():
+        try:
+            return load_meta(p)
+        except PrepareError as e:
+            raise SampleError(str(e)) from None
+    if not p.is_file():
+        raise SampleError(f"--meta={path!r} does not exist; give a meta.json file or the dataset directory holding one.")
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
+def find_meta(ckpt: dict[str, Any], override: str | None) -> tuple[dict[str, Any], str]:
+    """(the dataset meta.json the model was trained on, where it came from)."""
+    if override is not None:
+        return load_meta_file(override), override
+    if ckpt.get("data_meta"):
+        return ckpt["data_meta"], "the checkpoint"
+    data_dir = (ckpt.get("train_config") or {}).get("data_dir")
+    if data_dir and (Path(data_dir) / META_FILE).is_file():
+        return load_meta(data_dir), str(Path(data_dir) / META_FILE)
+    raise SampleError(
+        "The checkpoint records no dataset meta.json and its data_dir has none; pass --meta=path/to/meta.json."
+    )
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    name: str
+    vocab_size: int  # ids at or above this have no text (GPT-2's embedding is padded to 50304)
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    empty_prompt: list[int]  # what to condition on when the start text is empty
+
+
+def gpt2_tokenizer() -> Tokenizer:
+    enc = get_gpt2_encoding()
+    return Tokenizer(
+        name="gpt2",
+        vocab_size=enc.n_vocab,
+        encode=lambda text: enc.encode(text, allowed_special={"<|endoftext|>"}),
+        decode=enc.decode,
+        empty_prompt=[EOT_TOKEN],  # GPT-2's documents start after an end-of-text token
+    )
+
+
+def char_tokenizer(meta: dict[str, Any], source: str) -> Tokenizer:
+    itos = meta.get("itos")
+    if not isinstance(itos, list) or not itos:
+        raise SampleError(f"The char-level meta.json from {source} has no 'itos' vocabulary; re-run data/prepare.py.")
+    stoi = {ch: i for i, ch in enumerate(itos)}
+
+    def encode(text: str) -> list[int]:
+        unknown = sorted({ch for ch in text if ch not in stoi})
+        if unknown:
+            shown = ", ".join(repr(ch) for ch in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+            raise SampleError(
+                f"The start text has characters outside the model's {len(itos)}-character vocabulary: "
+                f"{shown}; use only characters of the training text."
+            )
+        return [stoi[ch] for ch in text]
+
+    return Tokenizer(
+        name="char",
+        vocab_size=len(itos),
+        encode=encode,
+        decode=lambda ids: decode_char(ids, meta),
+        empty_prompt=[],
+    )
+
+
+def tokenizer_for(meta: dict[str, Any], source: str) -> Tokenizer:
+    kind = meta.get("tokenizer")
+    if kind == "gpt2":
+        return gpt2_tokenizer()
+    if kind == "char":
+        return char_tokenizer(meta, source)
+    raise SampleError(f"Unknown tokenizer {kind!r} in the meta.json from {source}; valid ones are: {', '.join(TOKENIZERS)}.")
+
+
+# -----------------------------------------------------------------------------
+# Generation
+
+
+def prompt_ids(tokenizer: Tokenizer, start: str) -> list[int]:
+    ids = tokenizer.encode(start) or tokenizer.empty_prompt
+    if not ids:
+        raise SampleError("--start is empty and a char-level model needs at least one character to start from.")
+    return ids
+
+
+def mask_textless_ids(model: GPT, vocab_size: int) -> None:
+    """Never sample ids the tokenizer cannot decode (padding rows of the output layer)."""
+    if model.config.vocab_size <= vocab_size:
+        return
+
+    def hook(module: torch.nn.Module, inputs: Any, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        logits[..., vocab_size:] = -float("inf")
+        return logits
+
+    model.lm_head.register_forward_hook(hook)
+
+
+def generate(args: SampleArgs) -> list[str]:
+    """Draw args.num_samples texts; each is the start text followed by its continuation."""
+    ckpt_path = checkpoint_file(args.checkpoint)
+    ckpt = read_checkpoint(ckpt_path)
+    meta, source = find_meta(ckpt, args.meta)
+    tokenizer = tokenizer_for(meta, source)
+    ids = prompt_ids(tokenizer, args.start)
+    device = get_device(args.device)
+    device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+    dtype = resolve_dtype(args.dtype, device_type)
+
+    model = GPT.from_checkpoint(ckpt)
+    del ckpt  # the optimizer state is not needed
+    model.eval().to(device)
+    mask_textless_ids(model, tokenizer.vocab_size)
+
+    torch.manual_seed(args.seed)  # seeds the CPU and every CUDA generator
+    prompt = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
+    with torch.no_grad(), autocast_context(device_type, dtype):
+        out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k)
+    return [args.start + tokenizer.decode(row[len(ids) :].tolist()) for row in out]
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    """Sample as the command line says, print each sample, and return them."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    samples = generate(args)
+    for text in samples:
+        print(text)
+        print(SEPARATOR)
+    return samples
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """main() for the command line: a user-facing error is one `error: ...` line and exit code 2."""
+    try:
+        main(argv)
+    except (SampleError, DeviceError, PrepareError, TokenizerUnavailableError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
