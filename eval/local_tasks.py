@@ -1,20 +1,39 @@
-"""Offline copies of three of the paper's benchmarks as lm-eval tasks, from local files.
+"""Offline copies of the paper's 11 zero-shot benchmarks as lm-eval tasks, from their original files.
 
 lm-eval's built-in tasks download their data from the Hugging Face hub. On a machine without
-network, LAMBADA (OpenAI), WikiText-2 and PIQA can instead be read from their original files:
+network, each benchmark can instead be read from the files its authors released:
 
-    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper --local_data ../shared/evaldata
+    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper --local_data DIR
 
-``write_local_tasks(data_dir, out_dir)`` writes one task YAML per benchmark into out_dir (plus
-the jsonl conversions it needs) and returns their names. Each YAML *includes* lm-eval's own
-built-in YAML, so the prompt, target and metrics are lm-eval's, and only the data source
-changes. The tasks keep the built-in names (lambada_openai, wikitext, piqa), so with out_dir
+``write_local_tasks(data_dir, out_dir)`` converts each benchmark found under data_dir into the
+record schema of the hub dataset that lm-eval's built-in task reads, writes it as jsonl into
+out_dir with one task YAML per benchmark, and returns the task names. Each YAML *includes*
+lm-eval's own built-in YAML, so the prompt, target, metrics and any ``process_docs`` are
+lm-eval's and only the data source changes. The tasks keep the built-in names, so with out_dir
 on lm-eval's include path they replace the hub versions and the paper's table reads them.
 
-data_dir layout (as in shared/evaldata; see its PROVENANCE.md):
-    lambada_openai/lambada_test.jsonl    {"text": ...} per line, target = last word
-    wikitext2/wiki.test.raw              WikiText-2 raw test split
-    piqa/valid.jsonl, piqa/valid-labels.lst   PIQA validation and its labels (0/1 per line)
+data_dir layout (each benchmark is optional; a benchmark whose files are all absent is left to
+the hub or a filled HF cache):
+
+    task             files under data_dir                         original record fields
+    lambada_openai   lambada_openai/lambada_test.jsonl            text (target = last word)
+    wikitext         wikitext2/wiki.test.raw                      WikiText-2 raw test split
+    piqa             piqa/valid.jsonl + piqa/valid-labels.lst     goal, sol1, sol2; labels 0/1
+    arc_challenge    arc/ARC-Challenge-Test.jsonl                 id, question{stem, choices[{text, label}]}, answerKey
+    arc_easy         arc/ARC-Easy-Test.jsonl                      as ARC-Challenge
+    openbookqa       openbookqa/test.jsonl                        as ARC (Main/test.jsonl of the release)
+    boolq            boolq/dev.jsonl                              question, title, answer (bool), passage
+    social_iqa       socialiqa/dev.jsonl [+ socialiqa/dev-labels.lst]
+                                                                  context, question, answerA/B/C, correct (A/B/C)
+                                                                  when present, else labels 1-3 from the .lst
+    winogrande       winogrande/dev.jsonl [+ winogrande/dev-labels.lst]
+                                                                  qID, sentence (with _), option1, option2, answer
+                                                                  when present, else labels 1-2 from the .lst
+    hellaswag        hellaswag/hellaswag_val.jsonl                ind, activity_label, ctx_a, ctx_b, ctx, endings, label, ...
+    sciq             sciq/test.json (one JSON array)              question, distractor1-3, correct_answer, support
+
+Each task reads the split that the built-in task evaluates (test for LAMBADA, WikiText, ARC,
+OpenBookQA and SciQ; validation, i.e. the released dev file, for the others).
 
 WikiText-2 is split into documents at its top-level ``= Title =`` headings (62 articles),
 approximating the hub's EleutherAI/wikitext_document_level; word perplexity can differ from
@@ -25,30 +44,76 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lm_eval.tasks
 import yaml
 
 from eval.errors import EvalError
 
-LOCAL_TASKS = ("lambada_openai", "wikitext", "piqa")
+Record = dict[str, Any]
 
 LAMBADA_FILE = "lambada_openai/lambada_test.jsonl"
 WIKITEXT_FILE = "wikitext2/wiki.test.raw"
 PIQA_FILE = "piqa/valid.jsonl"
 PIQA_LABELS_FILE = "piqa/valid-labels.lst"
-
-# lm-eval's own YAML of each task, relative to the lm_eval/tasks folder.
-_BUILTIN_YAML = {
-    "lambada_openai": "lambada/lambada_openai.yaml",
-    "wikitext": "wikitext/wikitext.yaml",
-    "piqa": "piqa/piqa.yaml",
-}
+ARC_CHALLENGE_FILE = "arc/ARC-Challenge-Test.jsonl"
+ARC_EASY_FILE = "arc/ARC-Easy-Test.jsonl"
+OPENBOOKQA_FILE = "openbookqa/test.jsonl"
+BOOLQ_FILE = "boolq/dev.jsonl"
+SOCIAL_IQA_FILE = "socialiqa/dev.jsonl"
+SOCIAL_IQA_LABELS_FILE = "socialiqa/dev-labels.lst"
+WINOGRANDE_FILE = "winogrande/dev.jsonl"
+WINOGRANDE_LABELS_FILE = "winogrande/dev-labels.lst"
+HELLASWAG_FILE = "hellaswag/hellaswag_val.jsonl"
+SCIQ_FILE = "sciq/test.json"
 
 # A top-level WikiText heading line: " = Title = " (sections are " = = Title = = ").
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+
+
+# -----------------------------------------------------------------------------
+# Reading the original files
+
+
+def read_jsonl(text: str, source: str) -> list[Record]:
+    """The JSON objects of a jsonl text, one per non-empty line; a bad line names its number."""
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise EvalError(f"Line {number} of {source} is not valid JSON ({exc.msg}); expected one JSON object per line.") from None
+    return records
+
+
+def read_labels(text: str, valid: tuple[str, ...], source: str) -> list[str]:
+    """One label per line of a .lst file, each one of `valid`."""
+    labels = text.split()
+    bad = sorted({l for l in labels if l not in valid})
+    if bad:
+        raise EvalError(f"{source} has labels {', '.join(bad)}; valid labels are {', '.join(valid)}.")
+    return labels
+
+
+def _check_same_length(records: list[Record], labels: list[str], what: str) -> None:
+    if len(records) != len(labels):
+        raise EvalError(f"{what} has {len(records)} records but {len(labels)} labels; the two files do not match.")
+
+
+def _field(record: Record, key: str, index: int, source: str) -> Any:
+    """record[key], or one clear error naming the record and the missing field."""
+    if key not in record:
+        raise EvalError(f"Record {index + 1} of {source} has no field {key!r}; fields found: {', '.join(record) or 'none'}.")
+    return record[key]
+
+
+# -----------------------------------------------------------------------------
+# Conversions: original release record -> the hub dataset's record that lm-eval's task reads
 
 
 def wikitext_documents(raw: str) -> list[str]:
@@ -66,69 +131,312 @@ def wikitext_documents(raw: str) -> list[str]:
     return docs
 
 
-def piqa_records(questions_jsonl: str, labels_lst: str) -> list[dict[str, Any]]:
+def piqa_records(questions_jsonl: str, labels_lst: str) -> list[Record]:
     """PIQA items with their label merged in, the fields lm-eval's piqa task reads."""
-    questions = [json.loads(line) for line in questions_jsonl.splitlines() if line.strip()]
-    labels = [int(line) for line in labels_lst.split()]
-    if len(questions) != len(labels):
-        raise EvalError(f"PIQA has {len(questions)} questions but {len(labels)} labels; the two files do not match.")
+    questions = read_jsonl(questions_jsonl, PIQA_FILE)
+    labels = [int(label) for label in read_labels(labels_lst, ("0", "1"), PIQA_LABELS_FILE)]
+    _check_same_length(questions, [str(l) for l in labels], "PIQA")
     return [{**q, "label": label} for q, label in zip(questions, labels)]
 
 
-def _builtin_yaml(task: str) -> Path:
-    path = Path(lm_eval.tasks.__file__).parent / _BUILTIN_YAML[task]
+def arc_record(original: Record) -> Record:
+    """ARC release -> allenai/ai2_arc: the stem becomes `question`, choices become two lists.
+
+    answerKey stays as released: a few items use '1'-'4' instead of 'A'-'E', and so does the hub.
+    """
+    choices = original["question"]["choices"]
+    return {
+        "id": original["id"],
+        "question": original["question"]["stem"],
+        "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]},
+        "answerKey": original["answerKey"],
+    }
+
+
+def openbookqa_record(original: Record) -> Record:
+    """OpenBookQA release (Main/test.jsonl) -> allenai/openbookqa 'main': the stem is `question_stem`."""
+    choices = original["question"]["choices"]
+    return {
+        "id": original["id"],
+        "question_stem": original["question"]["stem"],
+        "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]},
+        "answerKey": original["answerKey"],
+    }
+
+
+def boolq_record(original: Record, idx: int) -> Record:
+    """BoolQ release -> super_glue boolq: answer true/false becomes label 1/0, idx the line number."""
+    return {
+        "question": original["question"],
+        "passage": original["passage"],
+        "idx": idx,
+        "label": int(bool(original["answer"])),
+    }
+
+
+SOCIAL_IQA_LETTERS = {"A": "1", "B": "2", "C": "3"}
+
+
+def social_iqa_records(dev_jsonl: str, labels_lst: str | None) -> list[Record]:
+    """Social IQa release -> the hub's social_i_qa: label '1'-'3' from `correct` (A-C) or the .lst."""
+    originals = read_jsonl(dev_jsonl, SOCIAL_IQA_FILE)
+    labels = read_labels(labels_lst, ("1", "2", "3"), SOCIAL_IQA_LABELS_FILE) if labels_lst is not None else None
+    if labels is not None:
+        _check_same_length(originals, labels, "Social IQa")
+    records = []
+    for i, original in enumerate(originals):
+        label = _social_iqa_label(original, labels[i] if labels is not None else None, i)
+        fields = ("context", "question", "answerA", "answerB", "answerC")
+        records.append({**{k: _field(original, k, i, SOCIAL_IQA_FILE) for k in fields}, "label": label})
+    return records
+
+
+def _social_iqa_label(original: Record, from_lst: str | None, index: int) -> str:
+    """The hub label of one item; `correct` and the .lst must agree where both are given."""
+    correct = original.get("correct")
+    if correct is None and from_lst is None:
+        raise EvalError(
+            f"Record {index + 1} of {SOCIAL_IQA_FILE} has no 'correct' answer and {SOCIAL_IQA_LABELS_FILE} is absent; "
+            "give the labels file or records with 'correct'."
+        )
+    if correct is None:
+        return from_lst  # type: ignore[return-value]
+    if correct not in SOCIAL_IQA_LETTERS:
+        raise EvalError(f"Record {index + 1} of {SOCIAL_IQA_FILE} has correct={correct!r}; valid values are A, B, C.")
+    label = SOCIAL_IQA_LETTERS[correct]
+    if from_lst is not None and from_lst != label:
+        raise EvalError(f"Record {index + 1} of {SOCIAL_IQA_FILE} has correct={correct!r} but {SOCIAL_IQA_LABELS_FILE} says {from_lst}.")
+    return label
+
+
+def winogrande_records(dev_jsonl: str, labels_lst: str | None) -> list[Record]:
+    """WinoGrande release -> the hub's winogrande: answer '1'/'2' (a string), from the record or the .lst."""
+    originals = read_jsonl(dev_jsonl, WINOGRANDE_FILE)
+    labels = read_labels(labels_lst, ("1", "2"), WINOGRANDE_LABELS_FILE) if labels_lst is not None else None
+    if labels is not None:
+        _check_same_length(originals, labels, "WinoGrande")
+    records = []
+    for i, original in enumerate(originals):
+        answer = _winogrande_answer(original, labels[i] if labels is not None else None, i)
+        fields = ("sentence", "option1", "option2")
+        records.append({**{k: _field(original, k, i, WINOGRANDE_FILE) for k in fields}, "answer": answer})
+    return records
+
+
+def _winogrande_answer(original: Record, from_lst: str | None, index: int) -> str:
+    """The hub answer of one item; the record's answer and the .lst must agree where both are given."""
+    answer = original.get("answer")
+    if answer in (None, ""):  # the release's unlabelled files have no (or an empty) answer
+        if from_lst is None:
+            raise EvalError(
+                f"Record {index + 1} of {WINOGRANDE_FILE} has no answer and {WINOGRANDE_LABELS_FILE} is absent; "
+                "give the labels file or records with 'answer'."
+            )
+        return from_lst
+    answer = str(answer)
+    if answer not in ("1", "2"):
+        raise EvalError(f"Record {index + 1} of {WINOGRANDE_FILE} has answer={answer!r}; valid answers are 1, 2.")
+    if from_lst is not None and from_lst != answer:
+        raise EvalError(f"Record {index + 1} of {WINOGRANDE_FILE} has answer {answer} but {WINOGRANDE_LABELS_FILE} says {from_lst}.")
+    return answer
+
+
+# The fields of the hub's Rowan/hellaswag, in its order; label is a string there.
+HELLASWAG_FIELDS = ("ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split", "split_type", "label")
+
+
+def hellaswag_record(original: Record) -> Record:
+    """HellaSwag release -> Rowan/hellaswag: the same fields, label as a string ('0'-'3').
+
+    lm-eval's process_docs (query from activity_label, ctx_a, ctx_b; cleaned endings) then runs
+    on these records as on the hub's.
+    """
+    record = {k: original[k] for k in HELLASWAG_FIELDS}
+    record["label"] = str(record["label"])
+    return record
+
+
+SCIQ_FIELDS = ("question", "distractor3", "distractor1", "distractor2", "correct_answer", "support")
+
+
+def sciq_record(original: Record) -> Record:
+    """SciQ release -> allenai/sciq: the same six fields."""
+    return {k: original[k] for k in SCIQ_FIELDS}
+
+
+# -----------------------------------------------------------------------------
+# One spec per benchmark
+
+
+@dataclass(frozen=True)
+class LocalTask:
+    """How one benchmark is read from data_dir and which built-in lm-eval task it stands in for."""
+
+    name: str
+    builtin_yaml: str  # lm-eval's own YAML, relative to the lm_eval/tasks folder
+    split: str  # the split the built-in task evaluates: "test" or "validation"
+    files: tuple[str, ...]  # under data_dir; the task is local when any of them is there
+    optional: tuple[str, ...]  # files read when present (labels the records may carry themselves)
+    convert: Callable[[dict[str, str | None]], list[Record]]  # {relative path: text or None} -> hub records
+
+
+def _map_jsonl(path: str, record: Callable[[Record], Record]) -> Callable[[dict[str, str | None]], list[Record]]:
+    def convert(texts: dict[str, str | None]) -> list[Record]:
+        return [_converted(record, r, i, path) for i, r in enumerate(read_jsonl(texts[path] or "", path))]
+
+    return convert
+
+
+def _converted(record: Callable[[Record], Record], original: Record, index: int, source: str) -> Record:
+    """record(original), with a missing field reported as one clear error."""
+    try:
+        return record(original)
+    except (KeyError, TypeError) as exc:
+        raise EvalError(f"Record {index + 1} of {source} lacks a field the conversion needs ({type(exc).__name__}: {exc}); see eval/local_tasks.py for the expected fields.") from None
+
+
+def _boolq(texts: dict[str, str | None]) -> list[Record]:
+    originals = read_jsonl(texts[BOOLQ_FILE] or "", BOOLQ_FILE)
+    return [_converted(lambda r, i=i: boolq_record(r, i), r, i, BOOLQ_FILE) for i, r in enumerate(originals)]
+
+
+def _sciq(texts: dict[str, str | None]) -> list[Record]:
+    try:
+        originals = json.loads(texts[SCIQ_FILE] or "")
+    except json.JSONDecodeError as exc:
+        raise EvalError(f"{SCIQ_FILE} is not valid JSON ({exc.msg}); the SciQ release stores each split as one JSON array.") from None
+    if not isinstance(originals, list):
+        raise EvalError(f"{SCIQ_FILE} holds a JSON {type(originals).__name__}; the SciQ release stores each split as one JSON array.")
+    return [_converted(sciq_record, r, i, SCIQ_FILE) for i, r in enumerate(originals)]
+
+
+LOCAL_TASK_SPECS = (
+    LocalTask("lambada_openai", "lambada/lambada_openai.yaml", "test", (LAMBADA_FILE,), (),
+              lambda t: read_jsonl(t[LAMBADA_FILE] or "", LAMBADA_FILE)),
+    LocalTask("wikitext", "wikitext/wikitext.yaml", "test", (WIKITEXT_FILE,), (),
+              lambda t: [{"page": d} for d in wikitext_documents(t[WIKITEXT_FILE] or "")]),
+    LocalTask("piqa", "piqa/piqa.yaml", "validation", (PIQA_FILE, PIQA_LABELS_FILE), (),
+              lambda t: piqa_records(t[PIQA_FILE] or "", t[PIQA_LABELS_FILE] or "")),
+    LocalTask("arc_challenge", "arc/arc_challenge.yaml", "test", (ARC_CHALLENGE_FILE,), (), _map_jsonl(ARC_CHALLENGE_FILE, arc_record)),
+    LocalTask("arc_easy", "arc/arc_easy.yaml", "test", (ARC_EASY_FILE,), (), _map_jsonl(ARC_EASY_FILE, arc_record)),
+    LocalTask("openbookqa", "openbookqa/openbookqa.yaml", "test", (OPENBOOKQA_FILE,), (), _map_jsonl(OPENBOOKQA_FILE, openbookqa_record)),
+    LocalTask("boolq", "super_glue/boolq/default.yaml", "validation", (BOOLQ_FILE,), (), _boolq),
+    LocalTask("social_iqa", "siqa/siqa.yaml", "validation", (SOCIAL_IQA_FILE,), (SOCIAL_IQA_LABELS_FILE,),
+              lambda t: social_iqa_records(t[SOCIAL_IQA_FILE] or "", t[SOCIAL_IQA_LABELS_FILE])),
+    LocalTask("winogrande", "winogrande/default.yaml", "validation", (WINOGRANDE_FILE,), (WINOGRANDE_LABELS_FILE,),
+              lambda t: winogrande_records(t[WINOGRANDE_FILE] or "", t[WINOGRANDE_LABELS_FILE])),
+    LocalTask("hellaswag", "hellaswag/hellaswag.yaml", "validation", (HELLASWAG_FILE,), (), _map_jsonl(HELLASWAG_FILE, hellaswag_record)),
+    LocalTask("sciq", "sciq/sciq.yaml", "test", (SCIQ_FILE,), (), _sciq),
+)
+LOCAL_TASKS = tuple(spec.name for spec in LOCAL_TASK_SPECS)
+_SPECS = {spec.name: spec for spec in LOCAL_TASK_SPECS}
+
+
+def local_task_spec(name: str) -> LocalTask:
+    if name not in _SPECS:
+        raise EvalError(f"No local version of task {name!r}; tasks with one are: {', '.join(LOCAL_TASKS)}.")
+    return _SPECS[name]
+
+
+# -----------------------------------------------------------------------------
+# Finding files and writing the task YAMLs
+
+
+def expected_paths(data_dir: str | Path, task: str) -> list[Path]:
+    """The files under data_dir that a task's local version reads (optional ones left out)."""
+    return [Path(data_dir) / f for f in local_task_spec(task).files]
+
+
+def is_present(data_dir: Path, spec: LocalTask) -> bool:
+    """Whether any of the task's files is under data_dir (then all required ones must be)."""
+    return any((data_dir / f).is_file() for f in spec.files)
+
+
+def _read_files(data_dir: Path, spec: LocalTask) -> dict[str, str | None]:
+    """{relative path: text} of the task's files; a missing required file is one clear error."""
+    texts: dict[str, str | None] = {}
+    for relative in spec.files:
+        path = data_dir / relative
+        if not path.is_file():
+            raise EvalError(
+                f"Local benchmark file {str(path)!r} is missing (needed for {spec.name}); "
+                "see eval/local_tasks.py for the expected layout."
+            )
+        texts[relative] = path.read_text(encoding="utf-8")
+    for relative in spec.optional:
+        path = data_dir / relative
+        texts[relative] = path.read_text(encoding="utf-8") if path.is_file() else None
+    return texts
+
+
+def convert_task(data_dir: str | Path, task: str) -> list[Record]:
+    """A task's records from its original files under data_dir, in the hub dataset's schema."""
+    spec = local_task_spec(task)
+    records = spec.convert(_read_files(Path(data_dir), spec))
+    if not records:
+        raise EvalError(f"The local files of {task} under {str(data_dir)!r} hold no records.")
+    return records
+
+
+def _builtin_yaml(spec: LocalTask) -> Path:
+    path = Path(lm_eval.tasks.__file__).parent / spec.builtin_yaml
     if not path.is_file():
-        raise EvalError(f"This lm-eval version has no built-in {task} task at {path}, which the local copy includes.")
+        raise EvalError(f"This lm-eval version has no built-in {spec.name} task at {path}, which the local copy includes.")
     return path
 
 
-def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+def _write_jsonl(path: Path, records: list[Record]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return path
 
 
-def _task_yaml(task: str, split: str, data_file: Path) -> dict[str, Any]:
+def task_yaml(spec: LocalTask, data_file: Path) -> dict[str, Any]:
     """The built-in task with its data read from one local json file."""
     return {
-        "include": str(_builtin_yaml(task)),
-        "task": task,
-        "tag": [],  # don't let the local copy replace a built-in tag (e.g. "lambada") with itself
+        "include": str(_builtin_yaml(spec)),
+        "task": spec.name,
+        "tag": [],  # don't let the local copy replace a built-in tag (e.g. "ai2_arc") with itself
         "dataset_path": "json",
         "dataset_name": None,
-        "dataset_kwargs": {"data_files": {split: str(data_file.resolve())}},
+        "dataset_kwargs": {"data_files": {spec.split: str(data_file.resolve())}},
         "training_split": None,
-        "validation_split": split if split == "validation" else None,
-        "test_split": split if split == "test" else None,
+        "validation_split": spec.split if spec.split == "validation" else None,
+        "test_split": spec.split if spec.split == "test" else None,
     }
 
 
-def _require(data_dir: Path, relative: str) -> Path:
-    path = data_dir / relative
-    if not path.is_file():
-        raise EvalError(f"Local benchmark file {str(path)!r} is missing; see eval/local_tasks.py for the expected layout.")
-    return path
+def _layout_hint(tasks: list[str]) -> str:
+    return "; ".join(f"{t}: {', '.join(local_task_spec(t).files)}" for t in tasks)
 
 
-def write_local_tasks(data_dir: str | Path, out_dir: str | Path) -> list[str]:
-    """Write lm-eval task YAMLs for LAMBADA, WikiText-2 and PIQA read from data_dir.
+def write_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """Write lm-eval task YAMLs for those of `tasks` (default: all 11) whose files are under data_dir.
 
-    Returns the task names; pass out_dir as lm-eval's include_path (TaskManager(include_path=...)).
+    A task none of whose files is there is skipped (it stays with the hub / HF cache); a task with
+    some of its files is read, and a missing required file is an EvalError naming its path. At
+    least one task must be found. Returns the names written, in LOCAL_TASKS order; pass out_dir as
+    lm-eval's include_path (TaskManager(include_path=...)).
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if not data_dir.is_dir():
+        raise EvalError(f"--local_data {str(data_dir)!r} is not a folder; it should hold the benchmark files laid out as in eval/local_tasks.py.")
+    wanted = [t for t in LOCAL_TASKS if tasks is None or t in tasks]
+    present = [t for t in wanted if is_present(data_dir, _SPECS[t])]
+    if wanted and not present:
+        raise EvalError(f"No benchmark files of {', '.join(wanted)} under {str(data_dir)!r}; expected {_layout_hint(wanted)}.")
     out_dir.mkdir(parents=True, exist_ok=True)
-    lambada = _require(data_dir, LAMBADA_FILE)
-    wiki_raw = _require(data_dir, WIKITEXT_FILE).read_text(encoding="utf-8")
-    piqa = piqa_records(
-        _require(data_dir, PIQA_FILE).read_text(encoding="utf-8"),
-        _require(data_dir, PIQA_LABELS_FILE).read_text(encoding="utf-8"),
-    )
-    wiki = _write_jsonl(out_dir / "wikitext2_test_documents.jsonl", [{"page": d} for d in wikitext_documents(wiki_raw)])
-    piqa_file = _write_jsonl(out_dir / "piqa_validation.jsonl", piqa)
-    configs = {
-        "lambada_openai": _task_yaml("lambada_openai", "test", lambada),
-        "wikitext": _task_yaml("wikitext", "test", wiki),
-        "piqa": _task_yaml("piqa", "validation", piqa_file),
-    }
-    for task, config in configs.items():
+    for task in present:
+        spec = _SPECS[task]
+        data_file = _write_jsonl(out_dir / f"{task}_{spec.split}.jsonl", convert_task(data_dir, task))
+        config = task_yaml(spec, data_file)
         (out_dir / f"local_{task}.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return list(configs)
+    return present
+
+
+def data_source_note(data_dir: str | Path, local: list[str], hub: list[str]) -> str:
+    """Which tasks --local_data supplied and which need the hub, with the files that were absent."""
+    absent = [f"{t} ({', '.join(str(p) for p in expected_paths(data_dir, t))})" if t in _SPECS else t for t in hub]
+    return (
+        f"--local_data {str(data_dir)!r} supplied {', '.join(local) or 'no task'} from local files; "
+        f"{', '.join(absent)} need the hub or a filled HF cache, since their files are absent"
+    )

@@ -1,7 +1,7 @@
 """Zero-shot benchmarks of a checkpoint with lm-eval, reported as the paper's Tables 4 and 5.
 
     python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper
-    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks piqa,arc_easy --limit 200 --batch_size 32
+    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks piqa,arc_easy --limit 200 --batch_size 32  # a quick look
     python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper --local_data ../shared/evaldata  # offline
     python -m eval.zero_shot ...  (the same)
 
@@ -11,10 +11,16 @@ comma-separated. The full lm-eval results JSON goes to --out (default: beside th
 is printed: acc_norm for ARC-C, ARC-E, HellaSwag, OBQA, PIQA; acc for BoolQ, LAMBADA, SciQ,
 SocialIQa, WinoGrande (in percent); LAMBADA perplexity and WikiText word perplexity.
 
-Offline machines: lm-eval's built-in tasks download from the Hugging Face hub. Use a filled HF
-cache (HF_DATASETS_CACHE, with HF_DATASETS_OFFLINE=1), --local_data DIR for LAMBADA, WikiText-2
-and PIQA from their original files (eval/local_tasks.py), or --include_path DIR with your own
-task YAMLs. Bad inputs print one line "error: ..." and exit with status 2.
+--limit N evaluates at most N examples per task: partial numbers, never final. They go to
+<out stem>_limit<N>.json (default <ckpt stem>_zero_shot_limit<N>.json), never to the final
+file itself, and carry a "limited" entry, so the launcher does not count the run as evaluated
+and scripts/tables.py marks them.
+
+Offline machines: lm-eval's built-in tasks download from the Hugging Face hub. Fill the HF cache
+on a machine with network (python -m eval.prefetch --tasks paper) and set HF_DATASETS_OFFLINE=1,
+read the benchmarks from their original release files with --local_data DIR
+(eval/local_tasks.py), or give --include_path DIR with your own task YAMLs. Bad inputs print one
+line "error: ..." and exit with status 2.
 """
 
 from __future__ import annotations
@@ -69,8 +75,9 @@ PAPER_TASKS = tuple(dict.fromkeys(c.task for c in PAPER_COLUMNS))
 
 OFFLINE_HINT = (
     "this machine may be offline: fill the HF datasets cache on a machine with network "
-    "(HF_DATASETS_CACHE, then HF_DATASETS_OFFLINE=1), run LAMBADA/WikiText/PIQA from local files "
-    "with --local_data DIR, or give task YAMLs with local data_files via --include_path DIR"
+    "(python -m eval.prefetch --tasks paper, then HF_DATASETS_OFFLINE=1 here), read the benchmarks "
+    "from their original files with --local_data DIR, or give task YAMLs with local data_files via "
+    "--include_path DIR"
 )
 
 
@@ -131,8 +138,11 @@ def _hub_unreachable_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, **kwargs: Any) -> dict[str, Any]:
-    """lm_eval.simple_evaluate, zero-shot, with unreachable hub datasets turned into an EvalError."""
+def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, source_note: str = "", **kwargs: Any) -> dict[str, Any]:
+    """lm_eval.simple_evaluate, zero-shot, with unreachable hub datasets turned into an EvalError.
+
+    source_note (which tasks came from --local_data and which need the hub) goes into that error.
+    """
     import lm_eval
 
     # Per-sample outputs stay out of the results (as in lm-eval's own results JSON): they can be
@@ -141,7 +151,8 @@ def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, **kwargs: Any) -> 
     try:
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, **kwargs)
     except _hub_unreachable_types() as exc:
-        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {exc}); {OFFLINE_HINT}.") from None
+        note = f" {source_note};" if source_note else ""
+        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {exc});{note} {OFFLINE_HINT}.") from None
 
 
 # -----------------------------------------------------------------------------
@@ -155,6 +166,51 @@ def paper_row(results: dict[str, Any]) -> dict[str, float | None]:
         value = results.get("results", {}).get(col.task, {}).get(f"{col.metric},none")
         row[col.key] = None if value is None else float(value) * (100.0 if col.percent else 1.0)
     return row
+
+
+# -----------------------------------------------------------------------------
+# Limited (--limit) results: partial, never final
+
+
+def limit_text(limit: int | float) -> str:
+    """'200' for a count, '0.1' for a fraction: the N of _limit<N> file names."""
+    return str(limit) if isinstance(limit, int) else f"{limit:g}"
+
+
+def results_path(ckpt: str | Path, out: str | None, limit: int | float | None) -> Path:
+    """Where results go: --out or <ckpt stem>_zero_shot.json; a --limit run appends _limit<N>.
+
+    Partial results never take the final file's name, whoever chose it (launch.py passes --out),
+    so nothing that checks for the final file mistakes them for a finished evaluation.
+    """
+    final = Path(out) if out else Path(ckpt).with_name(Path(ckpt).stem + "_zero_shot.json")
+    if limit is None:
+        return final
+    suffix = f"_limit{limit_text(limit)}"
+    stem = final.stem if final.stem.endswith(suffix) else final.stem + suffix
+    return final.with_name(stem + (final.suffix or ".json"))
+
+
+def limited_marker(limit: int | float, results: dict[str, Any]) -> dict[str, Any]:
+    """The "limited" entry of partial results: the limit and how many examples each task used."""
+    n_samples = results.get("n-samples", {})
+    return {
+        "limit": limit,
+        "examples": {task: n.get("effective") for task, n in n_samples.items()},
+        "note": "partial results from --limit: not final, not comparable with the paper",
+    }
+
+
+def results_limit(results: dict[str, Any]) -> int | float | None:
+    """The --limit of a results JSON, or None for a full evaluation.
+
+    Reads the "limited" marker, and lm-eval's own config.limit for files written before it existed.
+    """
+    marker = results.get("limited")
+    if isinstance(marker, dict) and marker.get("limit") is not None:
+        return marker["limit"]
+    config = results.get("config")
+    return config.get("limit") if isinstance(config, dict) else None
 
 
 def format_paper_table(row: dict[str, float | None], label: str) -> str:
@@ -195,10 +251,12 @@ def log_to_wandb(results: dict[str, Any], label: str, args: argparse.Namespace) 
     """
     import wandb
 
+    limit = results_limit(results)
+    suffix = "" if limit is None else f"-limit{limit_text(limit)}"
     run = wandb.init(
         project=args.wandb_project,
-        name=args.wandb_run_name or f"zero-shot-{label}",
-        job_type="zero_shot",
+        name=args.wandb_run_name or f"zero-shot-{label}{suffix}",
+        job_type="zero_shot" if limit is None else "zero_shot_limited",  # partial numbers stay apart
         config={"ckpt": str(args.ckpt), "tasks": args.tasks, "limit": args.limit, **results.get("config", {})},
     )
     row = results["paper_table"]
@@ -218,13 +276,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint file written by train.py")
     p.add_argument("--tasks", default="paper", help="'paper' (the 11 benchmarks of Tables 4-5) or comma-separated lm-eval tasks")
-    p.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1); for quick looks only")
+    p.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1); quick looks only: written to <out stem>_limit<N>.json and marked limited")
     p.add_argument("--batch_size", type=int, default=16, help="requests per forward pass")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 elsewhere), float32, bfloat16, float16")
     p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable)")
-    p.add_argument("--local_data", default=None, help="folder with LAMBADA/WikiText-2/PIQA files to use instead of the hub (see eval/local_tasks.py)")
-    p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint)")
+    p.add_argument("--local_data", default=None, help="folder with the benchmarks' original release files, read instead of the hub (layout in eval/local_tasks.py)")
+    p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint; with --limit, _limit<N> is appended)")
     p.add_argument("--bootstrap_iters", type=int, default=100000, help="lm-eval's bootstrap samples for standard errors (0: none)")
     p.add_argument("--wandb", action="store_true", help="log the table and results to Weights & Biases")
     p.add_argument("--wandb_project", default="spheretnorm")
@@ -240,7 +298,7 @@ def _limit(value: float | None) -> int | float | None:
 def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Run lm-eval as the arguments say; returns (results with "paper_table" added, model label)."""
     from eval.harness import NanoGPTLM, resolve_checkpoint_path
-    from eval.local_tasks import write_local_tasks
+    from eval.local_tasks import data_source_note, write_local_tasks
 
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before the slow task index
     tasks = split_task_list(args.tasks)
@@ -248,15 +306,20 @@ def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if not Path(path).is_dir():
             raise EvalError(f"--include_path {path!r} is not a folder of task YAMLs.")
     with tempfile.TemporaryDirectory(prefix="spheretnorm-local-tasks-") as local_dir:
-        include_paths = list(args.include_path)
+        include_paths, source_note = list(args.include_path), ""
         if args.local_data:
-            write_local_tasks(args.local_data, local_dir)
+            local = write_local_tasks(args.local_data, local_dir, tasks)
             include_paths.append(local_dir)
+            hub = [t for t in tasks if t not in local]
+            source_note = data_source_note(args.local_data, local, hub) if hub else ""
         task_manager = make_task_manager(include_paths)
         check_tasks_known(tasks, task_manager.all_tasks)
         lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
-        results = run_lm_eval(lm, tasks, task_manager, limit=_limit(args.limit), bootstrap_iters=args.bootstrap_iters)
+        limit = _limit(args.limit)
+        results = run_lm_eval(lm, tasks, task_manager, source_note, limit=limit, bootstrap_iters=args.bootstrap_iters)
     results["paper_table"] = paper_row(results)
+    if limit is not None:
+        results["limited"] = limited_marker(limit, results)
     return results, model_label(asdict(lm.model.config))
 
 
@@ -269,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from lm_eval.utils import make_table
 
-    out = Path(args.out) if args.out else Path(args.ckpt).with_name(Path(args.ckpt).stem + "_zero_shot.json")
+    limit = results_limit(results)
+    out = results_path(args.ckpt, args.out, limit)
     write_results(results, out)
     print(make_table(results))
-    print(format_paper_table(results["paper_table"], label))
+    print(format_paper_table(results["paper_table"], label if limit is None else f"{label} (limit {limit_text(limit)})"))
+    if limit is not None:
+        print(f"LIMITED: at most {limit_text(limit)} examples per task; partial numbers, not final.")
     print(f"results written to {out}")
     if args.wandb:
         log_to_wandb(results, label, args)

@@ -13,7 +13,11 @@ Columns are (dataset, scale) pairs: S, M, L for the paper's shapes, else '<layer
 As in the paper, each column's best value is bold and the second best underlined: lowest for
 losses and perplexities, highest for accuracies. Values are compared as printed (rounded);
 tied values share a mark, and the second mark goes to the next distinct value. A '*' marks a
-run that has not reached max_iters (still training, stopped, or diverged).
+run that has not reached max_iters (still training, stopped, or diverged). A '†' marks
+zero-shot numbers from a --limit evaluation (a subset of each benchmark): they are partial,
+never ranked, and a note under the table says so. eval/zero_shot.py writes such results to
+ckpt_zero_shot_limit<N>.json, which tables do not read; only an older or copied limited file
+named ckpt_zero_shot.json gets here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from eval.zero_shot import PAPER_COLUMNS
+from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import (
     REFERENCE_PATH,
     Run,
@@ -78,6 +83,7 @@ class Table:
     values: dict[str, dict[str, float | None]]  # method -> column key -> value
     paper: dict[str, dict[str, float | None]] = field(default_factory=dict)
     unfinished: set[tuple[str, str]] = field(default_factory=set)  # (method, column key)
+    limited: dict[tuple[str, str], int | float] = field(default_factory=dict)  # (method, column key) -> --limit
     scale: str | None = None  # the models' scale, for a zero-shot table (one dataset and scale)
 
     @property
@@ -171,6 +177,8 @@ def run_tables(runs: list[Run]) -> list[Table]:
             table.values[method] = {c.key: run.zero_shot.get(c.key) for c in table.columns}
             if not run.finished:
                 table.unfinished |= {(method, c.key) for c in table.columns}
+            if run.zero_shot_limit is not None:
+                table.limited.update({(method, c.key): run.zero_shot_limit for c in table.columns})
     return [loss, ppl] + [zero_shot[g] for g in sort_groups(zero_shot)]
 
 
@@ -199,7 +207,8 @@ def rank_marks(table: Table) -> dict[tuple[str, str], str]:
     """{(method, column key): 'best' | 'second'} for each column's best and second-best value."""
     marks: dict[tuple[str, str], str] = {}
     for col in table.columns:
-        cells = {m: rounded(table.values[m].get(col.key), col.decimals) for m in table.values}
+        # Partial (--limit) numbers are not comparable with full ones: they take no rank.
+        cells = {m: rounded(table.values[m].get(col.key), col.decimals) for m in table.values if (m, col.key) not in table.limited}
         distinct = sorted({v for v in cells.values() if v is not None}, reverse=col.higher_is_better)
         for mark, target in zip((BEST, SECOND), distinct):
             marks.update({(m, col.key): mark for m, v in cells.items() if v == target})
@@ -226,6 +235,12 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
         notes.append("In parentheses: the paper's value.")
     if table.unfinished:
         notes.append("* the run has not reached max_iters (still training, stopped or diverged).")
+    if table.limited:
+        limits = ", ".join(sorted({f"{v:g}" for v in table.limited.values()}))
+        notes.append(
+            f"† LIMITED: from a --limit evaluation (at most {limits} examples per task): partial numbers, "
+            "not final and not ranked; rerun eval/zero_shot.py without --limit."
+        )
     return notes
 
 
@@ -238,14 +253,17 @@ def _cell(
     missing: str,
     unfinished_mark: str,
     with_paper: bool,
+    limited_mark: str = "†",
 ) -> str:
-    """One formatted cell: the value, its rank mark, the unfinished mark, the paper's value."""
+    """One formatted cell: the value, its rank mark, the unfinished and limited marks, the paper's value."""
     key = (method, column.key)
     text = _number(table.values[method].get(column.key), column.decimals, missing)
     if key in marks:
         text = style[marks[key]].format(text)
     if key in table.unfinished:
         text += unfinished_mark
+    if key in table.limited:
+        text += limited_mark
     if with_paper and table.paper:
         paper_value = table.paper.get(method, {}).get(column.key)
         text += f" ({_number(paper_value, column.decimals, missing)})"
@@ -301,7 +319,7 @@ def to_latex(table: Table, with_paper: bool = False) -> str:
     lines.append("Method & " + " & ".join(latex_escape(c.header) for c in table.columns) + r" \\")
     lines.append(r"\midrule")
     for m in table.methods:
-        cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper) for c in table.columns]
+        cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper, r"$^\dagger$") for c in table.columns]
         lines.append(latex_escape(display_name(m)) + " & " + " & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% {note}" for note in _notes(table, with_paper)]
@@ -351,11 +369,11 @@ def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) ->
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--runs_root", default="out", help="folder holding the run folders (default: out)")
     p.add_argument("--source", choices=("runs", "paper"), default="runs", help="our runs, or the paper's own numbers")
     p.add_argument("--tables", default="2,3,4,5", help="comma-separated table numbers (default: 2,3,4,5)")
-    p.add_argument("--format", choices=tuple(RENDERERS), default="markdown")
+    p.add_argument("--format", choices=tuple(RENDERERS), default="markdown", help="output format")
     p.add_argument("--paper", action="store_true", help="show the paper's value in parentheses beside ours")
     p.add_argument("--reference", default=str(REFERENCE_PATH), help="the paper's numbers (default: reference/paper_results.json)")
     p.add_argument("--out", default=None, help="also write the tables to OUT.md and OUT.tex")
@@ -376,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not tables:
         print("No table has data: zero-shot tables need ckpt_zero_shot.json files (eval/zero_shot.py).", file=sys.stderr)
+    if any(t.limited for t in tables):
+        print("warning: some zero-shot results come from --limit evaluations; they are marked † and are not final.", file=sys.stderr)
     print(render(tables, args.format, args.paper), end="")
     if args.out:
         for path in write_tables(tables, Path(args.out), args.paper):

@@ -30,7 +30,8 @@ from eval.errors import EvalError
 from eval.harness import NanoGPTLM, load_eval_model
 from eval.hf_convert import offline_gpt2_tokenizer, to_hf_gpt2
 from eval.local_tasks import piqa_records, wikitext_documents, write_local_tasks
-from eval.zero_shot import PAPER_COLUMNS, check_tasks_known, main, run_lm_eval
+from eval import zero_shot
+from eval.zero_shot import PAPER_COLUMNS, check_tasks_known, main, results_limit, results_path, run_lm_eval
 from model import CONNECTIONS, GPT, GPTConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -281,8 +282,9 @@ def test_piqa_labels_are_merged_and_must_match_in_number() -> None:
 
 
 def test_missing_local_benchmark_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(EvalError, match="lambada_test.jsonl"):
-        write_local_tasks(tmp_path / "nothing-here", tmp_path / "out")
+    (tmp_path / "lambada_openai").mkdir()
+    with pytest.raises(EvalError, match="lambada_openai/lambada_test.jsonl"):
+        write_local_tasks(tmp_path, tmp_path / "out", ["lambada_openai"])
 
 
 # -----------------------------------------------------------------------------
@@ -371,14 +373,17 @@ def test_zero_shot_cli_writes_results_and_prints_the_paper_table(
     argv = ["--ckpt", str(sphere_ckpt), "--tasks", "lambada_openai,wikitext,piqa", "--local_data", str(evaldata)]
     argv += ["--limit", "2", "--batch_size", "8", "--bootstrap_iters", "0", "--out", str(out), "--wandb"]
     assert main(argv) == 0
-    results = json.loads(out.read_text())
+    assert not out.exists()  # --limit results are partial: never under the final name
+    results = json.loads((tmp_path / "results_limit2.json").read_text())
+    assert results["limited"]["limit"] == 2 and results["limited"]["examples"] == {"lambada_openai": 2, "wikitext": 2, "piqa": 2}
     assert set(results["results"]) == {"lambada_openai", "wikitext", "piqa"}
     table = results["paper_table"]
     assert table["piqa/acc_norm"] == pytest.approx(100 * results["results"]["piqa"]["acc_norm,none"])
     assert table["wikitext/word_perplexity"] == results["results"]["wikitext"]["word_perplexity,none"]
     assert table["arc_easy/acc_norm"] is None  # not run
     printed = capsys.readouterr().out
-    assert "| ARC-C | ARC-E | BoolQ |" in printed and "p_spheret:0.5" in printed
+    assert "| ARC-C | ARC-E | BoolQ |" in printed and "p_spheret:0.5 (limit 2)" in printed
+    assert "LIMITED: at most 2 examples per task" in printed
     assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run was written"
 
 
@@ -392,3 +397,91 @@ def test_zero_shot_script_reports_bad_input_in_one_line_and_exits_2(tmp_path: Pa
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: Checkpoint") and "Traceback" not in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# --limit results: written apart, marked, never final
+
+
+def test_limited_results_never_take_the_final_file_name() -> None:
+    assert results_path("out/run/ckpt.pt", None, None) == Path("out/run/ckpt_zero_shot.json")
+    assert results_path("out/run/ckpt.pt", None, 200) == Path("out/run/ckpt_zero_shot_limit200.json")
+    assert results_path("out/run/ckpt.pt", None, 0.1) == Path("out/run/ckpt_zero_shot_limit0.1.json")
+    # launch.py passes --out=<run>/ckpt_zero_shot.json; a --limit in --eval_args must not fill it.
+    assert results_path("ckpt.pt", "out/run/ckpt_zero_shot.json", 5) == Path("out/run/ckpt_zero_shot_limit5.json")
+    assert results_path("ckpt.pt", "quick_limit5.json", 5) == Path("quick_limit5.json")
+
+
+def test_results_limit_reads_the_marker_and_older_files() -> None:
+    assert results_limit({"limited": {"limit": 100}, "config": {"limit": 100}}) == 100
+    assert results_limit({"config": {"limit": 0.5}}) == 0.5  # written before the marker existed
+    assert results_limit({"config": {"limit": None}}) is None
+    assert results_limit({"results": {}, "paper_table": {}}) is None
+
+
+def write_finished_run(root: Path) -> Path:
+    """openwebtext_s/pre_ln under root, trained to the paper's max_iters, with a checkpoint."""
+    from scripts import runs
+
+    run = root / "openwebtext_s" / runs.method_dirname("pre_ln")
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 50_000, "val_loss": 3.0}) + "\n")
+    torch.save({**tiny_gpt().checkpoint_state(), "iter_num": 50_000, "data_meta": {"tokenizer": "gpt2"}}, run / "ckpt.pt")
+    return run
+
+
+def test_launcher_does_not_count_a_limited_evaluation_as_done(
+    evaldata: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from scripts import launch, runs
+
+    run = write_finished_run(tmp_path)
+    final = run / runs.ZERO_SHOT_NAME
+    # Only PIQA's local task is indexed: lm-eval's full task index takes long.
+    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: TaskManager(include_path=paths, include_defaults=False))
+    # The command launch.py --stage zero_shot runs, with --eval_args "--limit 2".
+    argv = ["--ckpt", str(run / "ckpt.pt"), "--tasks", "piqa", f"--out={final}", "--local_data", str(evaldata)]
+    assert main([*argv, "--limit", "2", "--bootstrap_iters", "0"]) == 0
+    assert not final.exists() and (run / "ckpt_zero_shot_limit2.json").is_file()
+    assert not runs.is_evaluated(run)
+    filters = ["--stage", "zero_shot", "--runs_root", str(tmp_path), "--methods", "pre_ln", "--scales", "S", "--datasets", "openwebtext"]
+    capsys.readouterr()
+    assert launch.main(["--dry_run", *filters]) == 0
+    planned = [line for line in capsys.readouterr().out.splitlines() if "eval/zero_shot.py" in line and not line.startswith("#")]
+    assert len(planned) == 1 and f"--out={final}" in planned[0]
+
+
+def test_is_evaluated_only_for_full_results(tmp_path: Path) -> None:
+    from scripts import runs
+
+    final = tmp_path / runs.ZERO_SHOT_NAME
+    assert not runs.is_evaluated(tmp_path)
+    final.write_text(json.dumps({"config": {"limit": None}, "paper_table": {"piqa/acc_norm": 60.0}}))
+    assert runs.is_evaluated(tmp_path)
+    final.write_text(json.dumps({"config": {"limit": 100}, "paper_table": {"piqa/acc_norm": 60.0}}))  # an older limited file
+    assert not runs.is_evaluated(tmp_path)
+    final.write_text(json.dumps({"limited": {"limit": 0.1}, "paper_table": {}}))
+    assert not runs.is_evaluated(tmp_path)
+    final.write_text('{"paper_table": {"piqa')  # cut short
+    assert not runs.is_evaluated(tmp_path)
+
+
+def test_tables_mark_limited_zero_shot_results_and_do_not_rank_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from scripts import runs, tables
+
+    for method, piqa, limit in (("pre_ln", 60.0, None), ("geonorm", 55.0, None), ("p_spheret:0.5", 90.0, 100)):
+        out = tmp_path / "openwebtext_l" / runs.method_dirname(method)
+        out.mkdir(parents=True)
+        shape = {"n_layer": 36, "n_head": 20, "n_embd": 1280}  # the paper's L
+        config = {"dataset": "openwebtext", "max_iters": 100, "method": method, **shape}
+        (out / "config.json").write_text(json.dumps(config))
+        (out / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 100, "val_loss": 3.0}) + "\n")
+        results = {"config": {"limit": limit}, "paper_table": {"piqa/acc_norm": piqa}}
+        (out / runs.ZERO_SHOT_NAME).write_text(json.dumps(results))
+    assert tables.main(["--runs_root", str(tmp_path), "--tables", "5"]) == 0
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "| 0.5-SpheretNorm |" in text and "90.00†" in text and "**90.00" not in text
+    assert "**60.00**" in text and "<u>55.00</u>" in text  # ranked among the full results only
+    assert "† LIMITED: from a --limit evaluation (at most 100 examples per task)" in text
+    assert "not final" in captured.err
