@@ -14,22 +14,28 @@ changes the optimisation.
 
 Outputs in out_dir: ckpt.pt (written atomically), metrics.jsonl (one JSON object per line, see
 README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0.
+--init_from=auto resumes when out_dir holds a checkpoint and starts from scratch otherwise;
+--init_from=scratch refuses to replace an existing checkpoint unless --overwrite=true.
+`python train.py --help` lists every key with its default.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
+import netrc
 import os
 import signal
 import sys
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -53,15 +59,20 @@ from common import (
 from data.common import PrepareError, load_meta, open_split
 from model import GPT, GPTConfig, config_from_dict, load_checkpoint
 from trainconfig import (
+    RUN_NEUTRAL_KEYS,
     ConfigError,
     ParsedConfig,
     TrainConfig,
+    config_help,
+    default_out_dir,
     grad_accum_steps,
     method_key,
     model_key_conflicts,
     parse_config,
     resolve_paths,
     resolve_wandb_names,
+    run_suffix,
+    wants_help,
 )
 
 CKPT_NAME = "ckpt.pt"
@@ -144,6 +155,49 @@ def learning_rate_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
+def format_duration(seconds: float) -> str:
+    """'2h05m', '3m07s' or '42s': short enough for every console line."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+class EvalProgress:
+    """The console progress of an evaluation, one split at a time.
+
+    On a terminal one line updates in place ("eval val 3/20 batches"); either way each split
+    ends with one line that gives its time. Cluster logs are files, where an updating line
+    would pile up, so there only the per-split lines appear.
+    """
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None):
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = enabled and self.stream.isatty()
+        self.split, self.total, self.started = "", 0, 0.0
+
+    def start(self, split: str, total: int) -> None:
+        self.split, self.total, self.started = split, total, time.time()
+        self.update(0)
+
+    def update(self, done: int) -> None:
+        if self.tty and done < self.total:
+            self.stream.write(f"\reval {self.split} {done}/{self.total} batches")
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if not self.enabled:
+            return
+        line = f"eval {self.split} {self.total}/{self.total} batches in {time.time() - self.started:.1f} s"
+        self.stream.write(("\r" + line.ljust(40) if self.tty else line) + "\n")
+        self.stream.flush()
+
+
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed at once so a crash loses nothing.
 
@@ -220,6 +274,52 @@ def start_wandb(train: TrainConfig, run_config: dict[str, Any], run_id: str | No
         return None
 
 
+WANDB_DEFAULT_URL = "https://api.wandb.ai"
+
+
+def _netrc_path() -> Path:
+    """The netrc file wandb reads: $NETRC, else ~/.netrc, else ~/_netrc (Windows)."""
+    if os.environ.get("NETRC"):
+        return Path(os.environ["NETRC"]).expanduser()
+    unix = Path("~/.netrc").expanduser()
+    windows = Path("~/_netrc").expanduser()
+    return windows if not unix.exists() and windows.exists() else unix
+
+
+def wandb_key_source() -> str | None:
+    """Where a W&B API key is configured, None if nowhere; reads no network.
+
+    wandb looks in the same places, in this order: WANDB_API_KEY (or an identity token file),
+    then the netrc entry of the W&B host ($WANDB_BASE_URL, default api.wandb.ai).
+    """
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(name):
+            return name
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
+    path = _netrc_path()
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return str(path) if entry and entry[2] else None
+
+
+def check_wandb(train: TrainConfig) -> None:
+    """Stop before training when W&B logging could not work, instead of a warning lost in a log."""
+    if not train.wandb_log or train.wandb_mode == "disabled":
+        return
+    if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("wandb_log=true but the wandb package is not installed; pip install wandb, or pass --wandb_log=false.")
+    if train.wandb_mode == "online" and wandb_key_source() is None:
+        host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
+        raise ConfigError(
+            f"wandb_log=true with wandb_mode=online needs a W&B API key, and none is configured "
+            f"(no WANDB_API_KEY, no netrc entry for {host} in {_netrc_path()}); run `wandb login` "
+            "or set WANDB_API_KEY, or pass --wandb_mode=offline (upload later with `wandb sync`) "
+            "or --wandb_log=false."
+        )
+
+
 class StopSignal:
     """Records SIGTERM/SIGUSR1 (cluster pre-emption); the loop checks it between steps."""
 
@@ -257,11 +357,41 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
     path = checkpoint_path(train)
     if not path.is_file():
         raise ConfigError(
-            f"init_from=resume but there is no checkpoint at {path}; check out_dir (and the "
-            "connection, which names the default out_dir) or start with --init_from=scratch."
+            f"init_from=resume but there is no checkpoint at {path}; check out_dir (the "
+            "connection and any key that differs from the config file name the default out_dir), "
+            "start with --init_from=scratch, or use --init_from=auto."
         )
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
-    return load_checkpoint(path, map_location="cpu")
+    try:
+        return load_checkpoint(path, map_location="cpu")
+    except ValueError as e:  # not a checkpoint of this project, or one with disallowed objects
+        raise ConfigError(str(e)) from None
+
+
+def resolve_init_from(train: TrainConfig) -> TrainConfig:
+    """init_from=auto becomes resume or scratch; scratch never silently replaces a checkpoint."""
+    exists = checkpoint_path(train).is_file()
+    if train.init_from == "auto":
+        return replace(train, init_from="resume" if exists else "scratch")
+    if train.init_from == "scratch" and exists and not (train.overwrite or train.eval_only):
+        raise ConfigError(
+            f"{checkpoint_path(train)} already exists and init_from=scratch would overwrite it; "
+            "continue it with --init_from=resume (or auto), or start again with --overwrite=true."
+        )
+    return train
+
+
+def announce_out_dir(parsed: ParsedConfig, explicit_out_dir: bool) -> None:
+    """Say loudly when changed settings moved the run out of its config's usual folder."""
+    if explicit_out_dir or not run_suffix(parsed.overrides):
+        return
+    base = default_out_dir(parsed.train.config_name, parsed.model_config())  # without the suffix
+    changed = ", ".join(f"{k}={v}" for k, v in sorted(parsed.overrides.items()) if k not in RUN_NEUTRAL_KEYS)
+    source = " and ".join(parsed.config_files) or "the defaults"
+    print0(
+        f"NOTE: settings differ from {source} ({changed}), so this run writes to "
+        f"{parsed.train.out_dir}, not {base}; set --out_dir to choose the folder."
+    )
 
 
 def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, Any] | None) -> GPTConfig:
@@ -298,7 +428,7 @@ def warn_changed_train_keys(train: TrainConfig, saved: dict[str, Any]) -> None:
     changed = [
         f"{k}: {saved[k]!r} -> {v!r}"
         for k, v in asdict(train).items()
-        if k in saved and saved[k] != v and k not in ("init_from", "eval_only")
+        if k in saved and saved[k] != v and k not in ("init_from", "eval_only", "overwrite")
     ]
     if changed:
         print0("NOTE: resuming with training keys changed from the checkpoint's: " + "; ".join(changed))
@@ -400,6 +530,14 @@ class Trainer:
     def elapsed(self) -> float:
         return self.prior_elapsed + time.time() - self.start_time
 
+    def eta(self) -> str:
+        """Time left at this session's pace so far, evaluations included."""
+        done = self.iter_num - self.start_iter
+        if done <= 0:
+            return "?"
+        per_iter = (time.time() - self.start_time) / done
+        return format_duration(per_iter * (self.cfg.max_iters - self.iter_num))
+
     # -- one optimizer step ------------------------------------------------------
 
     def train_step(self, step: int, stop: StopSignal) -> tuple[float, float, bool]:
@@ -467,15 +605,20 @@ class Trainer:
         self.model.eval()
         block = self.model_cfg.block_size
         out = {}
+        progress = EvalProgress(enabled=self.is_master)
         for split_id, split in enumerate(SPLITS):
             tokens = self.data.split(split)
             total = torch.zeros((), device=self.device)
-            for i in range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size):
+            mine = range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size)
+            progress.start(split, len(mine))
+            for done, i in enumerate(mine, start=1):
                 x, y = get_batch(tokens, self._eval_offsets(split_id, i), block, self.device)
                 with self.autocast:
                     _, loss = self.fwd_model(x, y)
                 total += loss.float()
+                progress.update(done)
             out[split] = self.all_reduce_sum(total).item() / self.cfg.eval_iters
+            progress.finish()
         self.model.train()
         return out
 
@@ -578,9 +721,10 @@ class Trainer:
         if self.is_master:
             mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
             print(
-                f"iter {self.iter_num} | loss {loss:.4f} | avg{AVG_WINDOW} {row['train_loss_avg200']:.4f} | "
-                f"lr {lr:.1e} | grad {grad_norm:.2f} | {tokens_per_s:,.0f} tok/s | mfu {mfu_text} | "
-                f"{step_time:.2f} s/it"
+                f"iter {self.iter_num}/{self.cfg.max_iters} | loss {loss:.4f} | avg{AVG_WINDOW} "
+                f"{row['train_loss_avg200']:.4f} | lr {lr:.1e} | grad {grad_norm:.2f} | "
+                f"{tokens_per_s:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {self.eta()}",
+                flush=True,
             )
         self.log(row)
 
@@ -592,7 +736,7 @@ class Trainer:
         out = Path(self.cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if not resumed and (out / CKPT_NAME).is_file():
-            print(f"NOTE: starting from scratch in {out}; its old checkpoint will be overwritten.")
+            print(f"NOTE: overwrite=true: starting from scratch in {out}; its old checkpoint will be replaced.")
         (out / "config.json").write_text(json.dumps(self.run_config(), indent=2) + "\n")
         self.metrics = MetricsLog(out / METRICS_NAME, self.iter_num if resumed else None)
         if self.cfg.wandb_log:
@@ -620,6 +764,7 @@ class Trainer:
         cfg = self.cfg
         resumed = cfg.init_from == "resume"
         self.start_time = time.time()
+        self.start_iter = self.iter_num
         self.print_summary()
         if cfg.eval_only:
             row = self.evaluate()
@@ -669,10 +814,17 @@ def pick_device(train: TrainConfig, dist: DistInfo) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Train as the command line says; raises ConfigError before any work on a bad config."""
-    parsed = parse_config(sys.argv[1:] if argv is None else argv)
-    # Paths first: the checkpoint to resume from lives in out_dir. The method in its default
-    # name comes from the keys given, so resuming needs the same --connection (or an out_dir).
-    parsed.train = resolve_paths(parsed.train, parsed.model_config())
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print(config_help(), end="")
+        return
+    parsed = parse_config(argv)
+    # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
+    # keys in its default name come from the keys given, so resuming needs the same ones.
+    explicit_out_dir = bool(parsed.train.out_dir)
+    parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides))
+    announce_out_dir(parsed, explicit_out_dir)
+    check_wandb(parsed.train)
     device_type = get_device(parsed.train.device).split(":")[0]
     backend = parsed.train.backend or ("nccl" if device_type == "cuda" else "gloo")
     dist = init_distributed(backend)

@@ -20,10 +20,16 @@ CUDA, no torch.compile; GPTConfig adds block 1024, vocab 50304, bias on, dropout
 from __future__ import annotations
 
 import difflib
+import hashlib
+import inspect
+import io
+import json
 import math
 import os
 import re
 import runpy
+import textwrap
+import tokenize
 import types
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -32,7 +38,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from common import REPO_ROOT
 from model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, GPTConfig
 
-INIT_FROM = ("scratch", "resume")
+INIT_FROM = ("scratch", "resume", "auto")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -49,47 +55,48 @@ def _choices(*values: str) -> dict[str, tuple[str, ...]]:
 @dataclass
 class TrainConfig:
     # -- output and checkpoints
-    out_dir: str = ""  # "" means out/<config_name>/<method>, e.g. out/openwebtext_s/p_spheret-0.5
+    out_dir: str = ""  # "" means out/<config_name>/<method>, plus a suffix when keys differ from the config files
     config_name: str = ""  # "" means the stem of the last config file, else the dataset name
-    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM))
+    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM))  # auto: resume if out_dir has ckpt.pt
+    overwrite: bool = False  # let init_from=scratch replace an existing out_dir/ckpt.pt
     always_save_checkpoint: bool = True  # at every evaluation; False keeps only the best val loss
     checkpoint_interval: int = 0  # also save every N iterations (0: only at evaluations)
     # -- evaluation and logging
-    eval_interval: int = 1000
+    eval_interval: int = 1000  # evaluate (and checkpoint) every N iterations and at max_iters
     eval_iters: int = 200  # micro-batches per split per evaluation, shared among all ranks
-    eval_only: bool = False
-    log_interval: int = 10
+    eval_only: bool = False  # evaluate once and exit, writing nothing
+    log_interval: int = 10  # print and log the train loss every N iterations
     # -- data
-    dataset: str = "openwebtext"
+    dataset: str = "openwebtext"  # the prepared dataset, data/<dataset> (see data/prepare.py)
     data_dir: str = ""  # "" means data/<dataset> in the repository
     batch_size: int = 16  # sequences per micro-batch on each GPU (paper: 16)
     global_batch_size: int = 128  # sequences per optimizer step, over all GPUs (paper: 128)
     # -- optimizer: AdamW, linear warm-up then cosine decay to min_lr
-    learning_rate: float = 6e-4
-    min_lr: float = 6e-5
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    learning_rate: float = 6e-4  # peak learning rate, reached after warmup_iters
+    min_lr: float = 6e-5  # learning rate at and after lr_decay_iters
+    weight_decay: float = 0.1  # AdamW weight decay of the matrices (not of gains and biases)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
     grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
-    max_iters: int = 50_000
-    decay_lr: bool = True
-    warmup_iters: int = 2_000
-    lr_decay_iters: int = 50_000
+    max_iters: int = 50_000  # optimizer steps of the run
+    decay_lr: bool = True  # False keeps learning_rate constant (no warm-up, no decay)
+    warmup_iters: int = 2_000  # linear warm-up steps from 0 to learning_rate
+    lr_decay_iters: int = 50_000  # the cosine reaches min_lr here
     # -- system
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA
-    compile: bool = False  # the paper trains without torch.compile
+    dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA, else fp32
+    compile: bool = False  # torch.compile the model (the paper trains without it)
     backend: str = ""  # process-group backend; "" means nccl on CUDA, gloo otherwise
-    seed: int = 1337
+    seed: int = 1337  # seeds the weights, the data order and dropout
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look the GPU up
     # -- Weights & Biases
-    wandb_log: bool = False
-    wandb_project: str = "spheretnorm"
+    wandb_log: bool = False  # log to W&B (online needs an API key: wandb login or WANDB_API_KEY)
+    wandb_project: str = "spheretnorm"  # W&B project
     wandb_run_name: str = ""  # "" means <config_name>/<method>
     wandb_group: str = ""  # "" means <config_name> (a scale and dataset)
-    wandb_mode: str = field(default="online", metadata=_choices(*WANDB_MODES))
-    # -- testing only: make the loss NaN in the step that would complete this iteration
-    debug_nan_at_iter: int = -1
+    wandb_mode: str = field(default="online", metadata=_choices(*WANDB_MODES))  # offline: no key needed
+    # -- testing only
+    debug_nan_at_iter: int = -1  # make the loss NaN in the step that completes this iteration
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -118,6 +125,7 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig))
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
 assert not set(MODEL_KEYS) & set(TRAIN_KEYS), "a key may belong to one dataclass only"
 _TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
+_DEFAULTS = {f.name: f.default for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
 # Choices of the model's string keys, for the same error message as the training keys.
 _MODEL_CHOICES = {
     "connection": tuple(CONNECTIONS),
@@ -137,6 +145,8 @@ class ParsedConfig:
     train: TrainConfig
     model_keys: dict[str, Any]
     config_files: list[str]
+    # Command-line keys whose value differs from what the config files (or the defaults) give.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def model_config(self, **derived: Any) -> GPTConfig:
         """GPTConfig of a new model: explicit keys win over derived ones (e.g. vocab_size)."""
@@ -286,10 +296,14 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
             if key not in _TYPES:
                 raise _unknown_key_error(key, f"in {path}")
             values[key] = check_value(key, value, f"in {path}")
+    from_files = dict(values)
     for key, raw in pairs:
         if key not in _TYPES:
             raise _unknown_key_error(key, f"--{key}")
         values[key] = parse_value(key, raw)
+    overrides = {
+        key: values[key] for key, _ in pairs if values[key] != from_files.get(key, _DEFAULTS[key])
+    }
     for key, value in values.items():
         _check_choice(key, value)
 
@@ -308,7 +322,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
         raise ConfigError(str(e)) from None
     if world_size:
         grad_accum_steps(train.global_batch_size, train.batch_size, world_size)
-    return ParsedConfig(train=train, model_keys=model_keys, config_files=files)
+    return ParsedConfig(train=train, model_keys=model_keys, config_files=files, overrides=overrides)
 
 
 # -----------------------------------------------------------------------------
@@ -327,12 +341,53 @@ def method_dirname(cfg: GPTConfig) -> str:
     return method_key(cfg).replace(":", "-")
 
 
-def resolve_paths(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
-    """Fill out_dir (out/<config_name>/<method>) and data_dir (data/<dataset>) when left empty."""
-    method_dir = method_dirname(model_cfg)
+# Keys that change nothing a run computes or records: where it runs and writes, how it logs,
+# and the method keys, which the folder name already holds. Any other key set on the command
+# line to a value other than the config file's makes the run a different experiment.
+RUN_NEUTRAL_KEYS = frozenset({
+    "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
+    "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
+    "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group",
+    "wandb_mode", "connection", "spheret_p",
+})
+_SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
+_SUFFIX_MAX_CHARS = 60
+
+
+def _suffix_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def run_suffix(overrides: dict[str, Any]) -> str:
+    """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
+
+    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
+    so that the same command always finds the same folder again (for a resume).
+    """
+    changed = {k: v for k, v in sorted(overrides.items()) if k not in RUN_NEUTRAL_KEYS}
+    if not changed:
+        return ""
+    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
+    if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
+        return text
+    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"+overrides-{digest}"
+
+
+def default_out_dir(config_name: str, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> str:
+    """out/<config_name>/<method>[<suffix>]: a run with changed settings never shares the paper run's folder."""
+    return os.path.join("out", config_name, method_dirname(model_cfg) + run_suffix(overrides or {}))
+
+
+def resolve_paths(train: TrainConfig, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Fill out_dir (default_out_dir) and data_dir (data/<dataset>) when left empty."""
     return replace(
         train,
-        out_dir=train.out_dir or os.path.join("out", train.config_name, method_dir),
+        out_dir=train.out_dir or default_out_dir(train.config_name, model_cfg, overrides),
         data_dir=train.data_dir or str(REPO_ROOT / "data" / train.dataset),
     )
 
@@ -353,3 +408,129 @@ def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any]) -> list
         for k, v in sorted(explicit.items())
         if k in saved and saved[k] != v
     ]
+
+
+# -----------------------------------------------------------------------------
+# --help, generated from the dataclasses
+#
+# A key's one-line help is the trailing comment of its field (model.py for GPTConfig, above
+# for TrainConfig), so the help cannot drift from the code. The fields of GPTConfig that carry
+# no comment in model.py get theirs here.
+
+_MODEL_HELP_GAPS = {
+    "block_size": "context length in tokens",
+    "n_layer": "transformer blocks",
+    "n_head": "attention heads per block",
+    "n_embd": "width of the hidden states (a multiple of n_head)",
+    "dropout": "dropout probability (the paper trains without dropout)",
+}
+TRAIN_USAGE = "usage: python train.py [config/NAME.py ...] [--key=value ...]"
+TRAIN_DESCRIPTION = (
+    "Train a GPT with a chosen deep connection. Config files (plain Python files of key = value)\n"
+    "are read first, in order, then the --key=value options; later ones win. Every key below can\n"
+    "be set either way; the defaults are the paper's shared hyperparameters at the S scale."
+)
+_FIELD_LINE = re.compile(r"^    (\w+)\s*:")
+_SECTION_LINE = re.compile(r"^    #\s*--\s*(.+)$")
+_HELP_COLUMN = 32
+
+
+def field_comments(cls: type) -> tuple[dict[str, str], dict[str, str]]:
+    """({field: its trailing comment}, {field: the '# -- section' above it}) from the source.
+
+    Empty when the source is not available (a frozen install): --help then lists the keys and
+    defaults without the comments.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}, {}
+    # Comments come from the tokenizer, so a '#' inside a string default is never one.
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    comment_at = {t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT}
+    names = {f.name for f in fields(cls)}
+    comments, sections, section, above = {}, {}, "", []
+    for line_no, line in enumerate(source.splitlines(), start=1):
+        header = _SECTION_LINE.match(line)
+        match = _FIELD_LINE.match(line)
+        if header:
+            section, above = header.group(1).strip(), []
+        elif match and match.group(1) in names:
+            name = match.group(1)
+            sections[name] = section
+            # A trailing comment, else the comment lines right above the field.
+            text = comment_at.get(line_no) or " ".join(above)
+            if text:
+                comments[name] = text
+            above = []
+        elif line.strip().startswith("#") and line_no in comment_at:
+            above.append(comment_at[line_no])
+        else:
+            above = []
+    return comments, sections
+
+
+def key_help() -> dict[str, str]:
+    """The one-line help of every config key, with its choices where it has any."""
+    model_comments, _ = field_comments(GPTConfig)
+    train_comments, _ = field_comments(TrainConfig)
+    helps = {**_MODEL_HELP_GAPS, **model_comments, **train_comments}
+    choices = {**_MODEL_CHOICES, **{f.name: f.metadata["choices"] for f in fields(TrainConfig) if "choices" in f.metadata}}
+    for key, allowed in choices.items():
+        helps[key] = f"{helps.get(key, '')} [one of: {', '.join(allowed)}]".strip()
+    return helps
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def _help_entry(option: str, text: str) -> str:
+    if len(option) + 2 >= _HELP_COLUMN:
+        return f"  {option}\n{' ' * _HELP_COLUMN}{text}"
+    return f"  {option.ljust(_HELP_COLUMN - 2)}{text}"
+
+
+def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
+    lines, section = [], None
+    _, sections = field_comments(cls)
+    for f in fields(cls):
+        if sections.get(f.name) and sections[f.name] != section:
+            section = sections[f.name]
+            lines.append(f" {section}:")
+        lines.append(_help_entry(f"--{f.name}={_default_text(f.default)}", helps.get(f.name, "")))
+    return lines
+
+
+def config_help(
+    extra_options: dict[str, str] | None = None,
+    *,
+    usage: str = TRAIN_USAGE,
+    description: str = TRAIN_DESCRIPTION,
+    train_keys: bool = True,
+) -> str:
+    """The --help text of a program configured by GPTConfig (and TrainConfig) keys.
+
+    extra_options maps a program's own options, written as '--name=DEFAULT', to their one-line
+    help; they are listed first. train_keys=False leaves out the training keys (for a tool
+    that only builds models).
+    """
+    helps = key_help()
+    parts = [usage, "", description]
+    if extra_options:
+        parts += ["", "Options of this program:", *(_help_entry(k, v) for k, v in extra_options.items())]
+    parts += ["", "Model keys (model.GPTConfig), as --key=DEFAULT:", *_key_entries(GPTConfig, helps)]
+    if train_keys:
+        parts += ["", "Training keys (trainconfig.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps)]
+    return "\n".join(parts) + "\n"
+
+
+def wants_help(argv: list[str]) -> bool:
+    """True when the command line asks for --help (or -h) anywhere."""
+    return any(arg in ("-h", "--help") for arg in argv)

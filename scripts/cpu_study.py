@@ -54,7 +54,7 @@ RESERVED = {
     "dataset": "--data_dir (this study trains on shakespeare_char)",
     "data_dir": "--data_dir",
     "out_dir": "--out_dir",
-    "init_from": "nothing (a finished run is reused, an unfinished one restarts)",
+    "init_from": "nothing (a finished run is reused, an unfinished one resumes from its checkpoint)",
     "config_name": "nothing (it is <dataset>_<layers>x<width>)",
 }
 
@@ -144,7 +144,9 @@ def run_job(job: Job, threads: int) -> JobResult:
     log = job.out_dir / LOG_NAME
     start = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
-        code = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *job.argv], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        # auto: an interrupted run resumes; train.py refuses to start over an existing checkpoint.
+        command = [sys.executable, str(REPO_ROOT / "train.py"), *job.argv, "--init_from=auto"]
+        code = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "")
 
 

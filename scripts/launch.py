@@ -19,8 +19,10 @@ mode would run without running it. A multi-node local launch runs this script on
 with the same arguments and its own --node_rank; the nodes meet at --rdzv_endpoint.
 
 A run is skipped when it has finished: its metrics.jsonl has an eval row at iter >= max_iters
-(train.py evaluates at the last iteration). A run with a checkpoint but no such row resumes
-(--init_from=resume). --stage zero_shot runs eval/zero_shot.py on finished runs that have no
+(train.py evaluates at the last iteration), and when its folder holds a run with other settings
+(reported, never overwritten; the other runs are still planned). Every command carries
+--init_from=auto, so a run resumes from its checkpoint whenever one exists by the time it
+starts. --stage zero_shot runs eval/zero_shot.py on finished runs that have no
 ckpt_zero_shot.json yet; scripts/tables.py reads those files for Tables 4 and 5.
 """
 
@@ -36,7 +38,7 @@ import argparse
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scripts.runs import (
     CKPT_NAME,
@@ -44,6 +46,7 @@ from scripts.runs import (
     PAPER_SCALES,
     REPO_ROOT,
     ZERO_SHOT_NAME,
+    HelpFormatter,
     UsageError,
     check_overrides,
     config_conflicts,
@@ -68,7 +71,7 @@ RESERVED = {
     "spheret_p": "--methods (e.g. p_spheret:0.25)",
     "dataset": "--datasets",
     "out_dir": "--runs_root",
-    "init_from": "nothing (an unfinished run with a checkpoint resumes by itself)",
+    "init_from": "nothing (every run gets --init_from=auto: it resumes from a checkpoint by itself)",
     # One value for every run would give all runs of a method the same folder or W&B name.
     "config_name": "nothing (it is <dataset>_<scale>, as the config file's name)",
     "wandb_run_name": "nothing (each run is named <dataset>_<scale>/<method>)",
@@ -86,6 +89,7 @@ class GridRun:
     out_dir: Path
     max_iters: int
     train_args: list[str]  # everything after train.py
+    conflicts: list[str] = field(default_factory=list)  # settings where out_dir's run differs
 
     @property
     def slug(self) -> str:
@@ -102,9 +106,9 @@ class GridRun:
         return is_finished(self.path, self.max_iters)
 
     def args(self) -> list[str]:
-        """train.py arguments; an unfinished run with a checkpoint resumes from it."""
-        resume = ["--init_from=resume"] if has_checkpoint(self.path) and not self.finished else []
-        return self.train_args + resume
+        """train.py arguments; auto resumes from a checkpoint that exists when the command runs
+        (a printed grid may run much later, a SLURM job may be requeued)."""
+        return [*self.train_args, "--init_from=auto"]
 
 
 def build_grid(
@@ -118,17 +122,13 @@ def build_grid(
             for method in methods:
                 args = [config, *method_args(method), *overrides]
                 try:
-                    parsed = parse_config(args, world_size=world_size)
+                    # The commands run in the repository root; this script may run anywhere.
+                    parsed = parse_config([str(REPO_ROOT / config), *args[1:]], world_size=world_size)
                 except ConfigError as e:
                     raise UsageError(f"{dataset} {scale} {method}: {e}") from None
                 config_name = parsed.train.config_name
                 out_dir = runs_root / config_name / method_dirname(method)
                 conflicts = config_conflicts(REPO_ROOT / out_dir, parsed)
-                if conflicts:
-                    raise UsageError(
-                        f"{out_dir} holds a run with other settings ({'; '.join(conflicts)}); "
-                        "use another --runs_root or move that folder away."
-                    )
                 runs.append(
                     GridRun(
                         dataset,
@@ -138,6 +138,7 @@ def build_grid(
                         out_dir,
                         parsed.train.max_iters,
                         [*args, f"--out_dir={out_dir}"],
+                        conflicts,
                     )
                 )
     return runs
@@ -209,6 +210,9 @@ def plan(runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: 
     """([(run, command) to run], [why each other run is skipped])."""
     todo, skipped = [], []
     for run in runs:
+        if run.conflicts:
+            skipped.append(conflict_reason(run))
+            continue
         if stage == "train":
             if run.finished:
                 skipped.append(f"{run.name}: finished (eval at iter {last_eval_iter(run.path)} >= max_iters {run.max_iters}) in {run.out_dir}")
@@ -226,6 +230,24 @@ def plan(runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: 
                 command = sbatch_command(run, layout, wrapped=command)
         todo.append((run, command))
     return todo, skipped
+
+
+def conflict_reason(run: GridRun) -> str:
+    return (
+        f"{run.name}: {run.out_dir} holds a run with other settings ({'; '.join(run.conflicts)}); "
+        "move that folder away or use another --runs_root to run it"
+    )
+
+
+def warn_conflicts(runs: list[GridRun]) -> None:
+    """On stderr, so that skipped runs stand out even when stdout is a generated script."""
+    clashing = [run.name for run in runs if run.conflicts]
+    if clashing:
+        print(
+            f"warning: {len(clashing)} of {len(runs)} runs skipped, their folders hold runs with other "
+            f"settings ({', '.join(clashing)}); the skip lines say which settings differ.",
+            file=sys.stderr,
+        )
 
 
 def describe(run: GridRun, stage: str) -> str:
@@ -266,15 +288,15 @@ def execute(todo: list[tuple[GridRun, list[str]]], mode: str) -> int:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
         allow_abbrev=False,  # so an unknown --key=value is a train.py override, never a prefix match
     )
     p.add_argument("--methods", default="paper", help="'paper' (the 8 of the paper), 'all', or a comma-separated list such as pre_ln,p_spheret:0.5")
     p.add_argument("--scales", default=",".join(PAPER_SCALES), help="comma-separated subset of S,M,L")
     p.add_argument("--datasets", default=",".join(PAPER_DATASETS), help="comma-separated subset of fineweb_edu,openwebtext")
-    p.add_argument("--mode", choices=MODES, default="local")
-    p.add_argument("--stage", choices=STAGES, default="train", help="train (default) or zero_shot (evaluate finished runs)")
+    p.add_argument("--mode", choices=MODES, default="local", help="run the commands here, print them, or submit them with sbatch")
+    p.add_argument("--stage", choices=STAGES, default="train", help="train, or zero_shot (evaluate finished runs)")
     p.add_argument("--dry_run", action="store_true", help="print the commands instead of running them")
     p.add_argument("--runs_root", default="out", help="the run folders go to RUNS_ROOT/<dataset>_<scale>/<method>; relative to the repository root (default: out)")
     p.add_argument("--nproc_per_node", type=int, default=8, help="GPUs per node (default 8)")
@@ -311,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             layout.world_size,
         )
         todo, skipped = plan(runs, args.stage, args.mode, layout, shlex.split(args.eval_args))
+        warn_conflicts(runs)
         if args.dry_run or args.mode == "print":
             print_plan(todo, skipped, args.stage)
             return 0

@@ -40,6 +40,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, parse_train_args, run_jobs, study_name, wall_clock_line  # noqa: E402
 from scripts.plot import method_style, save_figure  # noqa: E402
+from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import COLLAPSE_MARGIN, UsageError, check_overrides, display_name, method_args, method_dirname, parse_methods, sort_methods, unigram_loss  # noqa: E402
 
 DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"
@@ -188,7 +189,7 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
         allow_abbrev=False,
     )

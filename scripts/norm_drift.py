@@ -45,13 +45,15 @@ def norm_drift(model: GPT, idx: torch.Tensor, mode: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    parser.add_argument("--n_layer", type=int, default=36)
-    parser.add_argument("--n_embd", type=int, default=256)
-    parser.add_argument("--n_head", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--device", default="cpu")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--n_layer", type=int, default=36, help="blocks of the model")
+    parser.add_argument("--n_embd", type=int, default=256, help="width of the hidden states")
+    parser.add_argument("--n_head", type=int, default=4, help="attention heads per block")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per sequence (also block_size)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences in the batch")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     args = parser.parse_args()
 
     results = {}

@@ -26,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import (  # noqa: E402
     PAPER_METHODS,
     Run,
@@ -149,7 +150,7 @@ def plot_group(runs_root: Path, dataset: str, scale: str, out: Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--runs_root", default="out", help="folder holding the run folders (default: out)")
     p.add_argument("--dataset", required=True, help="e.g. openwebtext, fineweb_edu, shakespeare_char")
     p.add_argument("--scale", required=True, help="S, M, L, or <layers>x<width> for other shapes (e.g. 24x128)")

@@ -45,6 +45,7 @@ from scripts.cpu_study import (
     study_name,
     wall_clock_line,
 )
+from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import (
     COLLAPSE_MARGIN,
     UsageError,
@@ -118,7 +119,7 @@ def outcome_table(rows: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
         allow_abbrev=False,
     )

@@ -8,7 +8,8 @@ names a run the way train.py does.
 
 A *run folder* is what train.py writes to its out_dir: ``config.json`` (both configs and the
 method key), ``metrics.jsonl`` (rows of kind "train" and "eval") and ``ckpt.pt``; the
-zero-shot results of eval/zero_shot.py go beside the checkpoint as ``ckpt_zero_shot.json``.
+zero-shot results of eval/zero_shot.py go beside the checkpoint as ``ckpt_zero_shot.json``
+(a --limit evaluation writes ``ckpt_zero_shot_limit<N>.json`` instead: partial, never final).
 Tables and plots read only these structured files, never logs.
 
 A run is *finished* when its metrics.jsonl has an eval row at iter >= max_iters: train.py
@@ -17,6 +18,7 @@ evaluates at the last iteration, so this row exists exactly when training ran to
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import math
@@ -27,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from data.common import load_meta, open_split
+from eval.zero_shot import results_limit
 from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
 from train import CKPT_NAME, METRICS_NAME
 from trainconfig import (
@@ -79,6 +82,21 @@ assert all(m.partition(":")[0] in CONNECTIONS for m in PAPER_METHODS), "a paper 
 
 class UsageError(ValueError):
     """A bad command-line value; scripts print it as one line and exit with status 2."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The scripts' --help: the docstring as written, and every option's default.
+
+    The default is appended unless the option's help already states it or there is none to
+    state (a flag, an optional value left unset).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
+        if "default" in text or unset or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)".strip()
 
 
 # -----------------------------------------------------------------------------
@@ -298,6 +316,7 @@ class Run:
     config: dict[str, Any]
     rows: list[dict[str, Any]]
     zero_shot: dict[str, float | None] | None
+    zero_shot_limit: int | float | None = None  # the --limit of partial zero-shot results (None: full)
 
     @property
     def method(self) -> str:
@@ -338,10 +357,26 @@ def load_run(path: Path) -> Run:
     path = Path(path)
     config = json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
     rows = read_metrics(path / METRICS_NAME) if (path / METRICS_NAME).is_file() else []
-    zero_shot = None
+    zero_shot, limit = None, None
     if (path / ZERO_SHOT_NAME).is_file():
-        zero_shot = json.loads((path / ZERO_SHOT_NAME).read_text(encoding="utf-8")).get("paper_table")
-    return Run(path, config, rows, zero_shot)
+        results = json.loads((path / ZERO_SHOT_NAME).read_text(encoding="utf-8"))
+        zero_shot, limit = results.get("paper_table"), results_limit(results)
+    return Run(path, config, rows, zero_shot, limit)
+
+
+def is_evaluated(out_dir: Path) -> bool:
+    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run.
+
+    A limited file there (written before limited results got their own name) does not count.
+    """
+    path = Path(out_dir) / ZERO_SHOT_NAME
+    if not path.is_file():
+        return False
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return False  # cut short by a crash: evaluate again
+    return "paper_table" in results and results_limit(results) is None
 
 
 def find_runs(root: Path) -> list[Run]:

@@ -291,13 +291,21 @@ def test_dry_run_filters_skips_finished_and_resumes(tmp_path: Path, capsys: pyte
     (half / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 1000, "val_loss": 3.5}) + "\n")
     commands = grid_commands(capsys, *filters)
     assert [method_key(parse_config(train_argv(c, "train.py"), world_size=8).model_config()) for c in commands] == ["p_spheret:0.5", "geonorm"]
-    assert "--init_from=resume" in commands[0] and "--init_from=resume" not in commands[1]
+    # Every run resumes by itself when a checkpoint exists by the time it starts.
+    assert all(c[-1] == "--init_from=auto" and "--init_from=resume" not in c for c in commands)
     assert launch.main(["--dry_run", *filters]) == 0
-    assert "# skip openwebtext_s/pre_ln: finished" in capsys.readouterr().out
-    # A folder holding a run with other settings is neither skipped nor resumed.
-    (done / "config.json").write_text(json.dumps({"learning_rate": 1e-3}))
-    assert launch.main(["--dry_run", *filters]) == 2
-    assert "learning_rate: the run has 0.001, asked for 0.0006" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "# skip openwebtext_s/pre_ln: finished" in out
+    assert "# openwebtext_s/p_spheret:0.5 (train, resume)" in out and "# openwebtext_s/geonorm (train, new)" in out
+    # A folder holding a run with other settings is reported and skipped; the others are planned.
+    (half / "config.json").write_text(json.dumps({"learning_rate": 1e-3}))
+    commands = grid_commands(capsys, *filters)
+    assert [method_key(parse_config(train_argv(c, "train.py"), world_size=8).model_config()) for c in commands] == ["geonorm"]
+    assert launch.main(["--dry_run", *filters]) == 0
+    captured = capsys.readouterr()
+    assert "# skip openwebtext_s/p_spheret:0.5: " in captured.out
+    assert "learning_rate: the run has 0.001, asked for 0.0006" in captured.out
+    assert "1 of 3 runs skipped" in captured.err
 
 
 def test_multi_node_and_slurm_commands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
