@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, sphere_update
+
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 ALPHA_INDICES = ("block", "sublayer")
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
@@ -50,6 +52,8 @@ class GPTConfig:
     dyt_alpha: float = 0.5  # initial scalar a of DyT(x) = g * tanh(a x) + b
     keel_alpha: float | None = None  # Keel's fixed residual scale; None means 2 * n_layer
     peri_embed_ln: bool = False  # Peri-LN: also LayerNorm the embedding output
+    # How the sphere update runs (same maths): auto | reference | fused | triton
+    sphere_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if self.connection not in CONNECTIONS:
@@ -70,6 +74,11 @@ class GPTConfig:
             raise ValueError(
                 f"Unknown alpha_decay {self.alpha_decay!r}; valid values are: "
                 f"{', '.join(ALPHA_DECAYS)}."
+            )
+        if self.sphere_impl not in SPHERE_IMPLS:
+            raise ValueError(
+                f"Unknown sphere_impl {self.sphere_impl!r}; valid values are: "
+                f"{', '.join(SPHERE_IMPLS)}."
             )
         if self.alpha_index not in ALPHA_INDICES:
             raise ValueError(
@@ -319,12 +328,18 @@ class SphereConnection(Connection):
     """Shared part of GeoNorm and SpheretNorm: tangent projection and step size.
 
     Subclasses implement retract(h, z, r, s, alpha, beta), which moves h along the
-    sphere of radius r = ||h|| in the tangent direction z (||z|| = s).
+    sphere of radius r = ||h|| in the tangent direction z (||z|| = s): that is the
+    reference update, the spec in code. They also name their angle function phi
+    (`retraction`, see sphere_kernels.py), which the fused implementations use.
     """
+
+    retraction = ""  # 'geo' | 'proj' | 'cay' | 'p': theta = phi(beta) in sphere_kernels.py
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
         self.angle_max = config.angle_max
+        self.p = 1.0  # only p-SpheretNorm's phi reads it
+        self.impl = config.sphere_impl
         self.decay = depth_decay(config, layer_idx, slot)
         # softplus(a) = 1 at init: the full (decayed) step.
         self.a = nn.Parameter(torch.tensor(math.log(math.e - 1.0)))
@@ -338,16 +353,21 @@ class SphereConnection(Connection):
         return F.softplus(self.a).clamp(max=1.0) * self.decay
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        f = sublayer(h)
+        alpha = self.step_size()
+        if resolve_impl(self.impl, h.device.type) == "reference":
+            return self.reference_update(h, f, alpha)
+        return sphere_update(h, f, alpha, self.retraction, self.p, self.angle_max, self.impl)
+
+    def reference_update(self, h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         # The retraction keeps ||h|| only as well as <h, z> = 0 holds, so the
         # geometry is computed in fp32 even when the sublayer runs in bf16.
         dtype = h.dtype
-        h = h.float()
-        f = sublayer(h.to(dtype)).float()
+        h, f = h.to(compute_dtype(h)), f.to(compute_dtype(h))
         r2 = (h * h).sum(dim=-1, keepdim=True).clamp_min(1e-12)
         r = r2.sqrt()
         z = f - ((h * f).sum(dim=-1, keepdim=True) / r2) * h  # Gram-Schmidt (Eq. 5)
         s = (z * z).sum(dim=-1, keepdim=True).clamp_min(1e-12).sqrt()
-        alpha = self.step_size()
         beta = alpha * s / r
         return self.retract(h, z, r, s, alpha, beta).to(dtype)
 
@@ -363,6 +383,8 @@ class SphereConnection(Connection):
 class GeoNorm(SphereConnection):
     """GeoNorm: the exponential map, theta = min(beta, angle_max) (Eq. 6)."""
 
+    retraction = "geo"
+
     def retract(self, h, z, r, s, alpha, beta):
         theta = beta.clamp(max=self.angle_max)
         return self.rotate(h, z, r, s, theta)
@@ -370,6 +392,8 @@ class GeoNorm(SphereConnection):
 
 class ProjSpheretNorm(SphereConnection):
     """1-SpheretNorm, the metric projection: h = r (h + alpha z) / ||h + alpha z|| (Eq. 9)."""
+
+    retraction = "proj"  # theta = arctan(beta)
 
     def retract(self, h, z, r, s, alpha, beta):
         v = h + alpha * z
@@ -383,6 +407,8 @@ class CaySpheretNorm(SphereConnection):
     the rotation angle is 2 arctan(b / 2) <= angle_max for beta_max = 2 tan(angle_max / 2).
     """
 
+    retraction = "cay"
+
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
         self.beta_max = 2.0 * math.tan(config.angle_max / 2.0)
@@ -395,6 +421,8 @@ class CaySpheretNorm(SphereConnection):
 
 class PSpheretNorm(SphereConnection):
     """p-SpheretNorm: theta = p arctan(beta / p), capped at angle_max when p > 1."""
+
+    retraction = "p"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -504,10 +532,7 @@ class GPT(nn.Module):
 
         last_only=True computes logits for the last position only (fast sampling).
         """
-        x = self.embed(idx)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
+        x = self.final_hidden(idx)
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(
@@ -517,6 +542,17 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, [-1], :]  # a list index keeps the time dimension
         return self.lm_head(x), None
+
+    def final_hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The hidden states (B, T, d) that the LM head reads, after ln_f.
+
+        Callers that need logits at a few positions only (zero-shot scoring) apply
+        self.lm_head to those rows: the head is the largest matmul of a small model.
+        """
+        x = self.embed(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)
 
     @torch.no_grad()
     def diagnostics(self, idx: torch.Tensor) -> dict[str, Any]:
@@ -658,11 +694,51 @@ class GPT(nn.Module):
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint file and check that it is one of this project's."""
+    """Load a checkpoint file and check that it is one of this project's.
+
+    Unpickling runs with weights_only=True: besides tensors and plain Python values, only the
+    allow-list below may be rebuilt, which is what train.py saves beyond those (numpy's RNG
+    state holds an ndarray). A file carrying anything else, such as a pickled callable, is
+    refused with a ValueError before any of it runs.
+    """
+    # Imported here so that this function alone owns checkpoint unpickling.
+    import contextlib
+    import pickle
+    import re
+    import zipfile
+
+    import numpy as np
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    allowed = [
+        np.zeros(1).__reduce__()[0],  # numpy's array rebuilder, under this numpy's module path
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),  # the dtype class that newer numpy versions pickle
+    ]
+    if hasattr(torch.serialization, "safe_globals"):
+        allow = torch.serialization.safe_globals(allowed)
+    else:  # torch 2.4 has only the process-wide list
+        torch.serialization.add_safe_globals(allowed)
+        allow = contextlib.nullcontext()
+    try:
+        with allow:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", str(exc))))
+        # torch.save writes zip archives; anything else failing here is no checkpoint at all.
+        if not found and not zipfile.is_zipfile(path):
+            raise ValueError(f"{str(path)!r} is not a PyTorch checkpoint file (not the zip archive torch.save writes).") from None
+        found = found or ["an unsupported pickle instruction"]
+        raise ValueError(
+            f"Checkpoint {str(path)!r} contains disallowed objects ({', '.join(found)}) that "
+            "could run code when unpickled, so it was not loaded; spheretnorm checkpoints hold "
+            "only tensors, plain Python values and numpy RNG state."
+        ) from None
+    except (EOFError, KeyError) as exc:  # a file torch cannot even parse (text, truncated, ...)
+        raise ValueError(f"{str(path)!r} is not a PyTorch checkpoint file ({type(exc).__name__}: {exc}).") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise ValueError(

@@ -199,15 +199,20 @@ class NanoGPTLM(TemplateLM):
     # -- scoring ------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _logits(self, sequences: list[list[int]]) -> torch.Tensor:
-        """Logits (B, L, V) of right-padded sequences; causal attention keeps padding invisible."""
+    def _logits_at(self, sequences: list[list[int]], rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logits (K, V) at positions (rows[k], cols[k]) of right-padded sequences.
+
+        Causal attention keeps padding invisible. The LM head runs on those K positions only:
+        on multiple-choice items (a long context, a few continuation tokens) it would
+        otherwise be the largest matmul of the pass, spent on logits nobody reads.
+        """
         longest = max(len(s) for s in sequences)
         x = torch.full((len(sequences), longest), EOT_TOKEN, dtype=torch.long)
         for i, seq in enumerate(sequences):
             x[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         with autocast_context(self._device.type, self._dtype):
-            logits, _ = self.model(x.to(self._device))
-        return logits
+            hidden = self.model.final_hidden(x.to(self._device))
+            return self.model.lm_head(hidden[rows.to(self._device), cols.to(self._device)])
 
     def _score_batch(self, pairs: list[TokenPair]) -> list[tuple[float, bool]]:
         """(sum of continuation log-probs, continuation is the greedy choice) for each pair."""
@@ -216,13 +221,12 @@ class NanoGPTLM(TemplateLM):
         # (it is only a target). Too long a context loses its left end, as in lm-eval's hf model.
         inputs = [(context + continuation)[-(block + 1) : -1] for context, continuation in pairs]
         n_cont = [len(continuation) for _, continuation in pairs]
-        logits = self._logits(inputs)
-        # Gather only the rows that predict continuation tokens: log-softmax over the whole
-        # (B, L, V) tensor would cost far more than the model on short multiple-choice items.
-        rows = torch.cat([torch.full((n,), b) for b, n in enumerate(n_cont)]).to(logits.device)
-        cols = torch.cat([torch.arange(len(x) - n, len(x)) for x, n in zip(inputs, n_cont)]).to(logits.device)
+        # Only the positions that predict continuation tokens are scored.
+        rows = torch.cat([torch.full((n,), b) for b, n in enumerate(n_cont)])
+        cols = torch.cat([torch.arange(len(x) - n, len(x)) for x, n in zip(inputs, n_cont)])
+        logits = self._logits_at(inputs, rows, cols)
         targets = torch.tensor([t for _, cont in pairs for t in cont], device=logits.device)
-        logprobs = F.log_softmax(logits[rows, cols].float(), dim=-1)
+        logprobs = F.log_softmax(logits.float(), dim=-1)
         token_lp = logprobs.gather(1, targets[:, None]).squeeze(1)
         greedy = logprobs.argmax(dim=-1) == targets
         return [(float(lp.sum()), bool(g.all())) for lp, g in zip(token_lp.split(n_cont), greedy.split(n_cont))]
@@ -316,10 +320,10 @@ class NanoGPTLM(TemplateLM):
         active = [g for g in gens if g.max_new_tokens > 0]
         while active:
             windows = [g.tokens[-self.max_length :] for g in active]
-            logits = self._logits(windows)
-            last = torch.tensor([len(w) - 1 for w in windows], device=logits.device)
+            last = torch.tensor([len(w) - 1 for w in windows])
+            logits = self._logits_at(windows, torch.arange(len(active)), last)
             # Rows past GPT-2's 50257 tokens are padding of the embedding table, not tokens.
-            step = logits[torch.arange(len(active), device=logits.device), last, :GPT2_VOCAB_SIZE]
+            step = logits[:, :GPT2_VOCAB_SIZE]
             for gen, token in zip(active, step.argmax(dim=-1).tolist()):
                 gen.tokens.append(token)
             active = [g for g in active if not self._finished(g)]

@@ -1,0 +1,208 @@
+"""
+Triton kernels of the sphere update (sphere_impl='triton'), for CUDA.
+
+The same maths as sphere_kernels.sphere_forward / sphere_backward, one program per row:
+a row of h and F(h) is loaded once, reduced in fp32 registers, and written once. The
+kernels are registered as torch.library triton_ops, so torch.compile traces through
+them without a graph break, and their backward is registered with the op.
+
+Needs triton (optional dependency) and torch >= 2.6 (torch.library.triton_op). On a CPU
+the kernels run under the Triton interpreter (TRITON_INTERPRET=1), which is how the
+tests check them on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sphere_kernels import EPS, RETRACTIONS
+
+KIND_CODES = {kind: i for i, kind in enumerate(RETRACTIONS)}  # geo 0, proj 1, cay 2, p 3
+MAX_WIDTH = 65536  # one row must fit one program's registers / shared memory
+
+
+@triton.jit
+def _atan_nonneg(x):
+    """arctan(x) for x >= 0 to fp32 precision, in plain arithmetic.
+
+    libdevice's atan does not run under the Triton interpreter, which the CPU tests use.
+    Cephes' reduction: x > tan(3pi/8) -> pi/2 - atan(1/x); x > tan(pi/8) -> pi/4 +
+    atan((x-1)/(x+1)); then an odd polynomial on |t| <= tan(pi/8).
+    """
+    big = x > 2.414213562373095
+    mid = (x > 0.4142135623730950) & (~big)
+    t = tl.where(big, -1.0 / tl.maximum(x, 1e-30), tl.where(mid, (x - 1.0) / (x + 1.0), x))
+    base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    t2 = t * t
+    poly = (((8.05374449538e-2 * t2 - 1.38776856032e-1) * t2 + 1.99777106478e-1) * t2 - 3.33329491539e-1) * t2
+    return base + t + t * poly
+
+
+@triton.jit
+def _angle(beta, p, angle_max, KIND: tl.constexpr):
+    """cos(theta), sin(theta), phi'(beta) of one row: sphere_kernels.retraction_angle."""
+    if KIND == 0:  # geo: theta = min(beta, angle_max)
+        theta = tl.minimum(beta, angle_max)
+        cos, sin = tl.cos(theta), tl.sin(theta)
+        dphi = tl.where(beta <= angle_max, 1.0, 0.0)
+    elif KIND == 1:  # proj: theta = arctan(beta)
+        q = 1.0 / tl.sqrt(1.0 + beta * beta)
+        cos, sin, dphi = q, beta * q, q * q
+    elif KIND == 2:  # cay: theta = 2 arctan(b / 2), b = min(beta, 2 tan(angle_max / 2))
+        beta_max = 2.0 * tl.sin(angle_max) / (1.0 + tl.cos(angle_max))  # 2 tan(angle_max / 2)
+        b = tl.minimum(beta, beta_max)
+        den = 4.0 + b * b
+        cos, sin = (4.0 - b * b) / den, 4.0 * b / den
+        dphi = tl.where(beta <= beta_max, 4.0 / (4.0 + beta * beta), 0.0)
+    else:  # p: theta = p arctan(beta / p), capped at angle_max for p > 1
+        u = beta / p
+        theta = p * _atan_nonneg(u)
+        capped = (p > 1.0) & (theta > angle_max)
+        theta = tl.where(capped, angle_max, theta)
+        cos, sin = tl.cos(theta), tl.sin(theta)
+        dphi = tl.where(capped, 0.0, 1.0 / (1.0 + u * u))
+    return cos, sin, dphi
+
+
+@triton.jit
+def _sphere_fwd_kernel(
+    H, F, OUT, STATS, ALPHA, P, AMAX, d, stride_h, stride_f, stride_o,
+    EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+    f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
+    hh = tl.sum(h * h, axis=0)
+    r2 = tl.maximum(hh, EPS_)
+    c = tl.sum(h * f, axis=0) / r2
+    z = f - c * h  # Gram-Schmidt (Eq. 5)
+    ss = tl.sum(z * z, axis=0)
+    r = tl.sqrt(r2)
+    s = tl.sqrt(tl.maximum(ss, EPS_))
+    alpha = tl.load(ALPHA).to(tl.float32)
+    beta = alpha * s / r
+    cos, sin, _ = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
+    out = cos * h + (r * sin / s) * z
+    tl.store(OUT + row * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(STATS + row * 3 + 0, hh)
+    tl.store(STATS + row * 3 + 1, c)
+    tl.store(STATS + row * 3 + 2, ss)
+
+
+@triton.jit
+def _sphere_bwd_kernel(
+    G, H, F, STATS, DH, DF, DALPHA, ALPHA, P, AMAX, d,
+    stride_g, stride_h, stride_f, stride_dh, stride_df,
+    EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+    f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
+    hh = tl.load(STATS + row * 3 + 0)
+    c = tl.load(STATS + row * 3 + 1)
+    ss = tl.load(STATS + row * 3 + 2)
+    r2 = tl.maximum(hh, EPS_)
+    r = tl.sqrt(r2)
+    s = tl.sqrt(tl.maximum(ss, EPS_))
+    alpha = tl.load(ALPHA).to(tl.float32)
+    beta = alpha * s / r
+    cos, sin, dphi = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
+    B = r * sin / s
+    z = f - c * h
+    gh = tl.sum(g * h, axis=0)
+    gz = tl.sum(g * z, axis=0)
+    zh = tl.sum(z * h, axis=0)
+    # The derivation is in sphere_kernels.sphere_backward's docstring.
+    dbeta = dphi * (-sin * gh + (r * cos / s) * gz)
+    dr = gz * sin / s - dbeta * beta / r
+    ds = -gz * B / s + dbeta * alpha / r
+    k = tl.where(ss >= EPS_, ds / s, 0.0)
+    dc = -(B * gh + k * zh)
+    dhf = dc / r2
+    dhh = tl.where(hh >= EPS_, dr / (2.0 * r) - dc * c / r2, 0.0)
+    df = B * g + k * z + dhf * h
+    dh = (cos - c * B) * g - (c * k) * z + dhf * f + (2.0 * dhh) * h
+    tl.store(DH + row * stride_dh + cols, dh.to(DH.dtype.element_ty), mask=mask)
+    tl.store(DF + row * stride_df + cols, df.to(DF.dtype.element_ty), mask=mask)
+    tl.store(DALPHA + row, dbeta * s / r)
+
+
+def _launch_settings(d: int) -> tuple[int, int]:
+    if d > MAX_WIDTH:
+        raise ValueError(f"sphere_impl='triton' supports widths up to {MAX_WIDTH}, got n_embd={d}; use sphere_impl='fused'.")
+    block = triton.next_power_of_2(d)
+    return block, min(max(block // 256, 1), 16)  # BLOCK, num_warps
+
+
+@torch.library.triton_op("spheretnorm::sphere_fwd", mutates_args=())
+def sphere_fwd(
+    h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor, kind: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and per-row stats [<h,h>, c, <z,z>] of (rows, d) inputs with unit stride in d."""
+    n, d = h.shape
+    out = torch.empty_like(h)
+    stats = torch.empty((n, 3), dtype=torch.float32, device=h.device)
+    block, warps = _launch_settings(d)
+    torch.library.wrap_triton(_sphere_fwd_kernel)[(n,)](
+        h, f, out, stats, alpha, p, angle_max, d, h.stride(0), f.stride(0), out.stride(0),
+        EPS_=EPS, KIND=kind, BLOCK=block, num_warps=warps,
+    )
+    return out, stats
+
+
+@torch.library.triton_op("spheretnorm::sphere_bwd", mutates_args=())
+def sphere_bwd(
+    grad: torch.Tensor,
+    h: torch.Tensor,
+    f: torch.Tensor,
+    stats: torch.Tensor,
+    alpha: torch.Tensor,
+    p: torch.Tensor,
+    angle_max: torch.Tensor,
+    kind: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of h, F(h) and alpha (summed over rows)."""
+    n, d = h.shape
+    dh, df = torch.empty_like(h), torch.empty_like(f)
+    dalpha_rows = torch.empty((n,), dtype=torch.float32, device=h.device)
+    block, warps = _launch_settings(d)
+    torch.library.wrap_triton(_sphere_bwd_kernel)[(n,)](
+        grad, h, f, stats, dh, df, dalpha_rows, alpha, p, angle_max, d,
+        grad.stride(0), h.stride(0), f.stride(0), dh.stride(0), df.stride(0),
+        EPS_=EPS, KIND=kind, BLOCK=block, num_warps=warps,
+    )
+    return dh, df, dalpha_rows.sum().to(alpha.dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    h, f, alpha, p, angle_max, kind = inputs
+    _, stats = output
+    ctx.save_for_backward(h, f, stats, alpha, p, angle_max)
+    ctx.kind = kind
+
+
+def _backward(ctx, grad_out, grad_stats):
+    h, f, stats, alpha, p, angle_max = ctx.saved_tensors
+    dh, df, dalpha = sphere_bwd(grad_out.contiguous(), h, f, stats, alpha, p, angle_max, ctx.kind)
+    return dh, df, dalpha, None, None, None
+
+
+sphere_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def sphere_update_triton(
+    h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, kind: str, p: torch.Tensor, angle_max: torch.Tensor
+) -> torch.Tensor:
+    """sphere_kernels.sphere_update through the Triton kernels."""
+    shape = h.shape
+    h2 = h.reshape(-1, shape[-1]).contiguous()
+    f2 = f.reshape(-1, shape[-1]).contiguous()
+    out, _ = sphere_fwd(h2, f2, alpha, p, angle_max, KIND_CODES[kind])
+    return out.view(shape)

@@ -1,0 +1,309 @@
+"""The fused sphere updates (sphere_kernels.py, sphere_triton.py) against model.py's reference.
+
+Every implementation must give the reference's outputs and gradients (of h, F(h) and the
+step parameter a) for every sphere connection, in fp32 and under bf16 autocast, in the
+corner cases of the maths: the angle cap active and inactive, p < 1, p = 1, p = 2, p > 2,
+F(h) parallel to h (z = 0), F(h) = 0 and a tiny tangent part. The hand-derived backward
+is also checked by finite differences (gradcheck, float64).
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run on CPU tensors under the interpreter; set before sphere_triton loads.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import sphere_kernels  # noqa: E402
+from model import CONNECTIONS, GPT, GPTConfig  # noqa: E402
+
+# (connection, spheret_p): all four retractions, and the p-family on both sides of 1 and 2.
+SPHERE_CASES = [
+    ("geonorm", 0.5),
+    ("proj_spheret", 0.5),
+    ("cay_spheret", 0.5),
+    ("p_spheret", 0.3),
+    ("p_spheret", 1.0),
+    ("p_spheret", 2.0),
+    ("p_spheret", 3.5),
+]
+INPUT_CASES = ["mixed", "small", "capped", "parallel", "zero", "tiny_z"]
+
+needs_triton = pytest.mark.skipif(
+    not sphere_kernels.triton_available(), reason="triton (and torch >= 2.6) is not installed"
+)
+# fused: the inductor kernels; fused_eager: the same Function with its maths in eager ops.
+IMPLS = [
+    pytest.param("fused", marks=pytest.mark.inductor),
+    "fused_eager",
+    pytest.param("triton", marks=needs_triton),
+]
+
+
+def make_inputs(case: str, n: int = 24, d: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """h on the sphere of radius sqrt(d) and a sublayer output F(h) of the given kind."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g)
+    h = h / h.norm(dim=-1, keepdim=True) * math.sqrt(d)
+    noise = torch.randn(n, d, generator=g)
+    row_scale = torch.rand(n, 1, generator=g) + 0.5
+    if case == "mixed":  # tangent sizes from far below to far above the cap, row by row
+        f = noise * torch.logspace(-2, 1.5, n).unsqueeze(-1)
+    elif case == "small":  # beta << angle_max: the cap never acts
+        f = 0.05 * noise
+    elif case == "capped":  # beta >> angle_max: the cap acts on every row
+        f = 30.0 * noise
+    elif case == "parallel":  # F(h) = c h: z = 0, the update must be the identity
+        f = row_scale * h
+    elif case == "zero":
+        f = torch.zeros(n, d)
+    elif case == "tiny_z":  # F(h) nearly parallel to h: ||z|| ~ 1e-3 ||F(h)||
+        f = 3.0 * h + 1e-2 * noise
+    else:
+        raise ValueError(case)
+    return h, f
+
+
+def build_connection(name: str, p: float, impl: str) -> torch.nn.Module:
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, connection=name, spheret_p=p, sphere_impl=impl)
+    conn = CONNECTIONS[name](cfg, 1, slot=0)  # layer 1: alpha = 1, the largest step
+    with torch.no_grad():
+        conn.a.fill_(math.log(math.expm1(0.8)))  # softplus(a) = 0.8: off the clamp at 1
+    return conn
+
+
+def run_update(conn, h, f, grad, autocast: bool):
+    """out, dh, dF, da of one update with F(h) fixed to f."""
+    h = h.clone().requires_grad_(True)
+    f = f.clone().requires_grad_(True)
+    conn.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = conn(h, lambda _: f)
+    out.backward(grad)
+    return out.detach(), h.grad, f.grad, conn.a.grad
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest elementwise difference relative to the largest entry of b (0 when both are 0)."""
+    scale = b.abs().max().item()
+    diff = (a.float() - b.float()).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def condition_of_s(h: torch.Tensor, f: torch.Tensor) -> float:
+    """max over rows of ||F(h)|| / ||z||, over rows whose z is not zero to rounding."""
+    h, f = h.double(), f.double()
+    z = f - (h * f).sum(-1, keepdim=True) / (h * h).sum(-1, keepdim=True) * h
+    ratio = f.norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300)
+    ratio = ratio[z.norm(dim=-1) > 1e-6 * f.norm(dim=-1)]
+    return max(ratio.max().item(), 1.0) if ratio.numel() else 1.0
+
+
+def compare_to_reference(name, p, impl, case, autocast, monkeypatch):
+    if impl == "fused_eager":
+        monkeypatch.setenv("SPHERETNORM_NO_INDUCTOR", "1")
+        impl = "fused"
+    h, f = make_inputs(case)
+    if autocast:  # a Linear under bf16 autocast hands the connection a bf16 F(h)
+        f = f.bfloat16()
+    grad = torch.randn(h.shape, generator=torch.Generator().manual_seed(7))
+    ref = run_update(build_connection(name, p, "reference"), h, f, grad, autocast)
+    got = run_update(build_connection(name, p, impl), h, f, grad, autocast)
+    out, dh, df, da = got
+    assert out.dtype == ref[0].dtype and df.dtype == ref[2].dtype
+    assert torch.isfinite(out).all() and torch.isfinite(dh).all() and torch.isfinite(df).all()
+    assert rel_err(out, ref[0]) < 1e-6, "output"
+    assert rel_err(dh, ref[1]) < 1e-5, "grad of h"
+    if df.dtype == torch.bfloat16:
+        # Both round the same fp32 gradient to bf16; an fp32 difference of 1e-7 may flip the
+        # last bit of a few entries, so allow one bf16 unit in the last place.
+        torch.testing.assert_close(df.float(), ref[2].float(), rtol=2**-7, atol=1e-6)
+    else:
+        assert rel_err(df, ref[2]) < 1e-5, "grad of F(h)"
+    if case in ("parallel", "zero") and not autocast:  # (a bf16 F(h) is not parallel to h)
+        # z = 0 up to rounding: da is a sum of rounding noise; it only has to stay tiny.
+        assert abs(da.item()) < 1e-5 and abs(ref[3].item()) < 1e-5
+        return ref, got
+    # da sums one term per row, each through s = ||F(h) - c h||: when z is tiny, fp32 rounding
+    # of s is amplified by kappa = ||F(h)|| / ||z|| (~300 in 'tiny_z'), in the reference as
+    # much as here. So da is compared with the float64 reference, within 1e-5 plus that
+    # amplified rounding.
+    truth = run_update(build_connection(name, p, "reference").double(), h.double(), f.double(), grad.double(), False)[3]
+    tol = (1e-5 + 4 * condition_of_s(h, f) * 2**-23) * abs(truth.item()) + 1e-12
+    assert abs(da.item() - truth.item()) <= tol, "grad of a"
+    return ref, got
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name,p", SPHERE_CASES)
+@pytest.mark.parametrize("case", INPUT_CASES)
+def test_impl_matches_reference_fp32(impl, name, p, case, monkeypatch):
+    ref, _ = compare_to_reference(name, p, impl, case, False, monkeypatch)
+    if case in ("parallel", "zero"):  # z = 0: the output is h itself
+        h, _ = make_inputs(case)
+        torch.testing.assert_close(ref[0], h, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name,p", SPHERE_CASES)
+@pytest.mark.parametrize("case", ["mixed", "parallel", "tiny_z"])
+def test_impl_matches_reference_bf16_autocast(impl, name, p, case, monkeypatch):
+    compare_to_reference(name, p, impl, case, True, monkeypatch)
+
+
+def test_cases_exercise_the_cap():
+    """The inputs do what their names say: 'capped' rows all hit angle_max, 'small' none."""
+    for case, expect in (("capped", True), ("small", False)):
+        h, f = make_inputs(case)
+        z = f - (h * f).sum(-1, keepdim=True) / (h * h).sum(-1, keepdim=True) * h
+        beta = 0.8 * z.norm(dim=-1) / h.norm(dim=-1)
+        assert bool((beta > math.pi / 4).all()) is expect
+    h, f = make_inputs("mixed")
+    z = f - (h * f).sum(-1, keepdim=True) / (h * h).sum(-1, keepdim=True) * h
+    beta = 0.8 * z.norm(dim=-1) / h.norm(dim=-1)
+    assert (beta > math.pi / 4).any() and (beta < math.pi / 4).any()
+
+
+# -----------------------------------------------------------------------------
+# The hand-derived backward against finite differences
+
+
+@pytest.mark.parametrize("kind", sphere_kernels.RETRACTIONS)
+@pytest.mark.parametrize("p", [0.4, 1.0, 2.0, 3.0])
+@pytest.mark.parametrize("f_scale", [0.1, 3.0])  # cap inactive / active (for capped kinds)
+def test_gradcheck_float64(kind, p, f_scale):
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(5, 7, generator=g, dtype=torch.float64).requires_grad_(True)
+    f = (f_scale * torch.randn(5, 7, generator=g, dtype=torch.float64)).requires_grad_(True)
+    alpha = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    p_t = torch.tensor(p, dtype=torch.float64)
+    am_t = torch.tensor(math.pi / 4, dtype=torch.float64)
+
+    def update(h, f, alpha):
+        return sphere_kernels.SphereUpdate.apply(h, f, alpha, p_t, am_t, kind)
+
+    assert torch.autograd.gradcheck(update, (h, f, alpha), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_retraction_angle_matches_each_phi():
+    """cos, sin and phi' of every retraction against the formulas with explicit trig."""
+    beta = torch.linspace(0.0, 4.0, 41, dtype=torch.float64)
+    am = torch.tensor(math.pi / 4, dtype=torch.float64)
+    bmax = 2 * math.tan(math.pi / 8)
+    expected = {
+        ("geo", 1.0): (beta.clamp(max=math.pi / 4), (beta <= math.pi / 4).double()),
+        ("proj", 1.0): (torch.atan(beta), 1 / (1 + beta**2)),
+        ("cay", 1.0): (2 * torch.atan(beta.clamp(max=bmax) / 2), torch.where(beta <= bmax, 1 / (1 + beta**2 / 4), 0.0)),
+        ("p", 0.5): (0.5 * torch.atan(beta / 0.5), 1 / (1 + (beta / 0.5) ** 2)),
+    }
+    theta3 = 3 * torch.atan(beta / 3)
+    expected[("p", 3.0)] = (theta3.clamp(max=math.pi / 4), torch.where(theta3 <= math.pi / 4, 1 / (1 + (beta / 3) ** 2), 0.0))
+    for (kind, p), (theta, dphi) in expected.items():
+        cos, sin, d = sphere_kernels.retraction_angle(kind, beta, torch.tensor(p, dtype=torch.float64), am)
+        torch.testing.assert_close(cos, torch.cos(theta))
+        torch.testing.assert_close(sin, torch.sin(theta))
+        torch.testing.assert_close(d, dphi)
+
+
+# -----------------------------------------------------------------------------
+# Whole models
+
+
+def tiny_model(name: str, impl: str, **kw) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, connection=name, sphere_impl=impl, **kw)
+    return GPT(cfg)
+
+
+# Under TRITON_INTERPRET=1 a kernel is a Python function that torch.compile cannot trace.
+triton_compiled = pytest.param(
+    "triton",
+    marks=[needs_triton, pytest.mark.skipif(not torch.cuda.is_available(), reason="compiling Triton kernels needs CUDA")],
+)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused", triton_compiled])
+@pytest.mark.parametrize("name", ["geonorm", "p_spheret"])
+def test_compiled_model_has_no_graph_break_and_same_loss(impl, name):
+    """fullgraph=True fails on any graph break; aot_eager traces forward and backward."""
+    torch._dynamo.reset()
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    eager = tiny_model(name, impl)
+    _, loss_eager = eager(x, x)
+    loss_eager.backward()
+    compiled_model = tiny_model(name, impl)
+    compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
+    _, loss_compiled = compiled(x, x)
+    loss_compiled.backward()
+    assert abs(loss_compiled.item() - loss_eager.item()) < 1e-5
+    a_eager = eager.transformer.h[1].conn_mlp.a.grad
+    a_compiled = compiled_model.transformer.h[1].conn_mlp.a.grad
+    assert abs(a_eager.item() - a_compiled.item()) <= 1e-5 * abs(a_eager.item()) + 1e-9
+
+
+@pytest.mark.inductor
+def test_inductor_compiled_model_same_loss():
+    """The whole model compiled by inductor with the fused update traced inline."""
+    torch._dynamo.reset()
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    _, ref = tiny_model("p_spheret", "reference")(x, x)
+    _, got = torch.compile(tiny_model("p_spheret", "fused"), fullgraph=True)(x, x)
+    assert abs(got.item() - ref.item()) < 1e-5
+
+
+def train_losses(name: str, impl: str, steps: int = 20) -> list[float]:
+    model = tiny_model(name, impl)
+    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), "cpu")
+    g = torch.Generator().manual_seed(5)
+    losses = []
+    for _ in range(steps):
+        # Counting sequences (each token + 1 mod 64): learnable, so the loss falls.
+        x = (torch.randint(64, (4, 1), generator=g) + torch.arange(17)) % 64
+        _, loss = model(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("name", ["proj_spheret", "cay_spheret", "p_spheret"])
+def test_training_reference_and_fused_give_same_losses(name):
+    ref, fused = train_losses(name, "reference"), train_losses(name, "fused")
+    assert ref[-1] < ref[0]  # the run trains, so the comparison means something
+    assert max(abs(a - b) for a, b in zip(ref, fused)) < 1e-4
+
+
+def test_fused_saves_no_more_activation_bytes_than_reference():
+    """Autograd keeps h, F(h) and 3 numbers per row, not the ~20 intermediates of the reference."""
+    from bench import saved_activation_bytes
+
+    x = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(2))
+    ref = saved_activation_bytes(tiny_model("p_spheret", "reference"), x)
+    fused = saved_activation_bytes(tiny_model("p_spheret", "fused"), x)
+    pre_ln = saved_activation_bytes(tiny_model("pre_ln", "auto"), x)
+    assert fused < ref
+    assert fused <= pre_ln
+
+
+def test_impl_choice_and_errors():
+    assert sphere_kernels.resolve_impl("auto", "cpu") == "fused"
+    assert sphere_kernels.resolve_impl("reference", "cuda") == "reference"
+    with pytest.raises(ValueError, match="Unknown sphere_impl 'fast'; valid values are: auto, reference, fused, triton"):
+        GPTConfig(sphere_impl="fast")
+    with pytest.raises(ValueError, match="Unknown retraction 'exp'"):
+        sphere_kernels.sphere_update(torch.ones(2, 4), torch.ones(2, 4), torch.tensor(1.0), "exp")
+
+
+def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
+    """A checkpoint trained with one impl loads with another and gives the same logits."""
+    model = tiny_model("cay_spheret", "reference").eval()
+    state = model.checkpoint_state()
+    state["model_config"]["sphere_impl"] = "fused"
+    other = GPT.from_checkpoint(state).eval()
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(other(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
