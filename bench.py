@@ -1,20 +1,25 @@
 """
-Throughput of every deep connection at one model size: forward + backward + AdamW step.
+Speed and activation memory of every deep connection: forward + backward + AdamW step.
 
-    python bench.py config/openwebtext_s.py                         # eager and compiled on a GPU
-    python bench.py --n_layer=4 --n_head=4 --n_embd=256 --block_size=256 --batch_size=8 --compile=off
-    python bench.py config/openwebtext_s.py --connections=pre_ln,p_spheret --steps=50 --json=bench.json
+    python bench.py config/openwebtext_s.py --compile=both               # a GPU: eager and compiled
+    python bench.py --n_layer=12 --n_head=4 --n_embd=128 --block_size=128 --batch_size=8 --device=cpu
+    python bench.py ... --connections=pre_ln,p_spheret --sphere_impl=reference,auto --json=bench.json
 
-Model and training keys (batch_size, block_size, dtype, device, ...) are read exactly as train.py
-reads them. Bench options: --connections=all|a,b  --compile=off|on|both (default both on CUDA,
-off elsewhere; here it replaces the training key of the same name)  --steps=N  --warmup=N
---json=PATH. The data are random tokens, so only the speed means anything. Each step is timed
-on its own and the median is reported. Peak memory is torch.cuda.max_memory_allocated; on a
-CPU it is not measured (n/a).
+Model and training keys are read exactly as train.py reads them (--compile=True/False as in
+train.py, or --compile=both). Every variant (connection x sphere_impl x compile) is built
+first; then the timed steps go round-robin, one step of each variant per round, so that a
+slow spell of a shared machine hits them all alike, and the median step counts. The data
+are random tokens: only speed and memory mean anything.
+
+Memory: 'saved MB' is what autograd keeps for backward in one eager forward pass (tensors
+packed by torch.autograd.graph.saved_tensors_hooks, each storage once, parameters left
+out): the activation memory of a step, on any device. 'peak MB' is
+torch.cuda.max_memory_allocated of the variant's own steps (CUDA only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -22,29 +27,48 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from common import autocast_context, enable_tf32, get_device, resolve_dtype
-from model import CONNECTIONS, GPT, GPTConfig
-from trainconfig import ConfigError, TrainConfig, method_key, parse_config
+from common import DeviceError, autocast_context, enable_tf32, get_device, peak_flops_for, resolve_dtype
+from model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
+from sphere_kernels import SPHERE_IMPLS, resolve_impl
+from trainconfig import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
 
-COMPILE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+BENCH_OPTIONS = {
+    "--connections=all": "connections to measure: all, or a comma-separated list of names",
+    "--sphere_impl=auto": "sphere update implementations, comma-separated (e.g. reference,auto); "
+    "Euclidean connections run once",
+    "--compile=False": "as train.py (True/False), or both for eager and compiled rows",
+    "--steps=20": "timed steps of each variant (round-robin); the median is reported",
+    "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
+    "--json=": "also write the results to this JSON file",
+}
+USAGE = "usage: python bench.py [config/NAME.py ...] [--key=value ...]"
 
 
 @dataclass
 class BenchOptions:
     connections: list[str]
+    sphere_impls: list[str]
     compile_modes: tuple[bool, ...]
     steps: int = 20
     warmup: int = 5
     json_path: str = ""
 
 
-def parse_bench_args(argv: list[str], device_type: str) -> tuple[BenchOptions, list[str]]:
-    """Take out the bench options; the rest goes to the config parser."""
-    raw = {"connections": "all", "compile": "both" if device_type == "cuda" else "off", "steps": "20", "warmup": "5", "json": ""}
+def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str]:
+    names = list(valid) if spec == "all" else [n for n in spec.split(",") if n]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise ConfigError(f"--{what}={spec!r}: unknown {unknown}; use some of: {', '.join(valid)}.")
+    return names
+
+
+def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
+    """Take out the bench options; the rest goes to train.py's config parser."""
+    raw = {"connections": "all", "sphere_impl": "auto", "compile": None, "steps": "20", "warmup": "5", "json": ""}
     rest = []
     for arg in argv:
         key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
@@ -52,19 +76,55 @@ def parse_bench_args(argv: list[str], device_type: str) -> tuple[BenchOptions, l
             raw[key] = value
         else:
             rest.append(arg)
-    names = list(CONNECTIONS) if raw["connections"] == "all" else raw["connections"].split(",")
-    unknown = [n for n in names if n not in CONNECTIONS]
-    if unknown:
-        raise ConfigError(f"--connections: unknown {unknown}; use 'all' or some of: {', '.join(CONNECTIONS)}.")
-    if raw["compile"] not in COMPILE_MODES:
-        raise ConfigError(f"--compile={raw['compile']!r}; choose one of: {', '.join(COMPILE_MODES)}.")
+    if raw["compile"] == "both":
+        modes: tuple[bool, ...] = (False, True)
+    elif raw["compile"] is not None:
+        modes = (bool(parse_value("compile", raw["compile"])),)
+    else:
+        modes = ()  # the config files decide (train.py's compile key)
     try:
         steps, warmup = int(raw["steps"]), int(raw["warmup"])
     except ValueError:
-        raise ConfigError("--steps and --warmup take integers.") from None
+        raise ConfigError(f"--steps={raw['steps']!r} and --warmup={raw['warmup']!r} must be integers.") from None
     if steps < 1 or warmup < 0:
-        raise ConfigError("--steps must be >= 1 and --warmup >= 0.")
-    return BenchOptions(names, COMPILE_MODES[raw["compile"]], steps, warmup, raw["json"]), rest
+        raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}.")
+    opts = BenchOptions(
+        connections=_names(raw["connections"], list(CONNECTIONS), "connections"),
+        sphere_impls=_names(raw["sphere_impl"], list(SPHERE_IMPLS), "sphere_impl"),
+        compile_modes=modes,
+        steps=steps,
+        warmup=warmup,
+        json_path=raw["json"],
+    )
+    return opts, rest
+
+
+# -----------------------------------------------------------------------------
+# Measurements
+
+
+def saved_activation_bytes(model: GPT, idx: torch.Tensor, autocast: Any = None) -> int:
+    """Bytes that autograd saves for backward in one forward pass of `model` on `idx`.
+
+    Each storage counts once (a tensor saved by two ops is one allocation); parameters are
+    not activations and are left out.
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast or contextlib.nullcontext():
+        _, loss = model(idx, idx)
+    del loss
+    return total
 
 
 def synchronize(device: str) -> None:
@@ -72,87 +132,153 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_one(model_cfg: GPTConfig, train: TrainConfig, device: str, dtype: str, compiled: bool, opts: BenchOptions) -> dict[str, Any]:
-    """Time `opts.steps` training steps (after `opts.warmup` untimed ones) of one connection."""
+@dataclass
+class Variant:
+    """One row of the table: a connection, its sphere_impl and the compile mode."""
+
+    cfg: GPTConfig
+    compiled: bool
+    step: Callable[[], float]
+    model: GPT
+    times: list[float]
+    peak_mb: float | None = None
+
+    device_type: str = "cpu"
+
+    @property
+    def label(self) -> dict[str, Any]:
+        impl = "-"
+        if self.cfg.connection in SPHERE_CONNECTIONS:
+            impl = self.cfg.sphere_impl
+            if impl == "auto":  # say what auto picked here
+                impl = f"auto ({resolve_impl(impl, self.device_type)})"
+        return {"method": method_key(self.cfg), "impl": impl, "mode": "compiled" if self.compiled else "eager"}
+
+
+def make_step(model: GPT, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, compiled: bool, device: str, dtype: str) -> Callable[[], float]:
+    """A closure that runs one timed training step and returns its seconds."""
     device_type = device.split(":")[0]
-    torch.manual_seed(train.seed)
-    model = GPT(model_cfg).to(device)
     optimizer = model.configure_optimizers(train.weight_decay, train.learning_rate, (train.beta1, train.beta2), device_type)
-    if compiled:
-        torch._dynamo.reset()  # every connection is a new graph; do not hit the recompile limit
     fwd = torch.compile(model) if compiled else model
-    shape = (train.batch_size, model_cfg.block_size)
-    x = torch.randint(model_cfg.vocab_size, shape, device=device)
-    y = torch.randint(model_cfg.vocab_size, shape, device=device)
-    if device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    autocast = autocast_context(device_type, dtype)
-    step_times = []
-    for i in range(opts.warmup + opts.steps):
+    clip = train.grad_clip if train.grad_clip > 0 else math.inf
+
+    def step() -> float:
         synchronize(device)
         t0 = time.perf_counter()
-        with autocast:
+        with autocast_context(device_type, dtype):
             _, loss = fwd(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip if train.grad_clip > 0 else math.inf)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         synchronize(device)
-        if i >= opts.warmup:
-            step_times.append(time.perf_counter() - t0)
-    # The median step: robust to a stall from another process on a shared machine.
-    dt = statistics.median(step_times)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device_type == "cuda" else None
+        return time.perf_counter() - t0
+
+    return step
+
+
+def build_variants(base: GPTConfig, train: TrainConfig, opts: BenchOptions, device: str, dtype: str) -> list[Variant]:
+    shape = (train.batch_size, base.block_size)
+    g = torch.Generator().manual_seed(train.seed)
+    x = torch.randint(base.vocab_size, shape, generator=g).to(device)
+    y = torch.randint(base.vocab_size, shape, generator=g).to(device)
+    modes = opts.compile_modes or (train.compile,)
+    variants = []
+    for compiled in modes:
+        for name in opts.connections:
+            impls = opts.sphere_impls if name in SPHERE_CONNECTIONS else ["auto"]
+            for impl in impls:
+                cfg = replace(base, connection=name, sphere_impl=impl)
+                torch.manual_seed(train.seed)
+                model = GPT(cfg).to(device)
+                step = make_step(model, train, x, y, compiled, device, dtype)
+                variants.append(Variant(cfg, compiled, step, model, [], device_type=device.split(":")[0]))
+    return variants
+
+
+def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) -> None:
+    """Warm every variant up, then time one step of each per round."""
+    if any(v.compiled for v in variants):
+        # Every model is its own graph: do not let the recompile limit send some to eager.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(variants))
+    for v in variants:
+        for _ in range(opts.warmup):
+            v.step()
+        print(f"  warmed up: {v.label['method']} {v.label['impl']} {v.label['mode']}", file=sys.stderr, flush=True)
+    cuda = device.startswith("cuda")
+    for _ in range(opts.steps):
+        for v in variants:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            v.times.append(v.step())
+            if cuda:
+                peak = torch.cuda.max_memory_allocated(device) / 2**20
+                v.peak_mb = max(v.peak_mb or 0.0, peak)
+
+
+def result_row(v: Variant, train: TrainConfig, device: str, dtype: str, saved: int | None) -> dict[str, Any]:
+    dt = statistics.median(v.times)
+    tokens = train.batch_size * v.cfg.block_size
+    peak_flops = train.peak_flops or peak_flops_for(device)
     return {
-        "method": method_key(model_cfg),
-        "mode": "compiled" if compiled else "eager",
-        "tokens_per_s": shape[0] * shape[1] / dt,
+        **v.label,
         "ms_per_step": 1000 * dt,
-        "peak_memory_mb": peak,
-        "final_loss": loss.item(),
+        "tokens_per_s": tokens / dt,
+        "saved_mb": saved / 2**20 if saved is not None else None,
+        "peak_memory_mb": v.peak_mb,
+        "mfu": v.model.estimate_mfu(train.batch_size, dt, peak_flops) if peak_flops else None,
+        "step_ms_all": [round(1000 * t, 3) for t in v.times],
     }
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """tokens/s relative to pre_ln in the same mode (None when pre_ln was not measured)."""
-    base = {r["mode"]: r["tokens_per_s"] for r in results if r["method"] == "pre_ln" and "tokens_per_s" in r}
+    """Step time relative to pre_ln in the same mode (None when pre_ln was not measured)."""
+    base = {r["mode"]: r["ms_per_step"] for r in results if r["method"] == "pre_ln"}
     for r in results:
-        r["ratio_to_pre_ln"] = r["tokens_per_s"] / base[r["mode"]] if "tokens_per_s" in r and r["mode"] in base else None
+        r["ratio_to_pre_ln"] = r["ms_per_step"] / base[r["mode"]] if r["mode"] in base else None
+        saved_base = next((b["saved_mb"] for b in results if b["method"] == "pre_ln" and b["mode"] == "eager"), None)
+        r["saved_ratio_to_pre_ln"] = r["saved_mb"] / saved_base if saved_base and r["saved_mb"] is not None else None
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
     def cell(r: dict[str, Any], key: str, fmt: str) -> str:
         return format(r[key], fmt) if r.get(key) is not None else "n/a"
 
-    lines = [
-        f"| {'method':<14} | {'mode':<8} | {'tokens/s':>10} | {'ms/step':>8} | {'peak MB':>8} | {'vs pre_ln':>9} |",
-        f"|{'-' * 16}|{'-' * 10}|{'-' * 12}|{'-' * 10}|{'-' * 10}|{'-' * 11}|",
+    cols = [
+        ("method", "method", "<14", None),
+        ("impl", "sphere_impl", "<16", None),
+        ("mode", "mode", "<8", None),
+        ("ms_per_step", "ms/step", ">8", ".2f"),
+        ("ratio_to_pre_ln", "vs pre_ln", ">9", ".3f"),
+        ("tokens_per_s", "tokens/s", ">10", ",.0f"),
+        ("saved_mb", "saved MB", ">8", ".1f"),
+        ("peak_memory_mb", "peak MB", ">8", ",.0f"),
+        ("mfu", "MFU", ">6", ".1%"),
     ]
+    head = "| " + " | ".join(format(title, align) for _, title, align, _ in cols) + " |"
+    rule = "|" + "|".join("-" * (len(format(title, align)) + 2) for _, title, align, _ in cols) + "|"
+    lines = [head, rule]
     for r in results:
-        if "error" in r:
-            lines.append(f"| {r['method']:<14} | {r['mode']:<8} | failed: {r['error'][:60]}")
-            continue
-        lines.append(
-            f"| {r['method']:<14} | {r['mode']:<8} | {cell(r, 'tokens_per_s', ',.0f'):>10} | "
-            f"{cell(r, 'ms_per_step', '.1f'):>8} | {cell(r, 'peak_memory_mb', ',.0f'):>8} | "
-            f"{cell(r, 'ratio_to_pre_ln', '.3f'):>9} |"
-        )
+        cells = [format(r[k], a) if f is None else format(cell(r, k, f), a) for k, _, a, f in cols]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    opts, rest = parse_bench_args(argv, device_type)
+    if wants_help(argv):
+        print(config_help(BENCH_OPTIONS, usage=USAGE, description=__doc__.strip().split("\n\n")[0]))
+        return {}
+    opts, rest = parse_bench_args(argv)
     parsed = parse_config(rest, world_size=0)  # one micro-batch per step: no global batch
     train = parsed.train
     device = get_device(train.device)
     dtype = resolve_dtype(train.dtype, device.split(":")[0])
     if device.startswith("cuda"):
         enable_tf32()
-    base_cfg = parsed.model_config()
+    base = parsed.model_config()
     setting = {
-        **{k: v for k, v in asdict(base_cfg).items() if k != "connection"},
+        **{k: v for k, v in asdict(base).items() if k not in ("connection", "sphere_impl")},
         "batch_size": train.batch_size,
         "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)",
         "dtype": dtype,
@@ -161,22 +287,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
     }
     print("bench: " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
+    variants = build_variants(base, train, opts, device, dtype)
+    run_round_robin(variants, opts, device)
+    autocast = autocast_context(device.split(":")[0], dtype)
+    idx = torch.randint(base.vocab_size, (train.batch_size, base.block_size), device=device)
     results = []
-    for compiled in opts.compile_modes:
-        for name in opts.connections:
-            cfg = replace(base_cfg, connection=name)
-            try:
-                results.append(bench_one(cfg, train, device, dtype, compiled, opts))
-            except Exception as e:  # e.g. torch.compile without a working C++ compiler
-                results.append({"method": method_key(cfg), "mode": "compiled" if compiled else "eager", "error": f"{type(e).__name__}: {e}"})
-            gc.collect()
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
-            print(f"  {results[-1]['method']} {results[-1]['mode']}: done", file=sys.stderr, flush=True)
+    for v in variants:
+        saved = None if v.compiled else saved_activation_bytes(v.model, idx, autocast)
+        results.append(result_row(v, train, device, dtype, saved))
+    del variants
+    gc.collect()
     add_ratios(results)
     report = {"setting": setting, "results": results}
     print(format_table(results))
-    print(json.dumps(report))
+    print(json.dumps({"setting": setting, "results": [{k: v for k, v in r.items() if k != "step_ms_all"} for r in results]}))
     if opts.json_path:
         with open(opts.json_path, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
@@ -186,6 +310,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     try:
         main()
-    except ConfigError as e:
+    except (ConfigError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -5,6 +5,7 @@ Scripts (train.py, eval/, scripts/) import from here instead of repeating this l
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import random
@@ -250,3 +251,18 @@ def atomic_torch_save(obj: object, path: str | Path) -> None:
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename, so a node crash cannot leave it empty
     os.replace(tmp, path)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The scripts' --help: the docstring as written, and every option's default.
+
+    The default is appended unless the option's help already states it or there is none to
+    state (a flag, an optional value left unset).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
+        if "default" in text or unset or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)".strip()

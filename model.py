@@ -27,6 +27,9 @@ from torch.nn import functional as F
 from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, sphere_update
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
+# GPTConfig keys that choose how the model runs, not what it computes: a resume or an
+# evaluation may change them, and they are not part of a run's identity.
+EXECUTION_KEYS = ("sphere_impl",)
 ALPHA_INDICES = ("block", "sublayer")
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 
@@ -160,7 +163,9 @@ class ScaleNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         r2 = (x * x).sum(dim=-1, keepdim=True).clamp_min(1e-12)
-        return self.radius() * x * torch.rsqrt(r2)
+        # One per-row factor times x: autograd then keeps x and (B, T, 1) numbers, not a
+        # second (B, T, d) product.
+        return x * (self.radius() * torch.rsqrt(r2))
 
 
 # -----------------------------------------------------------------------------

@@ -8,8 +8,8 @@ Every sphere retraction of the paper has one form (shared/spec/connections.md):
 
 and the four retractions differ only in phi (and phi'). model.py keeps the readable
 reference update, one retract() per class; this module computes the same update with
-a hand-derived backward that saves only h, F(h) and three numbers per row, so that a
-sublayer update reads h and F(h) once and writes h once.
+a hand-derived backward that saves only h and F(h) (and recomputes the rest per row),
+so that a sublayer update reads h and F(h) once and writes h once.
 
 Implementations (the model key `sphere_impl`):
   reference  model.py's autograd graph of ~20 eager ops (the spec, what tests compare to)
@@ -36,8 +36,6 @@ SPHERE_IMPLS = ("auto", "reference", "fused", "triton")
 RETRACTIONS = ("geo", "proj", "cay", "p")
 EPS = 1e-12  # the clamp on r^2 and s^2, as in the reference update
 
-# Per-row statistics saved for backward, in this order along the last dim.
-STAT_HH, STAT_C, STAT_SS = 0, 1, 2
 
 # -----------------------------------------------------------------------------
 # phi: the one place where the retractions differ
@@ -87,22 +85,27 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 # they are (eager), or handed to torch.compile, which fuses each into one kernel.
 
 
-def sphere_forward(
-    kind: str, h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """out (dtype of h) and per-row stats (rows, 3) = [<h,h>, c, <z,z>] for backward."""
-    dt = compute_dtype(h, f)
-    h32, f32 = h.to(dt), f.to(dt)
+def _row_geometry(kind, h32, f32, alpha, p, angle_max):
+    """Per-row r^2 = <h,h> (raw and clamped), c, z, s^2 (raw), r, s, beta, cos, sin, phi'."""
     hh = (h32 * h32).sum(-1, keepdim=True)
     r2 = hh.clamp_min(EPS)
     c = (h32 * f32).sum(-1, keepdim=True) / r2
     z = f32 - c * h32  # Gram-Schmidt (Eq. 5)
     ss = (z * z).sum(-1, keepdim=True)
     r, s = r2.sqrt(), ss.clamp_min(EPS).sqrt()
-    beta = alpha.to(dt) * s / r
-    cos, sin, _ = retraction_angle(kind, beta, p.to(dt), angle_max.to(dt))
-    out = cos * h32 + (r * sin / s) * z
-    return out.to(h.dtype), torch.cat([hh, c, ss], dim=-1)
+    beta = alpha * s / r
+    cos, sin, dphi = retraction_angle(kind, beta, p, angle_max)
+    return hh, r2, c, z, ss, r, s, beta, cos, sin, dphi
+
+
+def sphere_forward(
+    kind: str, h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor
+) -> torch.Tensor:
+    """out = cos(theta) h + (r sin(theta) / s) z, in the dtype of h; the maths in fp32 (or fp64)."""
+    dt = compute_dtype(h, f)
+    h32 = h.to(dt)
+    _, _, _, z, _, r, s, _, cos, sin, _ = _row_geometry(kind, h32, f.to(dt), alpha.to(dt), p.to(dt), angle_max.to(dt))
+    return (cos * h32 + (r * sin / s) * z).to(h.dtype)
 
 
 def sphere_backward(
@@ -110,14 +113,15 @@ def sphere_backward(
     grad: torch.Tensor,
     h: torch.Tensor,
     f: torch.Tensor,
-    stats: torch.Tensor,
     alpha: torch.Tensor,
     p: torch.Tensor,
     angle_max: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of h, F(h) and alpha, derived by hand from the forward above.
 
-    With A = cos(theta), B = r sin(theta) / s, out = A h + B z, a gradient g of out gives
+    Everything per row is recomputed from h and F(h) (a row is read once from memory and
+    stays in cache), so the forward saves nothing else. With A = cos(theta),
+    B = r sin(theta) / s, out = A h + B z, a gradient g of out gives
       dtheta = -sin <g,h> + (r cos / s) <g,z>,  dbeta = phi'(beta) dtheta,
       dr = <g,z> sin / s - dbeta beta / r,     ds = -<g,z> B / s + dbeta alpha / r,
     then through z = f - c h, c = <h,f> / r^2, s = ||z||, r = ||h||:
@@ -127,15 +131,9 @@ def sphere_backward(
     The clamps of r^2 and s^2 stop their gradient, as torch.clamp_min does.
     """
     dt = compute_dtype(grad, h, f)
-    g32, h32, f32, st = grad.to(dt), h.to(dt), f.to(dt), stats.to(dt)
-    hh, c, ss = st[:, STAT_HH : STAT_HH + 1], st[:, STAT_C : STAT_C + 1], st[:, STAT_SS : STAT_SS + 1]
-    r2 = hh.clamp_min(EPS)
-    r, s = r2.sqrt(), ss.clamp_min(EPS).sqrt()
-    a = alpha.to(dt)
-    beta = a * s / r
-    cos, sin, dphi = retraction_angle(kind, beta, p.to(dt), angle_max.to(dt))
+    g32, h32, f32, a = grad.to(dt), h.to(dt), f.to(dt), alpha.to(dt)
+    hh, r2, c, z, ss, r, s, beta, cos, sin, dphi = _row_geometry(kind, h32, f32, a, p.to(dt), angle_max.to(dt))
     B = r * sin / s
-    z = f32 - c * h32
     gh = (g32 * h32).sum(-1, keepdim=True)
     gz = (g32 * z).sum(-1, keepdim=True)
     zh = (z * h32).sum(-1, keepdim=True)  # 0 up to rounding; kept so dh matches autograd's
@@ -206,25 +204,24 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
 class SphereUpdate(torch.autograd.Function):
     """out = cos(theta) h + (r sin(theta) / s) z with a hand-derived backward.
 
-    Saves h, F(h) (in their own dtypes, e.g. bf16 F(h) under autocast) and (rows, 3) stats.
+    Saves only h and F(h), in their own dtypes (a bf16 F(h) under autocast stays bf16), and
+    the 0-dim alpha, p, angle_max; backward recomputes the per-row geometry.
     """
 
     @staticmethod
     def forward(ctx, h, f, alpha, p, angle_max, kind):  # type: ignore[override]
         shape = h.shape
         h2, f2 = h.reshape(-1, shape[-1]), f.reshape(-1, shape[-1])
-        out, stats = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max)
-        ctx.save_for_backward(h2, f2, stats, alpha, p, angle_max)
+        out = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max)
+        ctx.save_for_backward(h2, f2, alpha, p, angle_max)
         ctx.kind, ctx.shape = kind, shape
         return out.view(shape)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        h2, f2, stats, alpha, p, angle_max = ctx.saved_tensors
+        h2, f2, alpha, p, angle_max = ctx.saved_tensors
         g2 = grad.reshape(-1, ctx.shape[-1])
-        dh, df, dalpha = _run_kernel(
-            sphere_backward, ctx.kind, h2.device.type, g2, h2, f2, stats, alpha, p, angle_max
-        )
+        dh, df, dalpha = _run_kernel(sphere_backward, ctx.kind, h2.device.type, g2, h2, f2, alpha, p, angle_max)
         return dh.view(ctx.shape), df.view(ctx.shape), dalpha, None, None, None
 
 
@@ -253,13 +250,22 @@ def resolve_impl(impl: str, device_type: str) -> str:
     return impl
 
 
-@functools.lru_cache(maxsize=None)
-def _constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """p and angle_max as 0-dim fp64 tensors, made once per device (no copy per call)."""
+def _make_constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return (
         torch.tensor(p, dtype=torch.float64, device=device),
         torch.tensor(angle_max, dtype=torch.float64, device=device),
     )
+
+
+_cached_constants = functools.lru_cache(maxsize=None)(_make_constants)
+
+
+def _constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """p and angle_max as 0-dim fp64 tensors: made once per device in eager mode (no copy per
+    call); inside an outer torch.compile they become graph constants."""
+    if torch.compiler.is_compiling():
+        return _make_constants(p, angle_max, device)
+    return _cached_constants(p, angle_max, device)
 
 
 def sphere_update(

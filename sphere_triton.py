@@ -68,7 +68,7 @@ def _angle(beta, p, angle_max, KIND: tl.constexpr):
 
 @triton.jit
 def _sphere_fwd_kernel(
-    H, F, OUT, STATS, ALPHA, P, AMAX, d, stride_h, stride_f, stride_o,
+    H, F, OUT, ALPHA, P, AMAX, d, stride_h, stride_f, stride_o,
     EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -88,14 +88,11 @@ def _sphere_fwd_kernel(
     cos, sin, _ = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
     out = cos * h + (r * sin / s) * z
     tl.store(OUT + row * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
-    tl.store(STATS + row * 3 + 0, hh)
-    tl.store(STATS + row * 3 + 1, c)
-    tl.store(STATS + row * 3 + 2, ss)
 
 
 @triton.jit
 def _sphere_bwd_kernel(
-    G, H, F, STATS, DH, DF, DALPHA, ALPHA, P, AMAX, d,
+    G, H, F, DH, DF, DALPHA, ALPHA, P, AMAX, d,
     stride_g, stride_h, stride_f, stride_dh, stride_df,
     EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -105,17 +102,18 @@ def _sphere_bwd_kernel(
     g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
     f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
-    hh = tl.load(STATS + row * 3 + 0)
-    c = tl.load(STATS + row * 3 + 1)
-    ss = tl.load(STATS + row * 3 + 2)
+    # The forward's per-row geometry, recomputed from the row in registers.
+    hh = tl.sum(h * h, axis=0)
     r2 = tl.maximum(hh, EPS_)
+    c = tl.sum(h * f, axis=0) / r2
+    z = f - c * h
+    ss = tl.sum(z * z, axis=0)
     r = tl.sqrt(r2)
     s = tl.sqrt(tl.maximum(ss, EPS_))
     alpha = tl.load(ALPHA).to(tl.float32)
     beta = alpha * s / r
     cos, sin, dphi = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
     B = r * sin / s
-    z = f - c * h
     gh = tl.sum(g * h, axis=0)
     gz = tl.sum(g * z, axis=0)
     zh = tl.sum(z * h, axis=0)
@@ -144,17 +142,16 @@ def _launch_settings(d: int) -> tuple[int, int]:
 @torch.library.triton_op("spheretnorm::sphere_fwd", mutates_args=())
 def sphere_fwd(
     h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor, kind: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """out and per-row stats [<h,h>, c, <z,z>] of (rows, d) inputs with unit stride in d."""
+) -> torch.Tensor:
+    """The updated h of (rows, d) inputs with unit stride in d."""
     n, d = h.shape
     out = torch.empty_like(h)
-    stats = torch.empty((n, 3), dtype=torch.float32, device=h.device)
     block, warps = _launch_settings(d)
     torch.library.wrap_triton(_sphere_fwd_kernel)[(n,)](
-        h, f, out, stats, alpha, p, angle_max, d, h.stride(0), f.stride(0), out.stride(0),
+        h, f, out, alpha, p, angle_max, d, h.stride(0), f.stride(0), out.stride(0),
         EPS_=EPS, KIND=kind, BLOCK=block, num_warps=warps,
     )
-    return out, stats
+    return out
 
 
 @torch.library.triton_op("spheretnorm::sphere_bwd", mutates_args=())
@@ -162,7 +159,6 @@ def sphere_bwd(
     grad: torch.Tensor,
     h: torch.Tensor,
     f: torch.Tensor,
-    stats: torch.Tensor,
     alpha: torch.Tensor,
     p: torch.Tensor,
     angle_max: torch.Tensor,
@@ -174,7 +170,7 @@ def sphere_bwd(
     dalpha_rows = torch.empty((n,), dtype=torch.float32, device=h.device)
     block, warps = _launch_settings(d)
     torch.library.wrap_triton(_sphere_bwd_kernel)[(n,)](
-        grad, h, f, stats, dh, df, dalpha_rows, alpha, p, angle_max, d,
+        grad, h, f, dh, df, dalpha_rows, alpha, p, angle_max, d,
         grad.stride(0), h.stride(0), f.stride(0), dh.stride(0), df.stride(0),
         EPS_=EPS, KIND=kind, BLOCK=block, num_warps=warps,
     )
@@ -183,14 +179,13 @@ def sphere_bwd(
 
 def _setup_context(ctx, inputs, output) -> None:
     h, f, alpha, p, angle_max, kind = inputs
-    _, stats = output
-    ctx.save_for_backward(h, f, stats, alpha, p, angle_max)
+    ctx.save_for_backward(h, f, alpha, p, angle_max)  # only h and F(h): backward recomputes
     ctx.kind = kind
 
 
-def _backward(ctx, grad_out, grad_stats):
-    h, f, stats, alpha, p, angle_max = ctx.saved_tensors
-    dh, df, dalpha = sphere_bwd(grad_out.contiguous(), h, f, stats, alpha, p, angle_max, ctx.kind)
+def _backward(ctx, grad_out):
+    h, f, alpha, p, angle_max = ctx.saved_tensors
+    dh, df, dalpha = sphere_bwd(grad_out.contiguous(), h, f, alpha, p, angle_max, ctx.kind)
     return dh, df, dalpha, None, None, None
 
 
@@ -204,5 +199,5 @@ def sphere_update_triton(
     shape = h.shape
     h2 = h.reshape(-1, shape[-1]).contiguous()
     f2 = f.reshape(-1, shape[-1]).contiguous()
-    out, _ = sphere_fwd(h2, f2, alpha, p, angle_max, KIND_CODES[kind])
+    out = sphere_fwd(h2, f2, alpha, p, angle_max, KIND_CODES[kind])
     return out.view(shape)

@@ -43,6 +43,7 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (
+    DeviceError,
     DistInfo,
     atomic_torch_save,
     autocast_context,
@@ -57,7 +58,7 @@ from common import (
     set_rng_state,
 )
 from data.common import PrepareError, load_meta, open_split
-from model import GPT, GPTConfig, config_from_dict, load_checkpoint
+from model import EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
 from trainconfig import (
     RUN_NEUTRAL_KEYS,
     ConfigError,
@@ -404,7 +405,8 @@ def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, An
                 + "; ".join(conflicts)
                 + ". Drop these keys (the checkpoint's values are used) or use another out_dir."
             )
-        model_cfg = config_from_dict(ckpt["model_config"])
+        execution = {k: v for k, v in parsed.model_keys.items() if k in EXECUTION_KEYS}
+        model_cfg = config_from_dict({**ckpt["model_config"], **execution})
     else:
         derived = {}
         if data.meta.get("tokenizer") != "gpt2" and "vocab_size" in data.meta:
@@ -846,7 +848,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except ConfigError as e:
+    except (ConfigError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteLossError as e:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from common import REPO_ROOT
-from model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, GPTConfig
+from model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, GPTConfig
 
 INIT_FROM = ("scratch", "resume", "auto")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -348,7 +348,7 @@ RUN_NEUTRAL_KEYS = frozenset({
     "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
     "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
     "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group",
-    "wandb_mode", "connection", "spheret_p",
+    "wandb_mode", "connection", "spheret_p", *EXECUTION_KEYS,
 })
 _SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
 _SUFFIX_MAX_CHARS = 60
@@ -402,11 +402,14 @@ def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig
 
 
 def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any]) -> list[str]:
-    """'key: checkpoint X, requested Y' for every explicitly set model key that differs."""
+    """'key: checkpoint X, requested Y' for every explicitly set model key that differs.
+
+    Execution keys (model.EXECUTION_KEYS, e.g. sphere_impl) change no result: never a conflict.
+    """
     return [
         f"{k}: checkpoint has {saved[k]!r}, the config/command line asks for {v!r}"
         for k, v in sorted(explicit.items())
-        if k in saved and saved[k] != v
+        if k in saved and saved[k] != v and k not in EXECUTION_KEYS
     ]
 
 

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from common import HelpFormatter
 from eval.errors import EvalError
 from eval.zero_shot import _hub_unreachable_types, check_tasks_known, make_task_manager, split_task_list
 
@@ -141,7 +142,7 @@ def cache_folders() -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--tasks", default="paper", help="'paper' (the 11 benchmarks of Tables 4-5) or comma-separated lm-eval tasks (default: paper)")
     p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable)")
     return p.parse_args(argv)

@@ -52,6 +52,7 @@ from scripts.runs import (
     config_conflicts,
     config_file,
     has_checkpoint,
+    is_evaluated,
     is_finished,
     last_eval_iter,
     method_args,
@@ -222,7 +223,7 @@ def plan(runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: 
             if not run.finished:
                 skipped.append(f"{run.name}: not finished training, nothing to evaluate in {run.out_dir}")
                 continue
-            if (run.path / ZERO_SHOT_NAME).is_file():
+            if is_evaluated(run.path):  # a --limit result does not count
                 skipped.append(f"{run.name}: already evaluated ({run.out_dir / ZERO_SHOT_NAME})")
                 continue
             command = zero_shot_command(run, eval_args)

@@ -18,7 +18,6 @@ evaluates at the last iteration, so this row exists exactly when training ran to
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -28,6 +27,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from common import HelpFormatter  # noqa: F401  (the scripts import it from here)
 from data.common import load_meta, open_split
 from eval.zero_shot import results_limit
 from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
@@ -82,21 +82,6 @@ assert all(m.partition(":")[0] in CONNECTIONS for m in PAPER_METHODS), "a paper 
 
 class UsageError(ValueError):
     """A bad command-line value; scripts print it as one line and exit with status 2."""
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The scripts' --help: the docstring as written, and every option's default.
-
-    The default is appended unless the option's help already states it or there is none to
-    state (a flag, an optional value left unset).
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
-        if "default" in text or unset or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)".strip()
 
 
 # -----------------------------------------------------------------------------

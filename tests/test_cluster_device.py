@@ -172,11 +172,6 @@ def test_device_error_is_a_value_error() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch has no CUDA")
-@pytest.mark.xfail(
-    strict=True,
-    reason="train.py's __main__ catches ConfigError only; it must also catch common.DeviceError "
-    "(remove this marker with that one-line change)",
-)
 def test_train_with_cuda_and_no_cuda_prints_one_error_line() -> None:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(

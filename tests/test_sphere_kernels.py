@@ -278,16 +278,21 @@ def test_training_reference_and_fused_give_same_losses(name):
     assert max(abs(a - b) for a, b in zip(ref, fused)) < 1e-4
 
 
-def test_fused_saves_no_more_activation_bytes_than_reference():
-    """Autograd keeps h, F(h) and 3 numbers per row, not the ~20 intermediates of the reference."""
+def test_fused_saves_what_pre_ln_saves():
+    """Autograd keeps h and F(h) per update, not the ~20 intermediates of the reference.
+
+    In fp32 a Pre-LN sublayer keeps h and LN(h), a fused sphere update h and F(h): the same.
+    The sphere model keeps one more (B, T, d) tensor in all, for its embedding ScaleNorm.
+    """
     from bench import saved_activation_bytes
 
     x = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(2))
     ref = saved_activation_bytes(tiny_model("p_spheret", "reference"), x)
     fused = saved_activation_bytes(tiny_model("p_spheret", "fused"), x)
     pre_ln = saved_activation_bytes(tiny_model("pre_ln", "auto"), x)
-    assert fused < ref
-    assert fused <= pre_ln
+    one_stream_tensor = x.numel() * 32 * 4  # (B, T, d) in fp32
+    assert fused < ref - 8 * one_stream_tensor  # the reference keeps ~3 more per update
+    assert fused <= pre_ln + one_stream_tensor
 
 
 def test_impl_choice_and_errors():
