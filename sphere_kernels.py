@@ -28,12 +28,14 @@ import functools
 import math
 import os
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 SPHERE_IMPLS = ("auto", "reference", "fused", "triton")
 RETRACTIONS = ("geo", "proj", "cay", "p")
+KIND_CODES = {kind: i for i, kind in enumerate(RETRACTIONS)}  # as in sphere_cpu.cpp, sphere_triton.py
 EPS = 1e-12  # the clamp on r^2 and s^2, as in the reference update
 
 
@@ -154,8 +156,8 @@ def sphere_backward(
 # Kernels: the maths above, compiled once per retraction kind and device type
 
 
-def inductor_disabled() -> bool:
-    return os.environ.get("SPHERETNORM_NO_INDUCTOR", "") not in ("", "0")
+def kernels_disabled() -> bool:
+    return os.environ.get("SPHERETNORM_EAGER_KERNELS", "") not in ("", "0")
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,7 +180,7 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
     Under an outer torch.compile the maths is traced inline (the outer compile fuses it).
     A device where compiling failed (no C++ compiler, say) stays eager, with one warning.
     """
-    if torch.compiler.is_compiling() or inductor_disabled() or device_type in _inductor_failed:
+    if torch.compiler.is_compiling() or kernels_disabled() or device_type in _inductor_failed:
         return fn(kind, *args)
     kernel = _compiled(fn)
     try:
@@ -190,15 +192,70 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
             return kernel(kind, *args)
     except Exception as e:  # a missing compiler or an inductor bug must not stop training
         _inductor_failed.add(device_type)
-        first_line = str(e).splitlines()[0] if str(e) else ""
-        warnings.warn(
-            f"sphere_impl='fused': torch.compile could not build the fused sphere kernel on "
-            f"{device_type} ({type(e).__name__}: {first_line}); using the same maths in eager "
-            "ops, which is slower.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _warn_slow_path(f"torch.compile could not build it on {device_type}", e)
         return fn(kind, *args)
+
+
+def _warn_slow_path(what: str, error: BaseException) -> None:
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    warnings.warn(
+        f"sphere_impl='fused': {what} ({type(error).__name__}: {first_line}); using the same "
+        "maths in eager ops, which is slower.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+# -----------------------------------------------------------------------------
+# The CPU kernel: sphere_cpu.cpp, built once per machine by torch.utils.cpp_extension
+# (cached in ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR). Inductor's kernels are
+# correct on the CPU too but take several passes over memory and ~100 us of guards a call.
+
+CPU_SOURCE = Path(__file__).with_name("sphere_cpu.cpp")
+_cpu_failed: list[BaseException] = []
+
+
+def cpu_extension():
+    """The compiled sphere_cpu module, or None where it cannot be built (no compiler, ninja)."""
+    if _cpu_failed:
+        return None
+    return _build_cpu_extension()
+
+
+@functools.lru_cache(maxsize=None)
+def _build_cpu_extension():
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name="spheretnorm_sphere_cpu",
+            sources=[str(CPU_SOURCE)],
+            extra_cflags=["-O3", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as e:  # no compiler, no ninja, no headers: the inductor/eager path remains
+        _cpu_failed.append(e)
+        _warn_slow_path("the C++ kernel could not be built", e)
+        return None
+
+
+def _cpu_forward(kind: str, h, f, alpha, p, angle_max):
+    ext = cpu_extension() if not kernels_disabled() else None
+    if ext is None:
+        return _run_kernel(sphere_forward, kind, "cpu", h, f, alpha, p, angle_max)
+    return ext.forward(h.contiguous(), f.to(h.dtype).contiguous(), alpha.item(), KIND_CODES[kind], p.item(), angle_max.item())
+
+
+def _cpu_backward(kind: str, grad, h, f, alpha, p, angle_max):
+    ext = cpu_extension() if not kernels_disabled() else None
+    if ext is None:
+        return _run_kernel(sphere_backward, kind, "cpu", grad, h, f, alpha, p, angle_max)
+    dh, df, dalpha = ext.backward(
+        grad.to(h.dtype).contiguous(), h.contiguous(), f.to(h.dtype).contiguous(),
+        alpha.item(), KIND_CODES[kind], p.item(), angle_max.item(),
+    )
+    return dh, df.to(f.dtype), dalpha.to(alpha.dtype)
 
 
 class SphereUpdate(torch.autograd.Function):
@@ -212,7 +269,10 @@ class SphereUpdate(torch.autograd.Function):
     def forward(ctx, h, f, alpha, p, angle_max, kind):  # type: ignore[override]
         shape = h.shape
         h2, f2 = h.reshape(-1, shape[-1]), f.reshape(-1, shape[-1])
-        out = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max)
+        if h.device.type == "cpu" and not torch.compiler.is_compiling():
+            out = _cpu_forward(kind, h2, f2, alpha, p, angle_max)
+        else:
+            out = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max)
         ctx.save_for_backward(h2, f2, alpha, p, angle_max)
         ctx.kind, ctx.shape = kind, shape
         return out.view(shape)
@@ -221,7 +281,10 @@ class SphereUpdate(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         h2, f2, alpha, p, angle_max = ctx.saved_tensors
         g2 = grad.reshape(-1, ctx.shape[-1])
-        dh, df, dalpha = _run_kernel(sphere_backward, ctx.kind, h2.device.type, g2, h2, f2, alpha, p, angle_max)
+        if h2.device.type == "cpu" and not torch.compiler.is_compiling():
+            dh, df, dalpha = _cpu_backward(ctx.kind, g2, h2, f2, alpha, p, angle_max)
+        else:
+            dh, df, dalpha = _run_kernel(sphere_backward, ctx.kind, h2.device.type, g2, h2, f2, alpha, p, angle_max)
         return dh.view(ctx.shape), df.view(ctx.shape), dalpha, None, None, None
 
 

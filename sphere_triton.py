@@ -17,9 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sphere_kernels import EPS, RETRACTIONS
-
-KIND_CODES = {kind: i for i, kind in enumerate(RETRACTIONS)}  # geo 0, proj 1, cay 2, p 3
+from sphere_kernels import EPS, KIND_CODES
 MAX_WIDTH = 65536  # one row must fit one program's registers / shared memory
 
 
