@@ -14,17 +14,22 @@ paper.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import pickle
+import re
+import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, sphere_update
+from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 # GPTConfig keys that choose how the model runs, not what it computes: a resume or an
@@ -162,10 +167,8 @@ class ScaleNorm(nn.Module):
         return F.softplus(self.gamma).clamp(1.0, self.max_radius)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        r2 = (x * x).sum(dim=-1, keepdim=True).clamp_min(1e-12)
-        # One per-row factor times x: autograd then keeps x and (B, T, 1) numbers, not a
-        # second (B, T, d) product.
-        return x * (self.radius() * torch.rsqrt(r2))
+        # = radius * x / ||x||, with a backward that keeps the output, not x as well.
+        return scale_to_radius(x, self.radius())
 
 
 # -----------------------------------------------------------------------------
@@ -706,14 +709,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     state holds an ndarray). A file carrying anything else, such as a pickled callable, is
     refused with a ValueError before any of it runs.
     """
-    # Imported here so that this function alone owns checkpoint unpickling.
-    import contextlib
-    import pickle
-    import re
-    import zipfile
-
-    import numpy as np
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")

@@ -240,20 +240,20 @@ def _build_cpu_extension():
         return None
 
 
-def _cpu_forward(kind: str, h, f, alpha, p, angle_max):
+def _cpu_forward(kind: str, h, f, alpha, p, angle_max, values: tuple[float, float]):
+    """values: p and angle_max as Python floats (reading the 0-dim tensors costs a call each)."""
     ext = cpu_extension() if not kernels_disabled() else None
     if ext is None:
         return _run_kernel(sphere_forward, kind, "cpu", h, f, alpha, p, angle_max)
-    return ext.forward(h.contiguous(), f.to(h.dtype).contiguous(), alpha.item(), KIND_CODES[kind], p.item(), angle_max.item())
+    return ext.forward(h.contiguous(), f.to(h.dtype).contiguous(), alpha.item(), KIND_CODES[kind], *values)
 
 
-def _cpu_backward(kind: str, grad, h, f, alpha, p, angle_max):
+def _cpu_backward(kind: str, grad, h, f, alpha, p, angle_max, values: tuple[float, float]):
     ext = cpu_extension() if not kernels_disabled() else None
     if ext is None:
         return _run_kernel(sphere_backward, kind, "cpu", grad, h, f, alpha, p, angle_max)
     dh, df, dalpha = ext.backward(
-        grad.to(h.dtype).contiguous(), h.contiguous(), f.to(h.dtype).contiguous(),
-        alpha.item(), KIND_CODES[kind], p.item(), angle_max.item(),
+        grad.to(h.dtype).contiguous(), h.contiguous(), f.to(h.dtype).contiguous(), alpha.item(), KIND_CODES[kind], *values
     )
     return dh, df.to(f.dtype), dalpha.to(alpha.dtype)
 
@@ -266,15 +266,16 @@ class SphereUpdate(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, f, alpha, p, angle_max, kind):  # type: ignore[override]
+    def forward(ctx, h, f, alpha, p, angle_max, kind, values):  # type: ignore[override]
+        """p, angle_max: 0-dim tensors; values: the same two as Python floats."""
         shape = h.shape
         h2, f2 = h.reshape(-1, shape[-1]), f.reshape(-1, shape[-1])
         if h.device.type == "cpu" and not torch.compiler.is_compiling():
-            out = _cpu_forward(kind, h2, f2, alpha, p, angle_max)
+            out = _cpu_forward(kind, h2, f2, alpha, p, angle_max, values)
         else:
             out = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max)
         ctx.save_for_backward(h2, f2, alpha, p, angle_max)
-        ctx.kind, ctx.shape = kind, shape
+        ctx.kind, ctx.shape, ctx.values = kind, shape, values
         return out.view(shape)
 
     @staticmethod
@@ -282,10 +283,45 @@ class SphereUpdate(torch.autograd.Function):
         h2, f2, alpha, p, angle_max = ctx.saved_tensors
         g2 = grad.reshape(-1, ctx.shape[-1])
         if h2.device.type == "cpu" and not torch.compiler.is_compiling():
-            dh, df, dalpha = _cpu_backward(ctx.kind, g2, h2, f2, alpha, p, angle_max)
+            dh, df, dalpha = _cpu_backward(ctx.kind, g2, h2, f2, alpha, p, angle_max, ctx.values)
         else:
             dh, df, dalpha = _run_kernel(sphere_backward, ctx.kind, h2.device.type, g2, h2, f2, alpha, p, angle_max)
-        return dh.view(ctx.shape), df.view(ctx.shape), dalpha, None, None, None
+        return dh.view(ctx.shape), df.view(ctx.shape), dalpha, None, None, None, None
+
+
+# -----------------------------------------------------------------------------
+# The embedding ScaleNorm (Eq. 11) with the same economy
+
+
+class ScaleToRadius(torch.autograd.Function):
+    """out = rho x / ||x|| per row, keeping only out and one number per row for backward.
+
+    Autograd would also keep x, a (B, T, d) tensor that nothing else needs: out is kept by
+    the first sublayer anyway, and x = out / k with k = rho / ||x||. With g the gradient of
+    out: dx = k (g - <g, out> out / rho^2) (dx = k g where ||x||^2 is clamped at 1e-12),
+    drho = sum over rows of <g, out> / rho.
+    """
+
+    @staticmethod
+    def forward(ctx, x, rho):  # type: ignore[override]
+        r2 = (x * x).sum(dim=-1, keepdim=True)
+        k = rho * torch.rsqrt(r2.clamp_min(EPS))
+        out = x * k
+        ctx.save_for_backward(out, k, r2 >= EPS, rho)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        out, k, unclamped, rho = ctx.saved_tensors
+        g_out = (grad * out).sum(dim=-1, keepdim=True)
+        dx = k * (grad - unclamped * (g_out / (rho * rho)) * out)
+        drho = (g_out / rho).sum()
+        return dx, drho.reshape(rho.shape)
+
+
+def scale_to_radius(x: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """rho x / ||x|| per row (||x||^2 clamped at 1e-12), rho a 0-dim tensor."""
+    return ScaleToRadius.apply(x, rho)
 
 
 # -----------------------------------------------------------------------------
@@ -359,4 +395,4 @@ def sphere_update(
         import sphere_triton  # imported late: triton is an optional dependency
 
         return sphere_triton.sphere_update_triton(h, f, alpha, kind, p_t, am_t)
-    return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind)
+    return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind, (float(p), float(angle_max)))

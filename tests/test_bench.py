@@ -1,0 +1,48 @@
+"""bench.py: the variants it times, the round-robin order, ratios and saved-bytes figures."""
+
+import pytest
+
+import bench
+from trainconfig import ConfigError
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=32", "--batch_size=2", "--device=cpu"]
+
+
+def test_every_variant_is_timed_round_robin(monkeypatch):
+    order = []
+    real_step = bench.make_step
+
+    def recording_make_step(model, train, x, y, compiled, device, dtype):
+        step = real_step(model, train, x, y, compiled, device, dtype)
+        name = (model.config.connection, model.config.sphere_impl)
+
+        def recorded():
+            order.append(name)
+            return step()
+
+        return recorded
+
+    monkeypatch.setattr(bench, "make_step", recording_make_step)
+    report = bench.main(TINY + ["--connections=pre_ln,geonorm", "--sphere_impl=reference,fused", "--steps=3", "--warmup=1"])
+    rows = report["results"]
+    assert [(r["method"], r["impl"]) for r in rows] == [("pre_ln", "-"), ("geonorm", "reference"), ("geonorm", "fused")]
+    # warm-up: each variant once in turn; then three rounds of one step each, in the same order
+    names = [("pre_ln", "auto"), ("geonorm", "reference"), ("geonorm", "fused")]
+    assert order == names + names * 3
+    for r in rows:
+        assert len(r["step_ms_all"]) == 3 and r["ms_per_step"] > 0
+        assert r["saved_mb"] > 0 and r["mode"] == "eager"
+    assert rows[0]["ratio_to_pre_ln"] == 1.0
+    assert rows[2]["saved_mb"] < rows[1]["saved_mb"]  # fused keeps less than the reference
+
+
+def test_bad_options_are_one_clear_error():
+    with pytest.raises(ConfigError, match="--connections='pre_lm': unknown \\['pre_lm'\\]"):
+        bench.parse_bench_args(["--connections=pre_lm"])
+    with pytest.raises(ConfigError, match="--sphere_impl='fast'"):
+        bench.parse_bench_args(["--sphere_impl=fast"])
+    with pytest.raises(ConfigError, match="--steps must be >= 1"):
+        bench.parse_bench_args(["--steps=0"])
+    opts, rest = bench.parse_bench_args(["--compile=True", "--n_layer=2"])
+    assert opts.compile_modes == (True,) and rest == ["--n_layer=2"]
+    assert bench.parse_bench_args(["--compile=both"])[0].compile_modes == (False, True)
