@@ -795,6 +795,11 @@ class Trainer:
             if stop_now:
                 if self.saved_iter != self.iter_num:
                     self.save_checkpoint()
+                if self.dist.enabled:
+                    # No rank may exit before rank 0 has written: a launcher that sees one
+                    # worker leave (torchrun >= 2.10 after a forwarded signal, srun
+                    # --kill-on-bad-exit) may kill the others mid-write.
+                    torch_dist.barrier()
                 name = signal.Signals(stop.signum).name if stop.signum else "a signal on another rank"
                 print0(f"Stopped by {name} at iter {self.iter_num}; checkpoint saved to {checkpoint_path(cfg)}.")
                 return
