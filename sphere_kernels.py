@@ -350,10 +350,13 @@ def resolve_impl(impl: str, device_type: str) -> str:
 
 
 def _make_constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        torch.tensor(p, dtype=torch.float64, device=device),
-        torch.tensor(angle_max, dtype=torch.float64, device=device),
-    )
+    # Never inference tensors: one made during an evaluation under inference_mode and cached
+    # could not be saved for backward in the training steps after it.
+    with torch.inference_mode(False):
+        return (
+            torch.tensor(p, dtype=torch.float64, device=device),
+            torch.tensor(angle_max, dtype=torch.float64, device=device),
+        )
 
 
 _cached_constants = functools.lru_cache(maxsize=None)(_make_constants)

@@ -65,6 +65,21 @@ def _angle(beta, p, angle_max, KIND: tl.constexpr):
 
 
 @triton.jit
+def _row_geometry(h, f, ALPHA, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
+    """One row's <h,h>, r^2, c, z, <z,z>, r, s, beta, cos, sin, phi' (sphere_kernels._row_geometry)."""
+    hh = tl.sum(h * h, axis=0)
+    r2 = tl.maximum(hh, EPS_)
+    c = tl.sum(h * f, axis=0) / r2
+    z = f - c * h  # Gram-Schmidt (Eq. 5)
+    ss = tl.sum(z * z, axis=0)
+    r = tl.sqrt(r2)
+    s = tl.sqrt(tl.maximum(ss, EPS_))
+    beta = tl.load(ALPHA).to(tl.float32) * s / r
+    cos, sin, dphi = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
+    return hh, r2, c, z, ss, r, s, beta, cos, sin, dphi
+
+
+@triton.jit
 def _sphere_fwd_kernel(
     H, F, OUT, ALPHA, P, AMAX, d, stride_h, stride_f, stride_o,
     EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
@@ -74,16 +89,7 @@ def _sphere_fwd_kernel(
     mask = cols < d
     h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
     f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
-    hh = tl.sum(h * h, axis=0)
-    r2 = tl.maximum(hh, EPS_)
-    c = tl.sum(h * f, axis=0) / r2
-    z = f - c * h  # Gram-Schmidt (Eq. 5)
-    ss = tl.sum(z * z, axis=0)
-    r = tl.sqrt(r2)
-    s = tl.sqrt(tl.maximum(ss, EPS_))
-    alpha = tl.load(ALPHA).to(tl.float32)
-    beta = alpha * s / r
-    cos, sin, _ = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
+    _, _, _, z, _, r, s, _, cos, sin, _ = _row_geometry(h, f, ALPHA, P, AMAX, EPS_, KIND)
     out = cos * h + (r * sin / s) * z
     tl.store(OUT + row * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
 
@@ -101,16 +107,8 @@ def _sphere_bwd_kernel(
     h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
     f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
     # The forward's per-row geometry, recomputed from the row in registers.
-    hh = tl.sum(h * h, axis=0)
-    r2 = tl.maximum(hh, EPS_)
-    c = tl.sum(h * f, axis=0) / r2
-    z = f - c * h
-    ss = tl.sum(z * z, axis=0)
-    r = tl.sqrt(r2)
-    s = tl.sqrt(tl.maximum(ss, EPS_))
+    hh, r2, c, z, ss, r, s, beta, cos, sin, dphi = _row_geometry(h, f, ALPHA, P, AMAX, EPS_, KIND)
     alpha = tl.load(ALPHA).to(tl.float32)
-    beta = alpha * s / r
-    cos, sin, dphi = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
     B = r * sin / s
     gh = tl.sum(g * h, axis=0)
     gz = tl.sum(g * z, axis=0)

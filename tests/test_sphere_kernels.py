@@ -311,6 +311,17 @@ def test_fused_saves_what_pre_ln_saves():
     assert fused <= pre_ln
 
 
+def test_fused_update_trains_after_an_inference_mode_pass():
+    """Constants cached during an evaluation under inference_mode must not break training."""
+    model = tiny_model("p_spheret", "fused", spheret_p=0.4321)  # a p no other test has cached
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        model(x, x)
+    _, loss = model(x, x)
+    loss.backward()
+    assert model.transformer.h[0].conn_attn.a.grad is not None
+
+
 def test_impl_choice_and_errors():
     assert sphere_kernels.resolve_impl("auto", "cpu") == "fused"
     assert sphere_kernels.resolve_impl("reference", "cuda") == "reference"
