@@ -22,25 +22,21 @@ MAX_WIDTH = 65536  # one row must fit one program's registers / shared memory
 
 
 @triton.jit
-def _atan_nonneg(x):
-    """arctan(x) for x >= 0 to fp32 precision, in plain arithmetic.
+def _row_geometry(h, f, ALPHA, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
+    """One row's <h,h>, r^2, c, z, <z,z>, r, s, beta and cos(theta), sin(theta), phi'(beta).
 
-    libdevice's atan does not run under the Triton interpreter, which the CPU tests use.
-    Cephes' reduction: x > tan(3pi/8) -> pi/2 - atan(1/x); x > tan(pi/8) -> pi/4 +
-    atan((x-1)/(x+1)); then an odd polynomial on |t| <= tan(pi/8).
+    The same as sphere_kernels._row_geometry and retraction_angle, in one function.
     """
-    big = x > 2.414213562373095
-    mid = (x > 0.4142135623730950) & (~big)
-    t = tl.where(big, -1.0 / tl.maximum(x, 1e-30), tl.where(mid, (x - 1.0) / (x + 1.0), x))
-    base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
-    t2 = t * t
-    poly = (((8.05374449538e-2 * t2 - 1.38776856032e-1) * t2 + 1.99777106478e-1) * t2 - 3.33329491539e-1) * t2
-    return base + t + t * poly
-
-
-@triton.jit
-def _angle(beta, p, angle_max, KIND: tl.constexpr):
-    """cos(theta), sin(theta), phi'(beta) of one row: sphere_kernels.retraction_angle."""
+    hh = tl.sum(h * h, axis=0)
+    r2 = tl.maximum(hh, EPS_)
+    c = tl.sum(h * f, axis=0) / r2
+    z = f - c * h  # Gram-Schmidt (Eq. 5)
+    ss = tl.sum(z * z, axis=0)
+    r = tl.sqrt(r2)
+    s = tl.sqrt(tl.maximum(ss, EPS_))
+    beta = tl.load(ALPHA).to(tl.float32) * s / r
+    p = tl.load(P).to(tl.float32)
+    angle_max = tl.load(AMAX).to(tl.float32)
     if KIND == 0:  # geo: theta = min(beta, angle_max)
         theta = tl.minimum(beta, angle_max)
         cos, sin = tl.cos(theta), tl.sin(theta)
@@ -56,26 +52,20 @@ def _angle(beta, p, angle_max, KIND: tl.constexpr):
         dphi = tl.where(beta <= beta_max, 4.0 / (4.0 + beta * beta), 0.0)
     else:  # p: theta = p arctan(beta / p), capped at angle_max for p > 1
         u = beta / p
-        theta = p * _atan_nonneg(u)
+        # arctan(u), u >= 0, in plain arithmetic (libdevice's atan does not run under the
+        # interpreter). Cephes' reduction: u > tan(3pi/8) -> pi/2 - atan(1/u); u > tan(pi/8)
+        # -> pi/4 + atan((u-1)/(u+1)); then an odd polynomial on |t| <= tan(pi/8).
+        big = u > 2.414213562373095
+        mid = (u > 0.4142135623730950) & (~big)
+        t = tl.where(big, -1.0 / tl.maximum(u, 1e-30), tl.where(mid, (u - 1.0) / (u + 1.0), u))
+        base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+        t2 = t * t
+        poly = (((8.05374449538e-2 * t2 - 1.38776856032e-1) * t2 + 1.99777106478e-1) * t2 - 3.33329491539e-1) * t2
+        theta = p * (base + t + t * poly)
         capped = (p > 1.0) & (theta > angle_max)
         theta = tl.where(capped, angle_max, theta)
         cos, sin = tl.cos(theta), tl.sin(theta)
         dphi = tl.where(capped, 0.0, 1.0 / (1.0 + u * u))
-    return cos, sin, dphi
-
-
-@triton.jit
-def _row_geometry(h, f, ALPHA, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
-    """One row's <h,h>, r^2, c, z, <z,z>, r, s, beta, cos, sin, phi' (sphere_kernels._row_geometry)."""
-    hh = tl.sum(h * h, axis=0)
-    r2 = tl.maximum(hh, EPS_)
-    c = tl.sum(h * f, axis=0) / r2
-    z = f - c * h  # Gram-Schmidt (Eq. 5)
-    ss = tl.sum(z * z, axis=0)
-    r = tl.sqrt(r2)
-    s = tl.sqrt(tl.maximum(ss, EPS_))
-    beta = tl.load(ALPHA).to(tl.float32) * s / r
-    cos, sin, dphi = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
     return hh, r2, c, z, ss, r, s, beta, cos, sin, dphi
 
 

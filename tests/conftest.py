@@ -1,6 +1,14 @@
 """Shared pytest set-up."""
 
+import os
+
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # The Triton kernels run on CPU tensors under the interpreter. Set before anything imports
+    # triton: triton.language's own helpers (tl.maximum, ...) are decorated at that import.
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:

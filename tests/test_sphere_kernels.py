@@ -8,16 +8,11 @@ is also checked by finite differences (gradcheck, float64).
 """
 
 import math
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # Triton kernels run on CPU tensors under the interpreter; set before sphere_triton loads.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import sphere_kernels  # noqa: E402
+import sphere_kernels  # noqa: E402  (conftest.py sets TRITON_INTERPRET=1 without CUDA)
 from model import CONNECTIONS, GPT, GPTConfig  # noqa: E402
 
 # (connection, spheret_p): all four retractions, and the p-family on both sides of 1 and 2.
