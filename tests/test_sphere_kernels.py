@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-import sphere_kernels  # noqa: E402  (conftest.py sets TRITON_INTERPRET=1 without CUDA)
-from model import CONNECTIONS, GPT, GPTConfig  # noqa: E402
+import sphere_kernels  # conftest.py sets TRITON_INTERPRET=1 where there is no CUDA
+from model import CONNECTIONS, GPT, GPTConfig
 
 # (connection, spheret_p): all four retractions, and the p-family on both sides of 1 and 2.
 SPHERE_CASES = [
