@@ -15,6 +15,7 @@ paper.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import pickle
@@ -186,7 +187,9 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal self-attention; attn_mask (B, T, T), True where a query may attend, replaces
+        the causal mask (packed zero-shot rows, see GPT.final_hidden)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, nh, T, hs)
@@ -194,7 +197,12 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=None if attn_mask is None else attn_mask[:, None],  # one mask for all heads
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=attn_mask is None,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return self.resid_dropout(self.c_proj(y))
@@ -471,8 +479,9 @@ class Block(nn.Module):
         self.conn_attn = connection(config, layer_idx, slot=0)
         self.conn_mlp = connection(config, layer_idx, slot=1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conn_attn(x, self.attn)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        attn = self.attn if attn_mask is None else functools.partial(self.attn, attn_mask=attn_mask)
+        x = self.conn_attn(x, attn)
         x = self.conn_mlp(x, self.mlp)
         return x
 
@@ -519,14 +528,18 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token + position embeddings, then the connection's embedding norm."""
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Token + position embeddings, then the connection's embedding norm.
+
+        pos (B, T) overrides the positions 0..T-1 (packed rows restart them per segment).
+        """
         b, t = idx.size()
         if t > self.config.block_size:
             raise ValueError(
                 f"Cannot forward a sequence of length {t}; block_size is {self.config.block_size}."
             )
-        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        if pos is None:
+            pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         return self.transformer.embed_norm(x)
 
@@ -551,15 +564,20 @@ class GPT(nn.Module):
             x = x[:, [-1], :]  # a list index keeps the time dimension
         return self.lm_head(x), None
 
-    def final_hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def final_hidden(
+        self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The hidden states (B, T, d) that the LM head reads, after ln_f.
 
         Callers that need logits at a few positions only (zero-shot scoring) apply
         self.lm_head to those rows: the head is the largest matmul of a small model.
+        pos (B, T) and attn_mask (B, T, T, True = may attend) let one row hold several
+        sequences that share a prefix: every connection acts on each token alone, so only
+        the attention and the position embedding need to know where a sequence lies.
         """
-        x = self.embed(idx)
+        x = self.embed(idx, pos)
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, attn_mask)
         return self.transformer.ln_f(x)
 
     @torch.no_grad()

@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data_dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "evaldata"))
     p.add_argument("--n", type=int, default=200, help="PIQA questions (2 requests each)")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--batch_size", type=int, default=8, help="nanogpt rows (one question each) per forward pass")
+    p.add_argument(
+        "--hf_batch_size", type=int, default=None, help="hf requests per forward pass (default: --batch_size)"
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), default="gpt2")
     p.add_argument("--ckpt", default=None, help="a pre_ln checkpoint instead of a random model")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per model, alternating; the best counts")
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(args).eval()
     requests = piqa_requests(Path(args.data_dir), args.n)
     ours = NanoGPTLM(model=model, device="cpu", batch_size=args.batch_size)
-    hf = HFLM(pretrained=to_hf_gpt2(model), tokenizer=offline_gpt2_tokenizer(), batch_size=args.batch_size)
+    hf_batch_size = args.hf_batch_size or args.batch_size
+    hf = HFLM(pretrained=to_hf_gpt2(model), tokenizer=offline_gpt2_tokenizer(), batch_size=hf_batch_size)
     for lm in (ours, hf):  # warm-up: first calls pay for allocations and lazy initialisation
         lm.loglikelihood(requests[:8], disable_tqdm=True)
     rates: dict[str, list[float]] = {"nanogpt": [], "hf": []}
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     max_diff = max(abs(a - b) for a, b in zip(loglikelihoods["nanogpt"], loglikelihoods["hf"]))
     cfg = model.config
     print(
-        f"PIQA, {len(requests)} loglikelihood requests, batch_size {args.batch_size}, "
+        f"PIQA, {len(requests)} loglikelihood requests, batch_size {args.batch_size} "
+        f"(hf {hf_batch_size}), "
         f"{torch.get_num_threads()} CPU threads ({os.cpu_count()} cores), model n_layer={cfg.n_layer} "
         f"n_embd={cfg.n_embd} block_size={cfg.block_size}"
     )

@@ -111,13 +111,115 @@ class _Generation:
         return self.tokens[self.n_context :]
 
 
+# -----------------------------------------------------------------------------
+# Packing: the choices of one multiple-choice question share one row
+
+
+@dataclass
+class _Pack:
+    """One row of a scoring batch: a prefix, then the inputs of each continuation as a segment.
+
+    Each segment attends to the prefix and to itself, never to another segment, and its
+    positions continue from the end of the prefix; so every continuation is scored exactly as
+    if it followed the prefix alone, while the prefix (the question, usually most of the
+    tokens) runs once per question instead of once per choice. A continuation's first token is
+    predicted at the last prefix position, its token j > 0 at its segment's position j - 1
+    (a segment holds continuation[:-1]).
+    """
+
+    prefix: list[int]
+    continuations: list[list[int]]
+    pieces: list[int]  # the index of each continuation in the caller's list of pieces
+
+    @property
+    def length(self) -> int:
+        return len(self.prefix) + sum(len(c) - 1 for c in self.continuations)
+
+    def tokens(self) -> list[int]:
+        return self.prefix + [t for c in self.continuations for t in c[:-1]]
+
+    def positions(self) -> list[int]:
+        n = len(self.prefix)
+        return list(range(n)) + [n + j for c in self.continuations for j in range(len(c) - 1)]
+
+    def segments(self) -> list[int]:
+        """0 on the prefix, i + 1 on the segment of continuation i."""
+        return [0] * len(self.prefix) + [i + 1 for i, c in enumerate(self.continuations) for _ in c[:-1]]
+
+    def scored_columns(self) -> list[list[int]]:
+        """For each continuation, the row positions whose logits predict its tokens."""
+        columns, start = [], len(self.prefix)
+        for c in self.continuations:
+            columns.append([len(self.prefix) - 1] + list(range(start, start + len(c) - 1)))
+            start += len(c) - 1
+        return columns
+
+
+def pack_pieces(pieces: list[TokenPair], block_size: int) -> list[_Pack]:
+    """Rows for (context, continuation) pieces: pieces with the same context share as few rows
+    of at most block_size tokens as they fit in. A piece too long for a row of its own keeps
+    only the end of its context, as in lm-eval's hf model."""
+    by_context: dict[tuple[int, ...], list[int]] = {}
+    for j, (context, _) in enumerate(pieces):
+        by_context.setdefault(tuple(context), []).append(j)
+    packs: list[_Pack] = []
+    for context, members in by_context.items():
+        open_pack: _Pack | None = None
+        for j in members:
+            continuation = pieces[j][1]
+            if len(context) + len(continuation) - 1 > block_size:
+                keep = block_size - (len(continuation) - 1)  # >= 1: pieces are at most block_size long
+                packs.append(_Pack(list(context[-keep:]), [continuation], [j]))
+            elif open_pack is not None and open_pack.length + len(continuation) - 1 <= block_size:
+                open_pack.continuations.append(continuation)
+                open_pack.pieces.append(j)
+            else:
+                open_pack = _Pack(list(context), [continuation], [j])
+                packs.append(open_pack)
+    return packs
+
+
+@dataclass
+class _PackedBatch:
+    """Model inputs for a batch of rows, right-padded with <|endoftext|>."""
+
+    tokens: torch.Tensor  # (B, T)
+    positions: torch.Tensor | None  # (B, T); None: 0..T-1 in every row
+    mask: torch.Tensor | None  # (B, T, T), True where a query may attend; None: causal
+
+    @classmethod
+    def causal(cls, sequences: list[list[int]]) -> _PackedBatch:
+        """Plain rows: causal attention already keeps the padding at the end invisible."""
+        tokens = torch.full((len(sequences), max(len(s) for s in sequences)), EOT_TOKEN, dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            tokens[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        return cls(tokens, None, None)
+
+    @classmethod
+    def of(cls, packs: list[_Pack]) -> _PackedBatch:
+        if all(len(pack.continuations) == 1 for pack in packs):  # nothing shared: the fast causal path
+            return cls.causal([pack.tokens() for pack in packs])
+        shape = (len(packs), max(pack.length for pack in packs))
+        tokens = torch.full(shape, EOT_TOKEN, dtype=torch.long)
+        positions = torch.zeros(shape, dtype=torch.long)
+        segments = torch.full(shape, -1, dtype=torch.long)  # padding: its own segment, never read
+        for i, pack in enumerate(packs):
+            tokens[i, : pack.length] = torch.tensor(pack.tokens())
+            positions[i, : pack.length] = torch.tensor(pack.positions())
+            segments[i, : pack.length] = torch.tensor(pack.segments())
+        key, query = segments[:, None, :], segments[:, :, None]
+        causal = torch.ones(shape[1], shape[1], dtype=torch.bool).tril()
+        return cls(tokens, positions, causal & ((key == 0) | (key == query)))
+
+
 @register_model(MODEL_NAME)
 class NanoGPTLM(TemplateLM):
     """lm-eval model for a spheretnorm checkpoint (``ckpt``) or an in-memory GPT (``model``).
 
     Model arguments: ckpt, device ("auto": cuda > mps > cpu), dtype ("auto": bf16 on CUDA,
-    fp32 elsewhere), batch_size (requests per forward pass), max_gen_toks (default for
-    generate_until). With ``model=`` the GPT is put in eval mode on ``device``.
+    fp32 elsewhere), batch_size (rows per forward pass; the choices of one question share a
+    row), max_gen_toks (default for generate_until). With ``model=`` the GPT is put in eval
+    mode on ``device``.
     """
 
     def __init__(
@@ -199,36 +301,33 @@ class NanoGPTLM(TemplateLM):
     # -- scoring ------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _logits_at(self, sequences: list[list[int]], rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Logits (K, V) at positions (rows[k], cols[k]) of right-padded sequences.
+    def _logits_at(self, batch: "_PackedBatch", rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logits (K, V) at positions (rows[k], cols[k]) of a batch of rows.
 
-        Causal attention keeps padding invisible. The LM head runs on those K positions only:
-        on multiple-choice items (a long context, a few continuation tokens) it would
-        otherwise be the largest matmul of the pass, spent on logits nobody reads.
+        The LM head runs on those K positions only: on multiple-choice items (a long
+        context, a few continuation tokens) it would otherwise be the largest matmul of the
+        pass, spent on logits nobody reads.
         """
-        longest = max(len(s) for s in sequences)
-        x = torch.full((len(sequences), longest), EOT_TOKEN, dtype=torch.long)
-        for i, seq in enumerate(sequences):
-            x[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        with autocast_context(self._device.type, self._dtype):
-            hidden = self.model.final_hidden(x.to(self._device))
-            return self.model.lm_head(hidden[rows.to(self._device), cols.to(self._device)])
+        device = self._device
+        pos = None if batch.positions is None else batch.positions.to(device)
+        mask = None if batch.mask is None else batch.mask.to(device)
+        with autocast_context(device.type, self._dtype):
+            hidden = self.model.final_hidden(batch.tokens.to(device), pos, mask)
+            return self.model.lm_head(hidden[rows.to(device), cols.to(device)])
 
-    def _score_batch(self, pairs: list[TokenPair]) -> list[tuple[float, bool]]:
-        """(sum of continuation log-probs, continuation is the greedy choice) for each pair."""
-        block = self.max_length
-        # Input: the last block_size + 1 tokens of context+continuation without the final one
-        # (it is only a target). Too long a context loses its left end, as in lm-eval's hf model.
-        inputs = [(context + continuation)[-(block + 1) : -1] for context, continuation in pairs]
-        n_cont = [len(continuation) for _, continuation in pairs]
-        # Only the positions that predict continuation tokens are scored.
-        rows = torch.cat([torch.full((n,), b) for b, n in enumerate(n_cont)])
-        cols = torch.cat([torch.arange(len(x) - n, len(x)) for x, n in zip(inputs, n_cont)])
-        logits = self._logits_at(inputs, rows, cols)
-        targets = torch.tensor([t for _, cont in pairs for t in cont], device=logits.device)
+    def _score_packs(self, packs: list[_Pack]) -> list[tuple[float, bool]]:
+        """(sum of continuation log-probs, continuation is the greedy choice) for every
+        continuation of every pack, in order."""
+        cols = [pack.scored_columns() for pack in packs]
+        rows = torch.cat([torch.full((len(c),), b) for b, pack_cols in enumerate(cols) for c in pack_cols])
+        flat_cols = torch.cat([torch.tensor(c) for pack_cols in cols for c in pack_cols])
+        logits = self._logits_at(_PackedBatch.of(packs), rows, flat_cols)
+        continuations = [c for pack in packs for c in pack.continuations]
+        targets = torch.tensor([t for c in continuations for t in c], device=logits.device)
         logprobs = F.log_softmax(logits.float(), dim=-1)
         token_lp = logprobs.gather(1, targets[:, None]).squeeze(1)
         greedy = logprobs.argmax(dim=-1) == targets
+        n_cont = [len(c) for c in continuations]
         return [(float(lp.sum()), bool(g.all())) for lp, g in zip(token_lp.split(n_cont), greedy.split(n_cont))]
 
     def _pieces(self, context: list[int], continuation: list[int]) -> list[TokenPair]:
@@ -249,18 +348,20 @@ class NanoGPTLM(TemplateLM):
             for piece in self._pieces(context, continuation):
                 pieces.append(piece)
                 owners.append(i)
+        packs = pack_pieces(pieces, self.max_length)
         # Longest first: lengths in a batch are similar (little padding) and the largest batch
         # comes first, so an out-of-memory error shows at once rather than at the end.
-        order = sorted(range(len(pieces)), key=lambda j: -(len(pieces[j][0]) + len(pieces[j][1])))
+        packs.sort(key=lambda pack: -pack.length)
         logprob = [0.0] * len(requests)
         greedy = [True] * len(requests)
         pbar = tqdm(total=len(pieces), disable=disable_tqdm, desc="nanogpt loglikelihood")
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start : start + self.batch_size]
-            for j, (lp, g) in zip(batch, self._score_batch([pieces[j] for j in batch])):
+        for start in range(0, len(packs), self.batch_size):
+            batch = packs[start : start + self.batch_size]
+            scored = [j for pack in batch for j in pack.pieces]
+            for j, (lp, g) in zip(scored, self._score_packs(batch)):
                 logprob[owners[j]] += lp
                 greedy[owners[j]] &= g
-            pbar.update(len(batch))
+            pbar.update(len(scored))
         pbar.close()
         results = list(zip(logprob, greedy))
         for (cache_key, _, _), answer in zip(requests, results):
@@ -321,7 +422,7 @@ class NanoGPTLM(TemplateLM):
         while active:
             windows = [g.tokens[-self.max_length :] for g in active]
             last = torch.tensor([len(w) - 1 for w in windows])
-            logits = self._logits_at(windows, torch.arange(len(active)), last)
+            logits = self._logits_at(_PackedBatch.causal(windows), torch.arange(len(active)), last)
             # Rows past GPT-2's 50257 tokens are padding of the embedding table, not tokens.
             step = logits[:, :GPT2_VOCAB_SIZE]
             for gen, token in zip(active, step.argmax(dim=-1).tolist()):

@@ -27,7 +27,7 @@ from lm_eval.tasks import TaskManager
 
 from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
 from eval.errors import EvalError
-from eval.harness import NanoGPTLM, load_eval_model
+from eval.harness import NanoGPTLM, load_eval_model, pack_pieces
 from eval.hf_convert import offline_gpt2_tokenizer, to_hf_gpt2
 from eval.local_tasks import piqa_records, wikitext_documents, write_local_tasks
 from eval import zero_shot
@@ -153,6 +153,42 @@ def test_is_greedy_exactly_when_every_token_is_the_argmax(pre_ln: GPT) -> None:
     lm = NanoGPTLM(model=pre_ln, batch_size=2)
     results = lm._loglikelihood_tokens([(None, context, greedy), (None, context, not_greedy)], disable_tqdm=True)
     assert [g for _, g in results] == [True, False]
+
+
+def many_choices(n: int) -> list[tuple[str, str]]:
+    """n choices of one question, of different lengths (one of a single token)."""
+    answers = [" Yes", " It floats on the water for a while.", " No, never.", " Only when the river is high in spring."]
+    return [("Question: Does the boat float?\nAnswer:", answers[i % len(answers)] * (1 + i % 3)) for i in range(n)]
+
+
+@pytest.mark.parametrize("connection", ["pre_ln", "geonorm", "p_spheret"])
+def test_choices_sharing_a_context_score_as_if_alone(connection: str) -> None:
+    # Twelve choices of one question overflow a 64-token row, so they spread over several
+    # packed rows; the long-context requests are truncated on their own.
+    model = tiny_gpt(connection)
+    pairs = many_choices(12) + [(LONG_CONTEXT, " The end."), (LONG_CONTEXT, " Yes")]
+    got = NanoGPTLM(model=model, batch_size=3).loglikelihood(ll_instances(pairs), disable_tqdm=True)
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        want_logprob, want_greedy = direct_loglikelihood(model, context, continuation)
+        assert logprob == pytest.approx(want_logprob, abs=1e-4)
+        assert greedy == want_greedy
+
+
+def test_pack_pieces_shares_rows_by_context_within_block_size() -> None:
+    question, other = [1, 2, 3, 4], [9, 8]
+    pieces = [(question, [5, 6, 7]), (other, [1]), (question, [5]), (question, [6, 6, 6, 6]), ([7] * 10, [1, 2, 3])]
+    packs = pack_pieces(pieces, block_size=9)
+    # The question's row: 4 prefix tokens + 2 + 0 + 3 segment tokens = 9, exactly full. The
+    # long context, alone too long, keeps its last 9 - 2 = 7 tokens.
+    assert [(p.prefix, p.continuations, p.pieces) for p in packs] == [
+        (question, [[5, 6, 7], [5], [6, 6, 6, 6]], [0, 2, 3]),
+        (other, [[1]], [1]),
+        ([7] * 7, [[1, 2, 3]], [4]),
+    ]
+    assert packs[0].tokens() == question + [5, 6] + [6, 6, 6]
+    assert packs[0].positions() == [0, 1, 2, 3, 4, 5, 4, 5, 6]
+    assert packs[0].scored_columns() == [[3, 4, 5], [3], [3, 6, 7, 8]]
+    assert pack_pieces(pieces, block_size=8)[0].continuations == [[5, 6, 7], [5]]  # the third one moves on
 
 
 def test_continuation_longer_than_block_size_is_scored_in_pieces(pre_ln: GPT) -> None:
