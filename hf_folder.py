@@ -127,7 +127,9 @@ def standalone_model_source() -> str:
         + stand_ins
         + "\n\n# ---- written from spheretnorm's model.py\n\n"
         + _sources(model_objects)
-        + f"\n\nCONNECTIONS = {{\n{registry}}}\n# ---- end of model.py's code\n"
+        + f"\n\nCONNECTIONS = {{\n{registry}}}\n\n\n"
+        + _sources([model_module.transformer_modules])
+        + "\n\n# ---- end of model.py's code\n"
     )
 
 

@@ -479,21 +479,29 @@ class Block(nn.Module):
         return x
 
 
+def transformer_modules(config: GPTConfig, block: Callable[[GPTConfig, int], nn.Module]) -> nn.ModuleDict:
+    """Embeddings, the blocks block(config, l) for l = 1..L, and the final norm, by GPT-2's names.
+
+    The exported Hugging Face model (hf_folder.py) builds its body here too, with its cached block.
+    """
+    connection = CONNECTIONS[config.connection]
+    return nn.ModuleDict(
+        dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            embed_norm=connection.embed_norm(config),
+            h=nn.ModuleList([block(config, l) for l in range(1, config.n_layer + 1)]),
+            ln_f=connection.final_norm(config),
+        )
+    )
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        connection = CONNECTIONS[config.connection]
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                embed_norm=connection.embed_norm(config),
-                h=nn.ModuleList([Block(config, l) for l in range(1, config.n_layer + 1)]),
-                ln_f=connection.final_norm(config),
-            )
-        )
+        self.transformer = transformer_modules(config, Block)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 

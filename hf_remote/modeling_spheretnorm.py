@@ -1,8 +1,9 @@
 """Hugging Face model of a spheretnorm GPT (custom code, loaded with trust_remote_code=True).
 
-The connections, norms and MLP are model.py's own classes: hf_folder.py writes their source
-into the exported copy of this file (in place of the import below), so that a fix in model.py
-reaches every later export and the folder needs only torch and transformers. What is added
+The connections, norms and MLP are spheretnorm's model.py classes, written into the exported
+copy of this file by hf_folder.py (in the repository's template an import stands in their
+place), so that a fix in model.py reaches every later export and the folder needs only torch
+and transformers. What is added
 here is what transformers needs: attention with a key/value cache, padding masks, and the
 PreTrainedModel / GenerationMixin interface. Parameter names are model.py's, so the
 safetensors file holds GPT.state_dict() as it is.
@@ -21,8 +22,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_spheretnorm import SpheretNormConfig
 
+# transformers 5.2x renamed the model outputs' past_key_values to cache: use this version's name.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 # >>> model.py: hf_folder.py replaces these lines with model.py's classes.
-from model import CONNECTIONS, MLP  # noqa: E402
+from model import CONNECTIONS, MLP, transformer_modules  # noqa: E402
 # <<< model.py
 
 
@@ -107,17 +111,7 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: SpheretNormConfig):
         super().__init__(config)
-        connection = CONNECTIONS[config.connection]
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                embed_norm=connection.embed_norm(config),
-                h=nn.ModuleList([SpheretNormBlock(config, l) for l in range(1, config.n_layer + 1)]),
-                ln_f=connection.final_norm(config),
-            )
-        )
+        self.transformer = transformer_modules(config, SpheretNormBlock)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
 
@@ -174,4 +168,4 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache if use_cache else None})

@@ -122,10 +122,9 @@ def test_exported_logits_and_greedy_generate_equal_ours(exported: dict[str, tupl
     torch.testing.assert_close(logits_of(hf, idx), logits_of(ours, idx), atol=1e-5, rtol=0)
 
     prompt = idx[:1, :5]
-    want = ours.generate(prompt, max_new_tokens=BLOCK - 5, temperature=0)[0].tolist()
-    for use_cache in (True, False):
-        got = hf.generate(prompt, max_new_tokens=BLOCK - 5, do_sample=False, use_cache=use_cache, pad_token_id=0)
-        assert_same_greedy(want, got[0].tolist(), EOT_TOKEN)
+    want = ours.generate(prompt, max_new_tokens=12, temperature=0)[0].tolist()
+    got = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)  # with its key/value cache
+    assert_same_greedy(want, got[0].tolist(), EOT_TOKEN)
 
 
 def test_pre_ln_is_a_plain_gpt2_and_the_others_carry_their_code(exported: dict[str, tuple[GPT, Path]]) -> None:
@@ -149,7 +148,10 @@ def test_cached_generation_with_left_padding_equals_each_prompt_alone(exported: 
     pad = len(long) - len(short)
     ids = torch.tensor([long, [0] * pad + short])
     mask = torch.tensor([[1] * len(long), [0] * pad + [1] * len(short)])
+    tokens_per_call: list[int] = []
+    hf.transformer.wte.register_forward_hook(lambda module, args, out: tokens_per_call.append(args[0].size(1)))
     got = hf.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert tokens_per_call == [len(long)] + [1] * 11  # the prompt once, then one token a step: the cache is used
     for row, prompt in enumerate((long, short)):
         want = ours.generate(torch.tensor([prompt]), max_new_tokens=12, temperature=0)[0, len(prompt):].tolist()
         assert_same_greedy(want, got[row, len(long):].tolist(), EOT_TOKEN)
@@ -211,7 +213,7 @@ def test_exported_code_is_written_from_model_py() -> None:
     import model
 
     modeling = hf_folder.remote_code_files()["modeling_spheretnorm.py"]
-    for cls in {*CONNECTIONS.values(), model.SphereConnection, model.ScaleNorm, model.MLP}:
+    for cls in {*CONNECTIONS.values(), model.SphereConnection, model.ScaleNorm, model.MLP, model.transformer_modules}:
         assert inspect.getsource(cls) in modeling
     assert "from model import" not in modeling and ">>> model.py" not in modeling
 
