@@ -26,7 +26,7 @@ import torch
 
 import model as model_module
 import sphere_kernels
-from model import CONNECTIONS, EXECUTION_KEYS, GPT, GPTConfig, Connection, config_from_dict, load_checkpoint
+from model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig, config_from_dict
 
 HF_PREFIX = "hf:"  # train.py's --init_from=hf:DIR
 REMOTE_DIR = Path(__file__).with_name("hf_remote")

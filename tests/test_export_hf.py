@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, GPT2Model
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import hf_folder
 import train
