@@ -267,8 +267,9 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path) -> Path:
     scripts/export_hf.py adds the README model card.
     """
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise HFFolderError(f"--out {str(out)!r} is a file; give a folder to write the model into.")
+    # A folder with older files in it could mix two exports (say a stale modeling file).
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise HFFolderError(f"--out {str(out)!r} is a file or a folder with files in it; give a new or empty folder.")
     kind = tokenizer_kind(ckpt)
     model = GPT.from_checkpoint(ckpt).eval()
     special = special_token_ids(kind)

@@ -1,7 +1,7 @@
 """Export a training checkpoint as a Hugging Face model folder, or as weights-only safetensors.
 
     python scripts/export_hf.py --ckpt out/openwebtext_s/geonorm/ckpt.pt --out hf/geonorm-s
-    python scripts/export_hf.py --ckpt out/openwebtext_s/geonorm/ckpt.pt --out hf/geonorm-s --format safetensors
+    python scripts/export_hf.py --ckpt out/openwebtext_s/geonorm/ckpt.pt --out st/geonorm-s --format safetensors
 
 --format hf (the default) writes config.json, model.safetensors, generation_config.json, the
 tokenizer files (GPT-2 BPE built offline, or the dataset's characters) and a README model card.
@@ -10,7 +10,7 @@ A pre_ln model loads as a plain GPT-2; the others carry their own code:
     AutoModelForCausalLM.from_pretrained("hf/geonorm-s", trust_remote_code=True)
 
 --format safetensors writes OUT/ckpt.safetensors: the weights and model config only (no pickle,
-no optimizer), which GPT.from_checkpoint, sample.py and eval/ read like a ckpt.pt. Either folder
+no optimizer), which GPT.from_checkpoint, sample.py and eval/ read like a ckpt.pt. The hf folder
 can start a fine-tune: python train.py ... --init_from=hf:hf/geonorm-s
 """
 

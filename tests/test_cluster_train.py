@@ -154,6 +154,7 @@ HELP_EXPECTATIONS = [
     ("scripts/reproduce_cpu.py", ["--max_iters", "(default 400)", "(default: paper)"]),
     ("scripts/plot.py", ["--smooth", "(default 0.9", "--runs_root"]),
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
+    ("scripts/export_hf.py", ["--ckpt", "--out", "--format", "(default: hf)"]),
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
 ]
 

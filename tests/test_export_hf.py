@@ -258,6 +258,12 @@ def test_unexportable_tokenizers_are_one_clear_error(meta: dict, vocab_size: int
     assert not (tmp_path / "out").exists()
 
 
+def test_export_never_writes_into_a_folder_with_files(exported: dict[str, tuple[GPT, Path]]) -> None:
+    ours, folder = exported["lns"]
+    with pytest.raises(HFFolderError, match=r"is a file or a folder with files in it; give a new or empty folder\."):
+        export_hf(checkpoint(ours), folder)
+
+
 # -----------------------------------------------------------------------------
 # lm-eval: its hf model on the folder, our nanogpt model on the checkpoint
 
