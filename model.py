@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import math
 import pickle
 import re
@@ -38,6 +39,7 @@ ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 EXECUTION_KEYS = ("sphere_impl",)
 ALPHA_INDICES = ("block", "sublayer")
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
+SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
 
 
 # -----------------------------------------------------------------------------
@@ -486,21 +488,29 @@ class Block(nn.Module):
         return x
 
 
+def transformer_modules(config: GPTConfig, block: Callable[[GPTConfig, int], nn.Module]) -> nn.ModuleDict:
+    """Embeddings, the blocks block(config, l) for l = 1..L, and the final norm, by GPT-2's names.
+
+    The exported Hugging Face model (hf_folder.py) builds its body here too, with its cached block.
+    """
+    connection = CONNECTIONS[config.connection]
+    return nn.ModuleDict(
+        dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            embed_norm=connection.embed_norm(config),
+            h=nn.ModuleList([block(config, l) for l in range(1, config.n_layer + 1)]),
+            ln_f=connection.final_norm(config),
+        )
+    )
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        connection = CONNECTIONS[config.connection]
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                embed_norm=connection.embed_norm(config),
-                h=nn.ModuleList([Block(config, l) for l in range(1, config.n_layer + 1)]),
-                ln_f=connection.final_norm(config),
-            )
-        )
+        self.transformer = transformer_modules(config, Block)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
@@ -730,6 +740,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
+    if path.suffix == SAFETENSORS_SUFFIX:
+        return load_safetensors_checkpoint(path, map_location)
     allowed = [
         np.zeros(1).__reduce__()[0],  # numpy's array rebuilder, under this numpy's module path
         np.ndarray,
@@ -764,6 +776,47 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"expected {CHECKPOINT_FORMAT!r})."
         )
     return ckpt
+
+
+# The checkpoint keys a safetensors checkpoint keeps besides the weights, JSON-encoded in its
+# metadata (safetensors metadata holds strings only).
+_SAFETENSORS_KEYS = ("model_config", "data_meta", "iter_num")
+
+
+def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
+    """Write a checkpoint's weights and config as one safetensors file: no pickle, no optimizer.
+
+    load_checkpoint (and so GPT.from_checkpoint, sample.py and the evaluator) reads it back.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != SAFETENSORS_SUFFIX:
+        raise ValueError(f"{str(path)!r} must end in {SAFETENSORS_SUFFIX}, so that load_checkpoint knows its form.")
+    # The LM head is tied to the token embedding: stored once (safetensors refuses shared tensors).
+    state = {k: v.detach().contiguous() for k, v in clean_state_dict(ckpt["model"]).items() if k != "lm_head.weight"}
+    metadata = {"format": CHECKPOINT_FORMAT, **{k: json.dumps(ckpt.get(k)) for k in _SAFETENSORS_KEYS}}
+    save_file(state, str(path), metadata=metadata)
+    return path
+
+
+def load_safetensors_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The checkpoint dict (format, model_config, model, ...) of a save_safetensors_checkpoint file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device=str(map_location)) as f:
+            metadata = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as exc:
+        raise ValueError(f"{str(path)!r} is not a safetensors file ({exc}).") from None
+    if metadata.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{str(path)!r} is not a spheretnorm safetensors checkpoint (format {metadata.get('format')!r}, "
+            f"expected {CHECKPOINT_FORMAT!r}); a Hugging Face folder is read with --init_from=hf:DIR."
+        )
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return {"format": CHECKPOINT_FORMAT, "model": state, **{k: json.loads(metadata[k]) for k in _SAFETENSORS_KEYS if k in metadata}}
 
 
 def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -58,6 +58,7 @@ from common import (
     set_rng_state,
 )
 from data.common import PrepareError, load_meta, open_split
+from hf_folder import HF_INIT_ADJUSTABLE, HF_PREFIX, folder_model_config, load_folder_weights
 from model import EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
 from trainconfig import (
     RUN_NEUTRAL_KEYS,
@@ -370,16 +371,46 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
 
 
 def resolve_init_from(train: TrainConfig) -> TrainConfig:
-    """init_from=auto becomes resume or scratch; scratch never silently replaces a checkpoint."""
+    """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint."""
     exists = checkpoint_path(train).is_file()
     if train.init_from == "auto":
         return replace(train, init_from="resume" if exists else "scratch")
-    if train.init_from == "scratch" and exists and not (train.overwrite or train.eval_only):
+    if train.init_from != "resume" and exists and not (train.overwrite or train.eval_only):
         raise ConfigError(
-            f"{checkpoint_path(train)} already exists and init_from=scratch would overwrite it; "
+            f"{checkpoint_path(train)} already exists and init_from={train.init_from} would overwrite it; "
             "continue it with --init_from=resume (or auto), or start again with --overwrite=true."
         )
     return train
+
+
+def hf_folder_of(train: TrainConfig) -> str | None:
+    """DIR of init_from=hf:DIR, else None."""
+    return train.init_from.removeprefix(HF_PREFIX) if train.init_from.startswith(HF_PREFIX) else None
+
+
+def hf_init_model_keys(parsed: ParsedConfig, folder: str) -> dict[str, Any]:
+    """The model keys of a run that starts from a Hugging Face folder: the folder's.
+
+    Explicit keys must agree with them, except dropout, and block_size, which may shrink.
+    """
+    try:
+        saved = folder_model_config(folder)
+    except ValueError as e:  # not a model folder, or one whose config is not a valid GPTConfig
+        raise ConfigError(str(e)) from None
+    fixed = {k: v for k, v in parsed.model_keys.items() if k not in HF_INIT_ADJUSTABLE}
+    conflicts = model_key_conflicts(fixed, saved, source="the folder")
+    if conflicts:
+        raise ConfigError(
+            f"Refusing to start from {HF_PREFIX}{folder} with a different model: " + "; ".join(conflicts)
+            + ". Drop these keys (the folder's values are used)."
+        )
+    block_size = parsed.model_keys.get("block_size", saved["block_size"])
+    if block_size > saved["block_size"]:
+        raise ConfigError(
+            f"block_size={block_size} exceeds the {saved['block_size']} positions the model in {folder} "
+            f"has learned; choose block_size <= {saved['block_size']}."
+        )
+    return {**saved, **parsed.model_keys}
 
 
 def announce_out_dir(parsed: ParsedConfig, explicit_out_dir: bool) -> None:
@@ -458,6 +489,8 @@ class Trainer:
         # Identical initial weights on every rank; then each rank its own dropout stream.
         torch.manual_seed(self.cfg.seed)
         self.raw_model = GPT(self.model_cfg)
+        if hf_folder_of(train) is not None:
+            load_folder_weights(self.raw_model, hf_folder_of(train))
         seed_everything(self.cfg.seed + dist.rank)
         self.iter_num = 0
         self.best_val_loss = math.inf
@@ -826,6 +859,9 @@ def main(argv: list[str] | None = None) -> None:
         print(config_help(), end="")
         return
     parsed = parse_config(argv)
+    hf_folder = hf_folder_of(parsed.train)
+    if hf_folder is not None:  # the folder's model names the run folder, as a resume's checkpoint does
+        parsed.model_keys = hf_init_model_keys(parsed, hf_folder)
     # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
     # keys in its default name come from the keys given, so resuming needs the same ones.
     explicit_out_dir = bool(parsed.train.out_dir)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from common import REPO_ROOT
+from hf_folder import HF_PREFIX
 from model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, GPTConfig
 
 INIT_FROM = ("scratch", "resume", "auto")
@@ -48,8 +49,18 @@ class ConfigError(ValueError):
     """A bad key or value in a config file or on the command line."""
 
 
-def _choices(*values: str) -> dict[str, tuple[str, ...]]:
-    return {"choices": values}
+def _choices(*values: str, forms: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """Field metadata: the valid values, and forms such as 'hf:DIR' (a prefix, then any text)."""
+    return {"choices": values, "forms": forms}
+
+
+def _choice_text(metadata: dict[str, tuple[str, ...]]) -> str:
+    return ", ".join((*metadata["choices"], *metadata.get("forms", ())))
+
+
+def _is_choice(value: Any, metadata: dict[str, tuple[str, ...]]) -> bool:
+    prefixes = tuple(form.split(":")[0] + ":" for form in metadata.get("forms", ()))
+    return value in metadata["choices"] or (isinstance(value, str) and bool(prefixes) and value.startswith(prefixes))
 
 
 @dataclass
@@ -57,8 +68,9 @@ class TrainConfig:
     # -- output and checkpoints
     out_dir: str = ""  # "" means out/<config_name>/<method>, plus a suffix when keys differ from the config files
     config_name: str = ""  # "" means the stem of the last config file, else the dataset name
-    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM))  # auto: resume if out_dir has ckpt.pt
-    overwrite: bool = False  # let init_from=scratch replace an existing out_dir/ckpt.pt
+    # auto: resume if out_dir has ckpt.pt; hf:DIR: fine-tune a Hugging Face folder (scripts/export_hf.py, GPT-2)
+    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM, forms=(f"{HF_PREFIX}DIR",)))
+    overwrite: bool = False  # let a new run (init_from=scratch or hf:DIR) replace an existing out_dir/ckpt.pt
     always_save_checkpoint: bool = True  # at every evaluation; False keeps only the best val loss
     checkpoint_interval: int = 0  # also save every N iterations (0: only at evaluations)
     # -- evaluation and logging
@@ -100,11 +112,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            allowed = f.metadata.get("choices")
-            if allowed and getattr(self, f.name) not in allowed:
+            if "choices" in f.metadata and not _is_choice(getattr(self, f.name), f.metadata):
                 raise ConfigError(
                     f"{f.name}={getattr(self, f.name)!r} is not valid; choose one of: "
-                    f"{', '.join(allowed)}."
+                    f"{_choice_text(f.metadata)}."
                 )
         if not _DEVICE_PATTERN.match(self.device):
             raise ConfigError(f"device={self.device!r} is not valid; use auto, cpu, cuda, cuda:N or mps.")
@@ -401,13 +412,13 @@ def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig
     )
 
 
-def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any]) -> list[str]:
-    """'key: checkpoint X, requested Y' for every explicitly set model key that differs.
+def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any], source: str = "checkpoint") -> list[str]:
+    """'key: <source> has X, ... asks for Y' for every explicitly set model key that differs.
 
     Execution keys (model.EXECUTION_KEYS, e.g. sphere_impl) change no result: never a conflict.
     """
     return [
-        f"{k}: checkpoint has {saved[k]!r}, the config/command line asks for {v!r}"
+        f"{k}: {source} has {saved[k]!r}, the config/command line asks for {v!r}"
         for k, v in sorted(explicit.items())
         if k in saved and saved[k] != v and k not in EXECUTION_KEYS
     ]
@@ -478,7 +489,7 @@ def key_help() -> dict[str, str]:
     model_comments, _ = field_comments(GPTConfig)
     train_comments, _ = field_comments(TrainConfig)
     helps = {**_MODEL_HELP_GAPS, **model_comments, **train_comments}
-    choices = {**_MODEL_CHOICES, **{f.name: f.metadata["choices"] for f in fields(TrainConfig) if "choices" in f.metadata}}
+    choices = {**_MODEL_CHOICES, **{f.name: (*f.metadata["choices"], *f.metadata["forms"]) for f in fields(TrainConfig) if "choices" in f.metadata}}
     for key, allowed in choices.items():
         helps[key] = f"{helps.get(key, '')} [one of: {', '.join(allowed)}]".strip()
     return helps

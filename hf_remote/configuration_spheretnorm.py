@@ -1,0 +1,39 @@
+"""Hugging Face configuration of a spheretnorm GPT (custom code, loaded with trust_remote_code=True).
+
+The model keys and their defaults are those of spheretnorm's GPTConfig; hf_folder.py writes
+them into the exported copy of this file, so the folder needs nothing from the repository.
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+# >>> GPTConfig defaults: hf_folder.py replaces these lines with the dict itself.
+from hf_folder import model_defaults  # noqa: E402
+
+MODEL_DEFAULTS = model_defaults()
+# <<< GPTConfig defaults
+
+
+class SpheretNormConfig(PretrainedConfig):
+    model_type = "spheretnorm"
+    # The standard names that transformers' generation and lm-eval read.
+    attribute_map = {
+        "hidden_size": "n_embd",
+        "num_hidden_layers": "n_layer",
+        "num_attention_heads": "n_head",
+        "max_position_embeddings": "block_size",
+    }
+
+    def __init__(self, **kwargs) -> None:
+        for key, default in MODEL_DEFAULTS.items():
+            setattr(self, key, kwargs.pop(key, default))
+        # The exported model always runs the reference (unfused) sphere update in plain torch.
+        self.sphere_impl = "reference"
+        kwargs.setdefault("tie_word_embeddings", True)
+        super().__init__(**kwargs)
+
+    @property
+    def keel_scale(self) -> float:
+        """Keel's fixed residual scale alpha: keel_alpha, or 2 * n_layer when that is None."""
+        return float(self.keel_alpha) if self.keel_alpha is not None else 2.0 * self.n_layer

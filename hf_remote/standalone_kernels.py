@@ -1,0 +1,21 @@
+"""What model.py's classes import from sphere_kernels, for the exported standalone model.
+
+The exported model runs the reference sphere update (model.py's SphereConnection.reference_update,
+the spec in code), so the fused dispatch is replaced by a resolver that always answers
+'reference'. hf_folder.py writes this file's functions, and sphere_kernels' own ScaleNorm
+helper and compute_dtype, into the exported modeling file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_impl(impl: str, device_type: str) -> str:
+    """Every sphere update of the exported model takes the reference path."""
+    return "reference"
+
+
+def sphere_update(*args: object, **kwargs: object) -> torch.Tensor:
+    # Unreachable: resolve_impl above never selects a fused kernel.
+    raise RuntimeError("The exported spheretnorm model has no fused sphere kernels; it runs the reference update.")
