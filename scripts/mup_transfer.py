@@ -266,7 +266,8 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     (out_dir / "transfer.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"\n{title}\n\n{table}\n\n{note}\n")
     print("\n".join(found))
-    print("\n" + wall_clock_line(wall, rows))
+    trained = [r for p, r in zip(all_points, rows) if run_of(p, base) == p]  # each run once
+    print("\n" + wall_clock_line(wall, trained))
     print("Written: " + ", ".join(str(p) for p in [out_dir / "transfer.md", out_dir / "transfer.json", *figures]))
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 

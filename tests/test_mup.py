@@ -8,14 +8,18 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import mup
 import train
+from data.common import open_split
 from model import CONNECTIONS, GPT, GPTConfig, load_checkpoint
-from tests.test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
+from scripts import mup_transfer
+from scripts.coord_check import Setup, coord_check
+from tests.test_train import VOCAB, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 from trainconfig import ConfigError, parse_config
 
 BASE_LR = 1e-2
@@ -163,3 +167,65 @@ def test_mup_off_model_ignores_the_table() -> None:
     assert all(g["lr_scale"] == 1.0 for g in optimizer(model).param_groups)
     fc = torch.cat([b.mlp.c_fc.weight.flatten() for b in model.transformer.h])
     assert fc.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+# -----------------------------------------------------------------------------
+# A tiny coordinate check: what the rules are for
+
+
+def coordinate_check(connection: str, data_dir: Path) -> dict[str, Any]:  # noqa: F811
+    """Per-layer angular velocity at widths 32, 128, 512: 2 layers, 3 AdamW steps at lr 3e-3."""
+    setup = Setup(n_layer=2, head_dim=16, block_size=32, batch_size=4, steps=3, lr=3e-3)
+    tokens = open_split(data_dir, "train")
+
+    def draw(stream: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        offsets = train.batch_offsets(0, stream, index, setup.batch_size, len(tokens), setup.block_size)
+        return train.get_batch(tokens, offsets, setup.block_size, "cpu")
+
+    batches = [draw(train.TRAIN_STREAM, i) for i in range(setup.steps)]
+    probe, _ = draw(train.EVAL_STREAM, 0)
+    return coord_check([connection], [32, 128, 512], setup, VOCAB, batches, probe)[connection]
+
+
+@pytest.mark.parametrize("connection", ["p_spheret", "pre_ln"])
+def test_coordinate_check_mup_keeps_angular_velocity_flat(connection: str, data_dir: Path) -> None:  # noqa: F811
+    results = coordinate_check(connection, data_dir)
+    blocks = range(1, 3)  # the blocks' outputs: embed (index 0) follows no hidden matrix
+    for layer in blocks:
+        mup_angles = [results["mup"][w]["angle"][layer] for w in (32, 128, 512)]
+        std_angles = [results["standard"][w]["angle"][layer] for w in (32, 128, 512)]
+        # μP: within 25% over a 16x range of widths (measured: within 10%).
+        assert max(mup_angles) < 1.25 * min(mup_angles), (layer, mup_angles)
+        # Standard: the same LR turns the features more than twice as fast at 16x the width
+        # (measured: 3x to 6x).
+        assert std_angles[-1] > 2.0 * std_angles[0], (layer, std_angles)
+        assert std_angles[0] < std_angles[1] < std_angles[2], (layer, std_angles)
+
+
+# -----------------------------------------------------------------------------
+# The transfer study's bookkeeping
+
+
+def test_transfer_study_trains_the_base_width_once() -> None:
+    points = mup_transfer.study_points(["pre_ln"], [64, 256], [1e-3, 2e-3])
+    assert {(p.width, p.param) for p in points} == {(64, "standard"), (256, "standard"), (256, "mup")}
+    base_mup = mup_transfer.Point("pre_ln", 64, "mup", 1e-3)
+    assert mup_transfer.run_of(base_mup, 64) == mup_transfer.Point("pre_ln", 64, "standard", 1e-3)
+    args = mup_transfer.point_args(mup_transfer.Point("pre_ln", 256, "mup", 2e-3), 64, 3, 32, 100, [])
+    assert {"--n_embd=256", "--n_head=8", "--mup_base_width=64", "--learning_rate=0.002", "--min_lr=0.0002"} <= set(args)
+
+
+def test_transfer_study_measures_the_optimum_move_in_grid_steps() -> None:
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3]
+
+    def row(param: str, width: int, lr: float, loss: float | None, status: str = "ok") -> dict[str, Any]:
+        return {"method": "pre_ln", "param": param, "width": width, "lr": lr, "val_loss": loss, "status": status}
+
+    rows = [
+        row("standard", 64, 1e-3, 2.5), row("standard", 64, 4e-3, 2.2), row("standard", 64, 8e-3, 2.3),
+        row("standard", 256, 1e-3, 2.1), row("standard", 256, 4e-3, 2.3), row("standard", 256, 8e-3, None, "diverged"),
+        row("mup", 64, 4e-3, 2.2), row("mup", 256, 4e-3, 2.0), row("mup", 256, 8e-3, 1.9, "collapsed"),
+    ]
+    moves = {m["param"]: m for m in mup_transfer.optimum_moves(rows, lrs)}
+    assert moves["standard"]["grid_steps"] == -2 and moves["standard"]["best_lr"] == {"64": 4e-3, "256": 1e-3}
+    assert moves["mup"]["grid_steps"] == 0  # a collapsed run is never the optimum
