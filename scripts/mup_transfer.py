@@ -76,14 +76,17 @@ class Point:
 
 
 def study_points(methods: list[str], widths: list[int], lrs: list[float]) -> list[Point]:
-    """Every run to train; at the base width only the standard one (μP is identical there)."""
+    """Every run to train; at the base width only the standard one (μP is identical there).
+
+    Method by method, so that a study cut short has complete methods rather than half of each.
+    """
     base = min(widths)
     return [
         Point(m, w, param, lr)
+        for m in methods
         for w in widths
         for param in PARAMETRISATIONS
         if not (w == base and param == "mup")
-        for m in methods
         for lr in lrs
     ]
 
