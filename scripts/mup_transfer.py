@@ -44,7 +44,7 @@ from scripts.runs import UsageError, check_overrides, display_name, method_args,
 DEFAULT_METHODS = "p_spheret:0.5,pre_ln"
 DEFAULT_WIDTHS = "64,256"
 DEFAULT_LRS = "1e-3,2e-3,4e-3,8e-3,1.6e-2"
-DEFAULT_MAX_ITERS = 300
+DEFAULT_MAX_ITERS = 250
 PARAMETRISATIONS = ("standard", "mup")
 RESERVED = {
     **STUDY_RESERVED,
