@@ -665,7 +665,12 @@ class GPT(nn.Module):
             scale = mup.lr_scale(mup.param_kind(name, p), ratio) if ratio != 1.0 else 1.0
             grouped.setdefault((p.dim() >= 2, scale), []).append(p)
         groups = [
-            {"params": ps, "weight_decay": weight_decay if decayed else 0.0, "lr": learning_rate * scale, "lr_scale": scale}
+            {
+                "params": ps,
+                "weight_decay": weight_decay if decayed else 0.0,
+                "lr": learning_rate * scale,
+                "lr_scale": scale,
+            }
             for (decayed, scale), ps in grouped.items()
         ]
         ids = [id(p) for g in groups for p in g["params"]]
