@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import mup
 from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
@@ -63,6 +64,7 @@ class GPTConfig:
     dyt_alpha: float = 0.5  # initial scalar a of DyT(x) = g * tanh(a x) + b
     keel_alpha: float | None = None  # Keel's fixed residual scale; None means 2 * n_layer
     peri_embed_ln: bool = False  # Peri-LN: also LayerNorm the embedding output
+    mup_base_width: int = 0  # μP base width n0: LRs and init transfer from width n0 (0: off; mup.py)
     # How the sphere update runs (same maths): auto | reference | fused | triton
     sphere_impl: str = "auto"
 
@@ -103,10 +105,19 @@ class GPTConfig:
             raise ValueError(f"keel_alpha must be > 0 (or None for 2 * n_layer), got {self.keel_alpha}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
+        if self.mup_base_width < 0:
+            raise ValueError(
+                f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}."
+            )
 
     @property
     def keel_scale(self) -> float:
         return float(self.keel_alpha) if self.keel_alpha is not None else 2.0 * self.n_layer
+
+    @property
+    def mup_ratio(self) -> float:
+        """n0 / n of mup.py's rules; 1.0 when μP is off."""
+        return mup.width_ratio(self.n_embd, self.mup_base_width)
 
 
 def config_from_dict(d: dict[str, Any]) -> GPTConfig:
@@ -519,6 +530,16 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        self._scale_init_for_mup()
+
+    def _scale_init_for_mup(self) -> None:
+        """μP's init (mup.py): rescale the stds above by kind; nothing at all when the ratio is 1."""
+        ratio = self.config.mup_ratio
+        if ratio == 1.0:
+            return
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                p.mul_(mup.init_scale(mup.param_kind(name, p), ratio))
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -588,7 +609,11 @@ class GPT(nn.Module):
         x = self.embed(idx, pos)
         for block in self.transformer.h:
             x = block(x, attn_mask)
-        return self.transformer.ln_f(x)
+        x = self.transformer.ln_f(x)
+        # μP's logit multiplier, on the head's input (the same for a bias-free linear head), so
+        # every caller of lm_head gets it; skipped at ratio 1 so the model stays today's exactly.
+        multiplier = mup.output_multiplier(self.config.mup_ratio)
+        return x if multiplier == 1.0 else x * multiplier
 
     @torch.no_grad()
     def diagnostics(self, idx: torch.Tensor) -> dict[str, Any]:
@@ -656,17 +681,29 @@ class GPT(nn.Module):
         """AdamW with decay on matrices and embeddings (dim >= 2) only.
 
         Biases, norm gains and every connection scalar (sphere a, ScaleNorm gamma,
-        DyT alpha) are 0-dim or 1-dim and so undecayed.
+        DyT alpha) are 0-dim or 1-dim and so undecayed. Under μP (mup.py) each group also
+        carries lr_scale, the factor of its kind; its lr is learning_rate * lr_scale, and
+        the trainer's schedule multiplies by it too. Groups with equal (decay, lr_scale)
+        are one group, so without μP (or at the base width) there are today's two.
         """
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        decay = [p for p in params.values() if p.dim() >= 2]
-        no_decay = [p for p in params.values() if p.dim() < 2]
-        assert len(decay) + len(no_decay) == len(params), "a parameter is in no group"
-        assert not {id(p) for p in decay} & {id(p) for p in no_decay}, "a parameter is in two groups"
+        ratio = self.config.mup_ratio
+        grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
+        for name, p in params.items():
+            scale = mup.lr_scale(mup.param_kind(name, p), ratio) if ratio != 1.0 else 1.0
+            grouped.setdefault((p.dim() >= 2, scale), []).append(p)
         groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {
+                "params": ps,
+                "weight_decay": weight_decay if decayed else 0.0,
+                "lr": learning_rate * scale,
+                "lr_scale": scale,
+            }
+            for (decayed, scale), ps in grouped.items()
         ]
+        ids = [id(p) for g in groups for p in g["params"]]
+        assert len(ids) == len(params), "a parameter is in no group"
+        assert len(set(ids)) == len(ids), "a parameter is in two groups"
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         extra = {"fused": True} if fused else {}
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)

@@ -580,7 +580,8 @@ class Trainer:
         cfg = self.cfg
         lr = learning_rate_at(step, cfg)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            # μP's per-kind factor (model.configure_optimizers); absent in older checkpoints.
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         block = self.model_cfg.block_size
         offsets = batch_offsets(cfg.seed, TRAIN_STREAM, step, cfg.global_batch_size, self.data.num_tokens("train"), block)
         mine = offsets.reshape(self.dist.world_size, self.accum, cfg.batch_size)[self.dist.rank]

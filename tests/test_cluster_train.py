@@ -156,6 +156,8 @@ HELP_EXPECTATIONS = [
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
     ("scripts/export_hf.py", ["--ckpt", "--out", "--format", "(default: hf)"]),
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
+    ("scripts/coord_check.py", ["--widths", "(default: 64,128,256,512,1024)", "--lr", "(default 0.003)"]),
+    ("scripts/mup_transfer.py", ["--widths", "(default: 64,256)", "--lrs", "--max_iters", "(default 250)"]),
 ]
 
 
