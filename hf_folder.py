@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 import model as model_module
+import mup
 import sphere_kernels
 from model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig, config_from_dict
 
@@ -237,6 +238,9 @@ def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
             "AutoModelForCausalLM": f"{MODELING_MODULE}.{REMOTE_MODEL_CLASS}",
         },
         **model_keys,
+        # μP's factor on the final hidden state (mup.py), so that the exported code need not
+        # carry the rules table; 1.0 when μP is off.
+        "logit_multiplier": mup.output_multiplier(cfg.mup_ratio),
         **special,
         "tie_word_embeddings": True,
         "use_cache": True,

