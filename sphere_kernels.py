@@ -25,6 +25,7 @@ Implementations (the model key `sphere_impl`):
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import warnings
@@ -222,14 +223,37 @@ def cpu_extension():
     return _build_cpu_extension()
 
 
+def staged_cpu_source() -> tuple[str, Path]:
+    """(extension name, source path) that depend on sphere_cpu.cpp's content only.
+
+    torch rebuilds an extension whenever the source path in its build file changes, so two
+    checkouts (worktrees, a user's clone beside a cluster copy) sharing the cache would rebuild
+    for each other at every start. Building a copy kept in the cache under a content-hashed name
+    gives every checkout with this source one shared build, and a changed source its own.
+    """
+    from torch.utils.cpp_extension import get_default_build_root
+
+    text = CPU_SOURCE.read_bytes()
+    name = f"spheretnorm_sphere_cpu_{hashlib.sha256(text).hexdigest()[:12]}"
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    staged = root / "spheretnorm_sources" / f"{name}.cpp"
+    if not staged.is_file() or staged.read_bytes() != text:
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        partial = staged.with_suffix(f".{os.getpid()}.tmp")  # ranks of one node may race here
+        partial.write_bytes(text)
+        os.replace(partial, staged)
+    return name, staged
+
+
 @functools.lru_cache(maxsize=None)
 def _build_cpu_extension():
     try:
         from torch.utils.cpp_extension import load
 
+        name, source = staged_cpu_source()
         return load(
-            name="spheretnorm_sphere_cpu",
-            sources=[str(CPU_SOURCE)],
+            name=name,
+            sources=[str(source)],
             extra_cflags=["-O3", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,

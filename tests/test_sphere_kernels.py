@@ -334,3 +334,20 @@ def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
     other = GPT.from_checkpoint(state).eval()
     x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(other(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_kernel_build_depends_on_the_source_text_not_on_the_checkout(tmp_path, monkeypatch) -> None:
+    # Two checkouts of the same source must share one build; an edited source gets its own.
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    text = sphere_kernels.CPU_SOURCE.read_text()
+    staged = []
+    for checkout, source in (("a", text), ("b", text), ("c", text + "\n// edited\n")):
+        path = tmp_path / checkout / "sphere_cpu.cpp"
+        path.parent.mkdir()
+        path.write_text(source)
+        monkeypatch.setattr(sphere_kernels, "CPU_SOURCE", path)
+        staged.append(sphere_kernels.staged_cpu_source())
+    assert staged[0] == staged[1]
+    assert staged[2][0] != staged[0][0] and staged[2][1] != staged[0][1]
+    assert [p.read_text() for _, p in staged] == [text, text, text + "\n// edited\n"]
+    assert all(p.parent == tmp_path / "cache" / "spheretnorm_sources" for _, p in staged)
