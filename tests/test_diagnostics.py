@@ -218,3 +218,53 @@ def test_classify_reads_the_collapse_exit_code_and_stop_rows(tmp_path: Path) -> 
     assert runs.is_collapsed("stopped: collapse") and runs.is_collapsed("collapsed") and not runs.is_collapsed("ok")
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "stop", "iter": 3, "reason": "signal"}) + "\n")
     assert runs.stopped_row(tmp_path) is None  # pre-empted: to be resumed
+
+
+# -----------------------------------------------------------------------------
+# scripts/jacobian.py
+
+
+def orthonormal_complement(point: torch.Tensor) -> torch.Tensor:
+    """A d x (d-1) orthonormal basis of the tangent space at point (the complement of its direction)."""
+    u = (point / point.norm())[:, None]
+    q, _ = torch.linalg.qr(torch.cat([u, torch.eye(point.numel(), dtype=point.dtype)], dim=1))
+    return q[:, 1:]
+
+
+@pytest.mark.parametrize("connection", ["pre_ln", "geonorm", "p_spheret"])
+@pytest.mark.parametrize("scope", ["self", "prefix"])
+def test_jacobian_singular_values_match_the_dense_jacobian(connection: str, scope: str) -> None:
+    from scripts import jacobian
+
+    model = tiny_model(connection).double()
+    with torch.no_grad():
+        h1 = model.embed(tokens()[:1, :6])[0]
+    t = 4
+    pmap = jacobian.PositionMap(model, h1, t, scope)
+    sigma_max, sigma_min, steps, exact = jacobian.position_conditioning(pmap, None, torch.Generator().manual_seed(0))
+
+    dense = torch.autograd.functional.jacobian(pmap.output, h1)  # (d, T, d)
+    inputs = [t] if scope == "self" else list(range(t + 1))
+    blocks = [dense[:, s, :] for s in inputs]
+    if connection != "pre_ln":  # tangent spaces: at each input h_1[s] and at the output h_L[t]
+        out_basis = orthonormal_complement(pmap.h_last)
+        blocks = [out_basis.T @ b @ orthonormal_complement(h1[s]) for b, s in zip(blocks, inputs)]
+    expected = torch.linalg.svdvals(torch.cat(blocks, dim=1))
+    assert exact and steps == expected.numel()
+    assert sigma_max == pytest.approx(expected.max().item(), rel=1e-3)
+    assert sigma_min == pytest.approx(expected.min().item(), rel=1e-3)
+    assert expected.max() / expected.min() > 1.5  # a map far from an isometry: the test can tell
+
+
+def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path) -> None:
+    from scripts import jacobian
+
+    for name, connection in (("a", "pre_ln"), ("b", "geonorm")):
+        train.main(tiny_args(data_dir, tmp_path / name, "--max_iters=2", "--eval_interval=2", f"--connection={connection}"))
+    out = tmp_path / "cond.json"
+    code = jacobian.main(["--ckpt", str(tmp_path / "a" / "ckpt.pt"), str(tmp_path / "b" / "ckpt.pt"), "--tokens", "2", "--steps", "4", "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert [(r["method"], r["position"]) for r in rows] == [("pre_ln", 0), ("pre_ln", 15), ("geonorm", 0), ("geonorm", 15)]
+    assert all(r["sigma_max"] >= r["sigma_min"] > 0 and not r["exact"] for r in rows)
+    assert jacobian.main(["--ckpt", str(tmp_path / "a" / "ckpt.pt"), "--tokens", "0"]) == 2
