@@ -22,7 +22,7 @@ from typing import Any
 
 from data.common import load_meta
 from data.prepare import prepare
-from scripts.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, is_finished, load_run, stopped_row
+from scripts.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, exit_text, is_finished, load_run, stopped_row
 from trainconfig import ConfigError, ParsedConfig, parse_config
 
 DATASET = "shakespeare_char"
@@ -176,7 +176,7 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
     job = result.job
     if result.reused:
         return f"[{index}/{total}] {job.label}: already finished in {job.out_dir}, reused"
-    outcome = "done" if result.returncode == 0 else f"exit status {result.returncode} {result.message}".rstrip()
+    outcome = "done" if result.returncode == 0 else f"{exit_text(result.returncode)}: {result.message}".rstrip(": ")
     return f"[{index}/{total}] {job.label}: {outcome} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
 
 

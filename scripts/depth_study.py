@@ -13,7 +13,8 @@ evaluation is the one reported.
 
 Runs go to OUT_DIR/seed<S>/<method>[+alpha_index=sublayer]/ (a finished or stopped run is
 reused). Writes OUT_DIR/depth_study.md (one row per run: val loss, final_cosine and the
-diagnostics of its last evaluation) and OUT_DIR/depth_study.json, and prints the table.
+diagnostics of its last evaluation), OUT_DIR/depth_study.json and the per-layer heatmaps
+OUT_DIR/figures/diagnostics_<name>.png (scripts/plot.py), and prints the table.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from scripts import plot
 from scripts.cpu_study import CPU_MODEL, RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs
 from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import CONFIG_NAME, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
@@ -195,6 +197,9 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     rows = [result_row(run, result, unigram) for run, result in zip(runs, results)]
     table = study_table(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
+    found = [load_run(r.job.out_dir) for r in results if (r.job.out_dir / CONFIG_NAME).is_file()]
+    if found:
+        plot.plot_diagnostics(found, f"{out_dir.name}: 24 x 128", out_dir / "figures" / "diagnostics")
     (out_dir / "depth_study.md").write_text(table + "\n", encoding="utf-8")
     (out_dir / "depth_study.json").write_text(json.dumps({"unigram_loss": unigram, "runs": rows}, indent=2) + "\n", encoding="utf-8")
     print(table)

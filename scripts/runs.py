@@ -31,7 +31,7 @@ from common import HelpFormatter  # noqa: F401  (the scripts import it from here
 from data.common import load_meta, open_split
 from eval.zero_shot import results_limit
 from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
-from train import CKPT_NAME, EXIT_COLLAPSE, EXIT_NON_FINITE, METRICS_NAME
+from train import CKPT_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
 from trainconfig import (
     MODEL_KEYS,
     TRAIN_KEYS,
@@ -445,6 +445,18 @@ def unigram_loss(data_dir: Path) -> float:
 
 
 STOPPED_COLLAPSE = "stopped: collapse"
+# What each exit status of train.py means (its EXIT_* constants), for the scripts' progress lines.
+EXIT_TEXT = {
+    EXIT_CRASH: "crashed",
+    EXIT_CONFIG: "refused its config",
+    EXIT_COLLAPSE: STOPPED_COLLAPSE,
+    EXIT_NON_FINITE: "stopped: non-finite loss",
+}
+
+
+def exit_text(code: int) -> str:
+    """'stopped: collapse (exit status 3)' and so on; any other status by its number."""
+    return f"{EXIT_TEXT[code]} (exit status {code})" if code in EXIT_TEXT else f"exit status {code}"
 
 
 def is_collapsed(status: str) -> bool:

@@ -268,3 +268,39 @@ def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path)
     assert [(r["method"], r["position"]) for r in rows] == [("pre_ln", 0), ("pre_ln", 15), ("geonorm", 0), ("geonorm", 15)]
     assert all(r["sigma_max"] >= r["sigma_min"] > 0 and not r["exact"] for r in rows)
     assert jacobian.main(["--ckpt", str(tmp_path / "a" / "ckpt.pt"), "--tokens", "0"]) == 2
+
+
+def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from scripts import launch
+
+    filters = ["--runs_root", str(tmp_path), "--methods", "pre_ln,geonorm", "--scales", "S", "--datasets", "openwebtext"]
+    stopped = tmp_path / "openwebtext_s" / "geonorm"
+    stopped.mkdir(parents=True)
+    rows = [{"kind": "eval", "iter": 3000, "val_loss": 7.0}, {"kind": "stop", "iter": 3000, "reason": "collapse", "message": "..."}]
+    (stopped / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert launch.main(["--dry_run", *filters]) == 0
+    out = capsys.readouterr().out
+    assert "# skip openwebtext_s/geonorm: stopped: collapse at iter 3000" in out
+    assert "# openwebtext_s/pre_ln (train, new)" in out
+    assert runs.exit_text(3) == "stopped: collapse (exit status 3)" and runs.exit_text(7) == "exit status 7"
+
+
+def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
+    from scripts import plot
+
+    def run(method: str, alpha_index: str, scale: float) -> runs.Run:
+        evals = [
+            {"kind": "eval", "iter": i, "attn_sink": [0.1 * scale] * 2, "massive_ratio": [5.0 + i] * 3,
+             "contribution": [1e-3 * (k + 1) for k in range(4)], "update_ratio": [0.1 * (k + 1) for k in range(4)]}
+            for i in (0, 10, 20)
+        ]
+        return runs.Run(tmp_path, {"method": method, "alpha_index": alpha_index}, evals, None)
+
+    chosen = [run("p_spheret:0.5", "sublayer", 2.0), run("pre_ln", "block", 1.0), run("p_spheret:0.5", "block", 3.0)]
+    assert plot.diagnostic_matrix(chosen[0], "update_ratio")[1].shape == (4, 3)  # sublayers x evaluations
+    paths = plot.plot_diagnostics(chosen, "tiny", tmp_path / "fig")
+    assert sorted(p.name for p in paths) == sorted(f"fig_{k}.{ext}" for k in plot.HEATMAPS for ext in ("png", "pdf"))
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert plot.run_label(chosen[0]) == "0.5-SpheretNorm (alpha_index=sublayer)"
+    with pytest.raises(runs.UsageError, match="predate the diagnostics"):
+        plot.plot_diagnostics([runs.Run(tmp_path, {"method": "pre_ln"}, [{"kind": "eval", "iter": 0}], None)], "old", tmp_path / "old")
