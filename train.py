@@ -657,6 +657,12 @@ class Trainer:
         self.collapse_streak = self.collapse_streak + 1 if suspect else 0
         if self.collapse_streak >= self.cfg.collapse_evals:
             self._fail_collapse(cosine)
+        if suspect:
+            print0(
+                f"WARNING: final_cosine {cosine:.3f} > collapse_cosine={self.cfg.collapse_cosine} "
+                f"({self.collapse_streak} of {self.cfg.collapse_evals} evaluations before the collapse stop); "
+                "this state is not checkpointed."
+            )
         return suspect
 
     # -- evaluation ----------------------------------------------------------------
