@@ -8,7 +8,9 @@ the largest and smallest singular values of the Jacobian of h_L[t] and their rat
 Jacobian-vector and vector-Jacobian products only: Lanczos with full reorthogonalisation on
 J J^T (the output side, d x d). With --steps at its default (the output dimension) the Krylov
 space is the whole space and the values are exact up to rounding; a smaller --steps gives an
-accurate sigma_max and an upper bound on sigma_min (the "exact" column says which).
+accurate sigma_max and an upper bound on sigma_min (the "exact" column says which). A
+sigma_min within float64 rounding of zero (the map loses a direction) is shown as "< rounding
+level", and the ratio as a lower bound.
 
 What is differentiated (h_L is the last block's output, before ln_f):
   --scope self (default): dh_L[t] / dh_1[t], the token's own path through the depth, with
@@ -46,6 +48,9 @@ from scripts.runs import HelpFormatter, UsageError
 from trainconfig import method_key
 
 SCOPES = ("self", "prefix")
+# An eigenvalue of J J^T below this times (largest eigenvalue x dimension) is float64 rounding:
+# the smallest singular value is then reported as an upper bound (the map loses a direction).
+RESOLUTION = 100 * np.finfo(np.float64).eps
 # Lanczos stops a run of its recurrence when the next residual is this small (relative to the
 # operator's scale): the Krylov space is invariant, and a fresh direction continues it.
 BREAKDOWN = 1e-10
@@ -172,19 +177,26 @@ class Conditioning:
     iter: int | None
     position: int
     sigma_max: float
-    sigma_min: float
+    sigma_min: float  # an upper bound when not resolved
     ratio: float
     steps: int
     exact: bool  # the Krylov space was the whole output space
+    resolved: bool  # sigma_min is above float64 rounding (else the map is singular to precision)
 
 
-def position_conditioning(pmap: PositionMap, steps: int | None, generator: torch.Generator) -> tuple[float, float, int, bool]:
-    """(sigma_max, sigma_min, Lanczos steps, exact) of one position's restricted Jacobian."""
+def position_conditioning(pmap: PositionMap, steps: int | None, generator: torch.Generator) -> tuple[float, float, int, bool, bool]:
+    """(sigma_max, sigma_min, Lanczos steps, exact, resolved) of one position's restricted Jacobian.
+
+    Unresolved: the smallest eigenvalue of J J^T is within rounding of zero, and sigma_min is
+    returned as the rounding level, an upper bound.
+    """
     dim = pmap.output_dim()
     steps = dim if steps is None else min(steps, dim)
     eig = lanczos_eigenvalues(lambda u: pmap.jvp(pmap.vjp(u)), lambda: pmap.random_output(generator), dim, steps)
-    eig = np.clip(eig, 0.0, None)
-    return float(np.sqrt(eig.max())), float(np.sqrt(eig.min())), steps, steps == dim
+    floor = RESOLUTION * max(eig.max(), 0.0) * dim
+    resolved = bool(eig.min() > floor)
+    smin = float(np.sqrt(eig.min() if resolved else floor))
+    return float(np.sqrt(max(eig.max(), 0.0))), smin, steps, steps == dim, resolved
 
 
 # -----------------------------------------------------------------------------
@@ -227,9 +239,9 @@ def measure(path: Path, args: argparse.Namespace) -> list[Conditioning]:
     rows = []
     for t in positions(idx.size(1), args.tokens):
         pmap = PositionMap(model, h1, t, args.scope)
-        smax, smin, steps, exact = position_conditioning(pmap, args.steps, generator)
+        smax, smin, steps, exact, resolved = position_conditioning(pmap, args.steps, generator)
         ratio = smax / smin if smin > 0 else float("inf")
-        rows.append(Conditioning(str(path), method_key(model.config), ckpt.get("iter_num"), t, smax, smin, ratio, steps, exact))
+        rows.append(Conditioning(str(path), method_key(model.config), ckpt.get("iter_num"), t, smax, smin, ratio, steps, exact, resolved))
     return rows
 
 
@@ -239,9 +251,10 @@ def table(rows: list[Conditioning]) -> str:
         "|:--|:--|--:|--:|--:|--:|--:|:--|",
     ]
     for r in rows:
+        bound = "<" if not r.resolved or not r.exact else ""  # sigma_min is then an upper bound
         lines.append(
-            f"| {r.checkpoint} | {r.method} | {r.iter} | {r.position} | {r.sigma_max:.4g} | {r.sigma_min:.4g} | "
-            f"{r.ratio:.4g} | {'yes' if r.exact else f'no ({r.steps} steps)'} |"
+            f"| {r.checkpoint} | {r.method} | {r.iter} | {r.position} | {r.sigma_max:.4g} | {bound}{r.sigma_min:.4g} | "
+            f"{'>' if bound else ''}{r.ratio:.4g} | {'yes' if r.exact else f'no ({r.steps} steps)'} |"
         )
     return "\n".join(lines)
 

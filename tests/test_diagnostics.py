@@ -241,7 +241,7 @@ def test_jacobian_singular_values_match_the_dense_jacobian(connection: str, scop
         h1 = model.embed(tokens()[:1, :6])[0]
     t = 4
     pmap = jacobian.PositionMap(model, h1, t, scope)
-    sigma_max, sigma_min, steps, exact = jacobian.position_conditioning(pmap, None, torch.Generator().manual_seed(0))
+    sigma_max, sigma_min, steps, exact, resolved = jacobian.position_conditioning(pmap, None, torch.Generator().manual_seed(0))
 
     dense = torch.autograd.functional.jacobian(pmap.output, h1)  # (d, T, d)
     inputs = [t] if scope == "self" else list(range(t + 1))
@@ -250,7 +250,7 @@ def test_jacobian_singular_values_match_the_dense_jacobian(connection: str, scop
         out_basis = orthonormal_complement(pmap.h_last)
         blocks = [out_basis.T @ b @ orthonormal_complement(h1[s]) for b, s in zip(blocks, inputs)]
     expected = torch.linalg.svdvals(torch.cat(blocks, dim=1))
-    assert exact and steps == expected.numel()
+    assert exact and resolved and steps == expected.numel()
     assert sigma_max == pytest.approx(expected.max().item(), rel=1e-3)
     assert sigma_min == pytest.approx(expected.min().item(), rel=1e-3)
     assert expected.max() / expected.min() > 1.5  # a map far from an isometry: the test can tell
@@ -304,3 +304,13 @@ def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
     assert plot.run_label(chosen[0]) == "0.5-SpheretNorm (alpha_index=sublayer)"
     with pytest.raises(runs.UsageError, match="predate the diagnostics"):
         plot.plot_diagnostics([runs.Run(tmp_path, {"method": "pre_ln"}, [{"kind": "eval", "iter": 0}], None)], "old", tmp_path / "old")
+
+
+def test_lanczos_finds_every_eigenvalue_of_a_singular_operator() -> None:
+    from scripts import jacobian
+
+    # diag(3, 2, 1, 0) as J J^T: exact in 4 steps, the zero included.
+    eigen = torch.tensor([9.0, 4.0, 1.0, 0.0], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    values = jacobian.lanczos_eigenvalues(lambda u: eigen * u, lambda: torch.randn(4, generator=gen, dtype=torch.float64), 4, 4)
+    assert values == pytest.approx([0.0, 1.0, 4.0, 9.0], abs=1e-9)
