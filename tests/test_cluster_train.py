@@ -155,6 +155,8 @@ HELP_EXPECTATIONS = [
     ("scripts/plot.py", ["--smooth", "(default 0.9", "--runs_root"]),
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
+    ("scripts/depth_study.py", ["--seeds", "(default 1337,1338)", "--warmup_iters", "(default 400)", "--table_only"]),
+    ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps"]),
 ]
 
 
