@@ -233,7 +233,8 @@ class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed at once so a crash loses nothing.
 
     A resumed run first drops the rows past the checkpoint's iteration (they belong to the
-    abandoned tail of the previous attempt), so every iteration appears once.
+    abandoned tail of the previous attempt), so every iteration appears once, and every stop row
+    (the previous attempt's ending, which the resume abandons).
     """
 
     def __init__(self, path: Path, resume_iter: int | None):
@@ -253,7 +254,7 @@ class MetricsLog:
                 row = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a crash
                 continue
-            if row.get("iter", 0) <= last_iter:
+            if row.get("iter", 0) <= last_iter and row.get("kind") != "stop":
                 rows.append(row)
         return rows
 

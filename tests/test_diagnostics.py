@@ -199,7 +199,7 @@ def test_a_crash_is_resumable_and_its_stop_row_is_dropped(data_dir: Path, tmp_pa
     assert stop_rows(tmp_path)[0]["reason"] == "crash"
     assert runs.stopped_row(tmp_path) is None  # a crash is no end: the scripts resume it
     train.main(tiny_args(data_dir, tmp_path, "--max_iters=6", "--eval_interval=2", "--init_from=resume"))
-    assert stop_rows(tmp_path) == []  # written at iter 5, past the checkpoint at 4
+    assert stop_rows(tmp_path) == []  # the resume abandoned that ending
     assert read_metrics(tmp_path, "eval")[-1]["iter"] == 6
 
 
