@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import diagnostics as diag
 import mup
 from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update
 
@@ -41,6 +42,16 @@ EXECUTION_KEYS = ("sphere_impl",)
 ALPHA_INDICES = ("block", "sublayer")
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
+# The per-layer lists of GPT.diagnostics, and what their index counts (for W&B names and plots).
+DIAGNOSTIC_SERIES = {
+    "rms": "layer",
+    "massive_ratio": "layer",
+    "massive_top": "layer",
+    "attn_sink": "block",
+    "angle": "sublayer",
+    "contribution": "sublayer",
+    "update_ratio": "sublayer",
+}
 
 
 # -----------------------------------------------------------------------------
@@ -200,15 +211,17 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x (B, T, C), each (B, nh, T, hs)."""
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Causal self-attention; attn_mask (B, T, T), True where a query may attend, replaces
         the causal mask (packed zero-shot rows, see GPT.final_hidden)."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        # (B, T, C) -> (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q, k, v = self.heads(x)
         y = F.scaled_dot_product_attention(
             q,
             k,
@@ -219,6 +232,18 @@ class CausalSelfAttention(nn.Module):
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return self.resid_dropout(self.c_proj(y))
+
+    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The softmax matrix (B, nh, T, T) that forward's fused attention never materialises.
+
+        For diagnostics only (an attention sink is read off it): the same scores as
+        scaled_dot_product_attention's default 1 / sqrt(hs) scale and causal mask, in fp32.
+        """
+        q, k, _ = self.heads(x)
+        T = x.size(1)
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
 
 class MLP(nn.Module):
@@ -617,41 +642,47 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def diagnostics(self, idx: torch.Tensor) -> dict[str, Any]:
-        """What the paper's argument rests on, measured on one batch.
+        """What the paper's argument rests on, measured on one batch (diagnostics.py).
 
-        rms[l]: RMS of the hidden state after block l (index 0 is the embedding output);
-        angle[k]: mean angle (radians) between h before and after sublayer update k;
-        final_cosine: mean pairwise cosine of the final hidden states, after ln_f, as
-        the LM head reads them (1.0 means every token sits at the same point:
-        representation collapse).
+        Per layer l (index 0 is the embedding output, l the output of block l):
+          rms[l]: RMS of the hidden state;
+          massive_ratio[l], massive_top[l]: max |h_i| over the median |h_i|, and the max;
+        per block: attn_sink[b]: mean attention mass on the first token;
+        per sublayer update k (attention, MLP, attention, ...):
+          angle[k]: mean angle (radians) between h before and after;
+          contribution[k]: mean 1 - cos(h before, h after);
+          update_ratio[k]: mean ||h after - h before|| / ||h before||;
+        final_cosine: mean pairwise cosine of the final hidden states, after ln_f, as the LM
+        head reads them (1.0 means every token sits at the same point: representation collapse).
         """
-
-        def rms(x: torch.Tensor) -> float:
-            return x.float().pow(2).mean(dim=-1).sqrt().mean().item()
-
-        def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
-            cos = F.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
-            return torch.acos(cos.clamp(-1.0, 1.0)).mean().item()
-
         x = self.embed(idx)
-        rms_list, angles = [rms(x)], []
+        out: dict[str, Any] = {key: [] for key in DIAGNOSTIC_SERIES}
+        self._record_layer(out, x)
         for block in self.transformer.h:
-            for conn, sub in ((block.conn_attn, block.attn), (block.conn_mlp, block.mlp)):
+            sink: list[float] = []
+
+            def attn(u: torch.Tensor, attn: CausalSelfAttention = block.attn) -> torch.Tensor:
+                # The connection decides what the attention sees (LN(h), h, ...): record it there.
+                sink.append(diag.first_token_mass(attn.attention_weights(u)))
+                return attn(u)
+
+            for conn, sub in ((block.conn_attn, attn), (block.conn_mlp, block.mlp)):
                 y = conn(x, sub)
-                angles.append(mean_angle(x, y))
+                out["angle"].append(diag.mean_angle(x, y))
+                out["contribution"].append(diag.contribution(x, y))
+                out["update_ratio"].append(diag.update_ratio(x, y))
                 x = y
-            rms_list.append(rms(x))
-        x = self.transformer.ln_f(x)
-        final = F.normalize(x.float().reshape(-1, x.size(-1)), dim=-1)
-        n = final.size(0)
-        if n > 1:
-            # sum over i != j of <u_i, u_j> = ||sum_i u_i||^2 - sum_i ||u_i||^2: O(n d), no n x n
-            # matrix (at 16 x 1024 tokens that matrix would be 1 GiB).
-            total = final.double().sum(dim=0)
-            final_cosine = ((total @ total - final.double().pow(2).sum()) / (n * (n - 1))).item()
-        else:
-            final_cosine = 1.0
-        return {"rms": rms_list, "angle": angles, "final_cosine": final_cosine}
+            out["attn_sink"].extend(sink)
+            self._record_layer(out, x)
+        out["final_cosine"] = diag.final_cosine(self.transformer.ln_f(x))
+        return out
+
+    @staticmethod
+    def _record_layer(out: dict[str, Any], h: torch.Tensor) -> None:
+        ratio, top = diag.massive_activation(h)
+        out["rms"].append(diag.rms(h))
+        out["massive_ratio"].append(ratio)
+        out["massive_top"].append(top)
 
     def step_sizes(self) -> list[float]:
         """Current sphere step sizes alpha per sublayer (empty for Euclidean models)."""

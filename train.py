@@ -14,6 +14,9 @@ changes the optimisation.
 
 Outputs in out_dir: ckpt.pt (written atomically), metrics.jsonl (one JSON object per line, see
 README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0.
+Exit status: 0 done or signalled, 1 crash, 2 bad config, 3 collapse (final_cosine above
+collapse_cosine for collapse_evals evaluations in a row), 4 non-finite loss; every early end
+also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
 --init_from=auto resumes when out_dir holds a checkpoint and starts from scratch otherwise;
 --init_from=scratch refuses to replace an existing checkpoint unless --overwrite=true.
 `python train.py --help` lists every key with its default.
@@ -31,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -59,7 +63,7 @@ from common import (
 )
 from data.common import PrepareError, load_meta, open_split
 from hf_folder import HF_INIT_ADJUSTABLE, HF_PREFIX, folder_model_config, load_folder_weights
-from model import EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
+from model import DIAGNOSTIC_SERIES, EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
 from trainconfig import (
     RUN_NEUTRAL_KEYS,
     ConfigError,
@@ -86,8 +90,34 @@ SPLITS = ("train", "val")
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 
 
-class NonFiniteLossError(RuntimeError):
+# Exit statuses of train.py, one per way a run can end (README, "Training"). A stopped or
+# crashed run also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
+EXIT_OK = 0  # finished, or stopped by SIGTERM/SIGUSR1 with a checkpoint to resume from
+EXIT_CRASH = 1  # an unexpected exception (a bug, out of memory, a lost file): traceback on stderr
+EXIT_CONFIG = 2  # a bad config or device, refused before any training
+EXIT_COLLAPSE = 3  # representation collapse: final_cosine above collapse_cosine for collapse_evals evaluations
+EXIT_NON_FINITE = 4  # the loss or gradient norm became nan/inf
+
+
+class RunStopped(RuntimeError):
+    """The run stopped itself for a reason its stop row and exit status name."""
+
+    reason = ""
+    exit_code = EXIT_CRASH
+
+
+class NonFiniteLossError(RunStopped):
     """The loss (or gradient norm) became nan/inf; the run stops without saving."""
+
+    reason = "non_finite"
+    exit_code = EXIT_NON_FINITE
+
+
+class CollapseError(RunStopped):
+    """Every token's final state has become one point; the run stops without saving."""
+
+    reason = "collapse"
+    exit_code = EXIT_COLLAPSE
 
 
 # -----------------------------------------------------------------------------
@@ -204,7 +234,8 @@ class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed at once so a crash loses nothing.
 
     A resumed run first drops the rows past the checkpoint's iteration (they belong to the
-    abandoned tail of the previous attempt), so every iteration appears once.
+    abandoned tail of the previous attempt), so every iteration appears once, and every stop row
+    (the previous attempt's ending, which the resume abandons).
     """
 
     def __init__(self, path: Path, resume_iter: int | None):
@@ -224,7 +255,7 @@ class MetricsLog:
                 row = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a crash
                 continue
-            if row.get("iter", 0) <= last_iter:
+            if row.get("iter", 0) <= last_iter and row.get("kind") != "stop":
                 rows.append(row)
         return rows
 
@@ -237,7 +268,7 @@ class MetricsLog:
 
 
 # W&B names of the per-layer diagnostics: rms[i] -> diag/rms/layer_03 and so on.
-DIAG_SERIES = {"rms": "layer", "angle": "sublayer", "step_sizes": "sublayer"}
+DIAG_SERIES = {**DIAGNOSTIC_SERIES, "step_sizes": "sublayer"}
 
 
 def wandb_payload(row: dict[str, Any]) -> dict[str, Any]:
@@ -494,6 +525,7 @@ class Trainer:
         seed_everything(self.cfg.seed + dist.rank)
         self.iter_num = 0
         self.best_val_loss = math.inf
+        self.collapse_streak = 0  # evaluations in a row with final_cosine above collapse_cosine
         self.recent_losses: deque[float] = deque(maxlen=AVG_WINDOW)
         self.prior_elapsed = 0.0
         self.wandb_run_id: str | None = None
@@ -524,6 +556,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.iter_num = ckpt["iter_num"]
         self.best_val_loss = ckpt["best_val_loss"]
+        self.collapse_streak = ckpt.get("collapse_streak", 0)
         self.recent_losses.extend(ckpt["recent_losses"])
         self.prior_elapsed = ckpt["elapsed_s"]
         self.wandb_run_id = ckpt.get("wandb_run_id")
@@ -597,6 +630,8 @@ class Trainer:
                     _, loss = self.model(x, y)
                 if step + 1 == cfg.debug_nan_at_iter:
                     loss = loss * float("nan")
+                if step + 1 == cfg.debug_crash_at_iter:
+                    raise RuntimeError(f"debug_crash_at_iter={cfg.debug_crash_at_iter}: a deliberate crash for the tests")
                 loss = loss / self.accum
                 if not last:
                     x, y = get_batch(tokens, mine[micro + 1], block, self.device)  # while the GPU works
@@ -620,14 +655,50 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_val, norm_val, stop_val > 0
 
-    def _fail_non_finite(self, what: str, value: float, iteration: int) -> None:
+    def _kept_checkpoint_text(self) -> str:
         path = checkpoint_path(self.cfg)
         if path.is_file():
             at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
-            kept = f"the last good checkpoint {path}{at} is untouched"
-        else:
-            kept = "no checkpoint had been written"
-        raise NonFiniteLossError(f"{what} became {value} at iter {iteration}; stopping without saving: {kept}.")
+            return f"the last good checkpoint {path}{at} is untouched"
+        return "no checkpoint had been written"
+
+    def _fail_non_finite(self, what: str, value: float, iteration: int) -> None:
+        raise NonFiniteLossError(
+            f"{what} became {value} at iter {iteration}; stopping without saving: {self._kept_checkpoint_text()}."
+        )
+
+    def _fail_collapse(self, cosine: float) -> None:
+        cfg = self.cfg
+        raise CollapseError(
+            f"final_cosine {cosine:.3f} stayed above collapse_cosine={cfg.collapse_cosine} for "
+            f"{self.collapse_streak} evaluations in a row (iter {self.iter_num}): every token's final "
+            f"state is nearly the same point (representation collapse); stopping without saving: "
+            f"{self._kept_checkpoint_text()}. Try a longer warm-up (e.g. --warmup_iters="
+            f"{max(4 * cfg.warmup_iters, 100)}) or a lower peak learning rate (e.g. --learning_rate="
+            f"{cfg.learning_rate / 3:.1e}); --collapse_evals=0 turns this stop off."
+        )
+
+    def collapse_suspect(self, row: dict[str, Any]) -> bool:
+        """Whether this evaluation counts towards a collapse stop; updates the streak on every rank.
+
+        Only rank 0 computes the diagnostics, so its final_cosine is shared first: every rank
+        must take the same save and stop decisions. The untrained model at iter 0 never counts.
+        """
+        if not self.cfg.collapse_evals or self.iter_num == 0:
+            return False
+        mine = row.get("final_cosine", 0.0) if self.is_master else 0.0
+        cosine = self.all_reduce_sum(torch.tensor(float(mine), device=self.device)).item()
+        suspect = cosine > self.cfg.collapse_cosine
+        self.collapse_streak = self.collapse_streak + 1 if suspect else 0
+        if self.collapse_streak >= self.cfg.collapse_evals:
+            self._fail_collapse(cosine)
+        if suspect:
+            print0(
+                f"WARNING: final_cosine {cosine:.3f} > collapse_cosine={self.cfg.collapse_cosine} "
+                f"({self.collapse_streak} of {self.cfg.collapse_evals} evaluations before the collapse stop); "
+                "this state is not checkpointed."
+            )
+        return suspect
 
     # -- evaluation ----------------------------------------------------------------
 
@@ -673,7 +744,9 @@ class Trainer:
         return {**diag, "step_sizes": self.raw_model.step_sizes()}
 
     def evaluate(self) -> dict[str, Any]:
+        started = time.perf_counter()
         losses = self.estimate_loss()
+        eval_s = time.perf_counter() - started
         if not math.isfinite(losses["val"]):
             self._fail_non_finite("val loss", losses["val"], self.iter_num)
         row = {
@@ -684,9 +757,12 @@ class Trainer:
             "val_loss": losses["val"],
             "val_ppl": math.exp(losses["val"]) if losses["val"] < 700 else None,
             "elapsed_s": round(self.elapsed(), 3),
+            "eval_s": round(eval_s, 4),  # the two loss estimates, so diag_s can be weighed against them
         }
         if self.is_master:
+            started = time.perf_counter()
             row.update(self.diagnostics())
+            row["diag_s"] = round(time.perf_counter() - started, 4)
         return row
 
     # -- checkpoints -------------------------------------------------------------------
@@ -705,6 +781,7 @@ class Trainer:
                 "train_config": asdict(self.cfg),
                 "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss,
+                "collapse_streak": self.collapse_streak,
                 "rng": rng,
                 # The sampler is stateless: step k's batch is drawn from (seed, k) alone.
                 "sampler": {"seed": self.cfg.seed, "next_step": self.iter_num, "global_batch_size": self.cfg.global_batch_size},
@@ -791,12 +868,37 @@ class Trainer:
     def eval_and_maybe_save(self) -> None:
         row = self.evaluate()
         self.log_eval(row)
+        # A state that may be collapsing is never saved: the checkpoint stays the last good one.
+        suspect = self.collapse_suspect(row)
         improved = row["val_loss"] < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, row["val_loss"])
-        if self.iter_num > 0 and (self.cfg.always_save_checkpoint or improved):
+        if self.iter_num > 0 and not suspect and (self.cfg.always_save_checkpoint or improved):
             self.save_checkpoint()
 
+    def log_stop(self, reason: str, message: str, exit_code: int) -> None:
+        """The metrics row that says why a run ended before max_iters (scripts/runs.py reads it)."""
+        self.log({
+            "kind": "stop",
+            "iter": self.iter_num,
+            "reason": reason,
+            "exit_code": exit_code,
+            "message": message,
+            "checkpoint_iter": self.saved_iter if self.saved_iter >= 0 else None,
+            "elapsed_s": round(self.elapsed(), 3),
+        })
+
     def run(self, stop: StopSignal) -> None:
+        """The training loop, with a stop row for every way it can end early."""
+        try:
+            self._run(stop)
+        except RunStopped as e:
+            self.log_stop(e.reason, str(e), e.exit_code)
+            raise
+        except Exception as e:
+            self.log_stop("crash", f"{type(e).__name__}: {e}", EXIT_CRASH)
+            raise
+
+    def _run(self, stop: StopSignal) -> None:
         cfg = self.cfg
         resumed = cfg.init_from == "resume"
         self.start_time = time.time()
@@ -824,7 +926,7 @@ class Trainer:
                 window_time, window_steps = 0.0, 0
             if self.iter_num % cfg.eval_interval == 0 or self.iter_num == cfg.max_iters:
                 self.eval_and_maybe_save()
-            elif cfg.checkpoint_interval and self.iter_num % cfg.checkpoint_interval == 0:
+            elif cfg.checkpoint_interval and self.iter_num % cfg.checkpoint_interval == 0 and not self.collapse_streak:
                 self.save_checkpoint()
             if stop_now:
                 if self.saved_iter != self.iter_num:
@@ -835,7 +937,9 @@ class Trainer:
                     # --kill-on-bad-exit) may kill the others mid-write.
                     torch_dist.barrier()
                 name = signal.Signals(stop.signum).name if stop.signum else "a signal on another rank"
-                print0(f"Stopped by {name} at iter {self.iter_num}; checkpoint saved to {checkpoint_path(cfg)}.")
+                message = f"Stopped by {name} at iter {self.iter_num}; checkpoint saved to {checkpoint_path(cfg)}."
+                self.log_stop("signal", message, EXIT_OK)
+                print0(message)
                 return
         print0(f"Done: iter {self.iter_num}, best val loss {self.best_val_loss:.4f}.")
 
@@ -892,7 +996,10 @@ if __name__ == "__main__":
         main()
     except (ConfigError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except NonFiniteLossError as e:
+        sys.exit(EXIT_CONFIG)
+    except RunStopped as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(e.exit_code)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(EXIT_CRASH)

@@ -78,6 +78,9 @@ class TrainConfig:
     eval_iters: int = 200  # micro-batches per split per evaluation, shared among all ranks
     eval_only: bool = False  # evaluate once and exit, writing nothing
     log_interval: int = 10  # print and log the train loss every N iterations
+    # -- collapse alarm: stop when every token's final state has become one point
+    collapse_cosine: float = 0.95  # final_cosine above this at an evaluation counts towards a stop
+    collapse_evals: int = 3  # stop after this many such evaluations in a row (iter 0 not counted); 0: never
     # -- data
     dataset: str = "openwebtext"  # the prepared dataset, data/<dataset> (see data/prepare.py)
     data_dir: str = ""  # "" means data/<dataset> in the repository
@@ -109,6 +112,7 @@ class TrainConfig:
     wandb_mode: str = field(default="online", metadata=_choices(*WANDB_MODES))  # offline: no key needed
     # -- testing only
     debug_nan_at_iter: int = -1  # make the loss NaN in the step that completes this iteration
+    debug_crash_at_iter: int = -1  # raise an exception in the step that completes this iteration
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -128,6 +132,10 @@ class TrainConfig:
         for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {getattr(self, name)}.")
+        if not 0 < self.collapse_cosine <= 1:
+            raise ConfigError(f"collapse_cosine must lie in (0, 1], got {self.collapse_cosine}.")
+        if self.collapse_evals < 0:
+            raise ConfigError(f"collapse_evals must be >= 0 (0 turns the collapse stop off), got {self.collapse_evals}.")
         if self.min_lr > self.learning_rate:
             raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
 
@@ -359,7 +367,7 @@ RUN_NEUTRAL_KEYS = frozenset({
     "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
     "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
     "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group",
-    "wandb_mode", "connection", "spheret_p", *EXECUTION_KEYS,
+    "wandb_mode", "connection", "spheret_p", "collapse_cosine", "collapse_evals", *EXECUTION_KEYS,
 })
 _SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
 _SUFFIX_MAX_CHARS = 60

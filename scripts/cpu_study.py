@@ -22,7 +22,7 @@ from typing import Any
 
 from data.common import load_meta
 from data.prepare import prepare
-from scripts.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, is_finished, load_run
+from scripts.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, exit_text, is_finished, load_run, stopped_row
 from trainconfig import ConfigError, ParsedConfig, parse_config
 
 DATASET = "shakespeare_char"
@@ -136,8 +136,12 @@ def _error_line(log: Path) -> str:
 
 
 def run_job(job: Job, threads: int) -> JobResult:
-    """train.py in a subprocess with `threads` threads, output to out_dir/train.log; a finished run is reused."""
-    if is_finished(job.out_dir, job.max_iters):
+    """train.py in a subprocess with `threads` threads, output to out_dir/train.log; a finished run is reused.
+
+    So is a run that train.py stopped for good (collapse, non-finite loss): resuming it would
+    only stop it again.
+    """
+    if is_finished(job.out_dir, job.max_iters) or stopped_row(job.out_dir) is not None:
         return JobResult(job, None, 0.0, "")
     job.out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -172,12 +176,12 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
     job = result.job
     if result.reused:
         return f"[{index}/{total}] {job.label}: already finished in {job.out_dir}, reused"
-    outcome = "done" if result.returncode == 0 else f"exit status {result.returncode} {result.message}".rstrip()
+    outcome = "done" if result.returncode == 0 else f"{exit_text(result.returncode)}: {result.message}".rstrip(": ")
     return f"[{index}/{total}] {job.label}: {outcome} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
 
 
 def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
-    """What a finished job left: status (ok / collapsed / diverged / ...), final losses, time.
+    """What a finished job left: status (ok / collapsed / stopped: collapse / diverged / ...), final losses, time.
 
     val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
     is this job's wall-clock, or train.py's own elapsed time for a run found finished.

@@ -19,8 +19,11 @@ mode would run without running it. A multi-node local launch runs this script on
 with the same arguments and its own --node_rank; the nodes meet at --rdzv_endpoint.
 
 A run is skipped when it has finished: its metrics.jsonl has an eval row at iter >= max_iters
-(train.py evaluates at the last iteration), and when its folder holds a run with other settings
-(reported, never overwritten; the other runs are still planned). Every command carries
+(train.py evaluates at the last iteration), when train.py stopped it for good (its metrics.jsonl
+ends with a stop row for a collapse or a non-finite loss: reported as "stopped: collapse", since a
+resume would stop again), and when its folder holds a run with other settings (reported, never
+overwritten; the other runs are still planned). A run that ends with a non-zero exit status is
+reported by what the status means (train.py's EXIT_* codes: crashed, stopped: collapse, ...). Every command carries
 --init_from=auto, so a run resumes from its checkpoint whenever one exists by the time it
 starts. --stage zero_shot runs eval/zero_shot.py on finished runs that have no
 ckpt_zero_shot.json yet; scripts/tables.py reads those files for Tables 4 and 5.
@@ -51,6 +54,7 @@ from scripts.runs import (
     check_overrides,
     config_conflicts,
     config_file,
+    exit_text,
     has_checkpoint,
     is_evaluated,
     is_finished,
@@ -60,6 +64,7 @@ from scripts.runs import (
     parse_choices,
     parse_methods,
     run_name,
+    stopped_row,
 )
 from trainconfig import ConfigError, parse_config
 
@@ -218,6 +223,10 @@ def plan(runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: 
             if run.finished:
                 skipped.append(f"{run.name}: finished (eval at iter {last_eval_iter(run.path)} >= max_iters {run.max_iters}) in {run.out_dir}")
                 continue
+            stop = stopped_row(run.path)
+            if stop is not None:  # resuming would stop again at the same point
+                skipped.append(f"{run.name}: stopped: {stop['reason'].replace('_', '-')} at iter {stop['iter']} in {run.out_dir}; move that folder away (or change its settings) to run it again")
+                continue
             command = sbatch_command(run, layout) if mode == "slurm" else torchrun_command(run, layout)
         else:
             if not run.finished:
@@ -276,7 +285,7 @@ def execute(todo: list[tuple[GridRun, list[str]]], mode: str) -> int:
         run.path.mkdir(parents=True, exist_ok=True)  # SLURM's --output folder must exist
         status = subprocess.run(command, cwd=REPO_ROOT).returncode
         if status != 0:
-            print(f"[{i}/{len(todo)}] {run.name} failed with exit status {status}; continuing.", flush=True)
+            print(f"[{i}/{len(todo)}] {run.name} {exit_text(status)}; continuing.", flush=True)
             failed.append(run.name)
     print(f"{len(todo) - len(failed)} of {len(todo)} {'submitted' if mode == 'slurm' else 'completed'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return len(failed)

@@ -2,6 +2,12 @@
 
     python scripts/plot.py --runs_root out --dataset openwebtext --scale S
     python scripts/plot.py --runs_root out --dataset fineweb_edu --scale L --smooth 0.95 --out figs/fwe_l
+    python scripts/plot.py --runs_root out/depth_study/seed1337 --dataset shakespeare_char --scale 24x128 --diagnostics
+
+With --diagnostics, also one figure per residual-stream diagnostic (OUT_<name>.png/.pdf): a
+heatmap per method, layer (or sublayer) against iteration, from the eval rows' per-layer lists
+(attention sink, massive activations, layer contribution 1 - cos, update ratio; see
+diagnostics.py), all panels of a figure on one colour scale.
 
 Writes OUT.png and OUT.pdf (default OUT: <runs_root>/figures/<dataset>_<scale>): the train loss
 of every logged iteration smoothed by an exponential moving average (bias-corrected, as
@@ -22,10 +28,13 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import argparse
 
 import matplotlib
+import numpy as np
+from matplotlib.colors import LogNorm, Normalize
 
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from model import DIAGNOSTIC_SERIES  # noqa: E402
 from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import (  # noqa: E402
     PAPER_METHODS,
@@ -38,6 +47,15 @@ from scripts.runs import (  # noqa: E402
     is_sphere_method,
     sort_methods,
 )
+
+# The per-layer diagnostics drawn as heatmaps: eval-row key -> (what it is, log colour scale).
+# The two ratios span decades between the first and the last layers, the other two do not.
+HEATMAPS = {
+    "attn_sink": ("attention mass on the first token", False),
+    "massive_ratio": ("max |h| / median |h|", True),
+    "contribution": ("layer contribution 1 - cos(h before, h after)", True),
+    "update_ratio": ("update ||h after - h before|| / ||h before||", True),
+}
 
 # Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
 # from flattening the part of the curves where the methods differ.
@@ -129,6 +147,55 @@ def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
     return paths
 
 
+def run_label(run: Run) -> str:
+    """The method's name, with alpha_index when a run counts layers by sublayer (the ablation)."""
+    extra = " (alpha_index=sublayer)" if run.config.get("alpha_index") == "sublayer" else ""
+    return display_name(run.method) + extra
+
+
+def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
+    """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run."""
+    evals = [r for r in run.of_kind("eval") if r.get(key)]
+    return [r["iter"] for r in evals], np.array([r[key] for r in evals], dtype=float).T
+
+
+def plot_diagnostic(runs: list[Run], key: str, title: str, out: Path) -> list[Path]:
+    """One heatmap per run (layer against iteration) of the diagnostic `key`, on one colour scale."""
+    what, log = HEATMAPS[key]
+    mats = [(run, *diagnostic_matrix(run, key)) for run in runs]
+    mats = [(run, iters, m) for run, iters, m in mats if m.size]
+    if not mats:
+        raise UsageError(f"No eval row of these runs has {key!r}; they predate the diagnostics (train.py writes them at every evaluation).")
+    values = np.concatenate([m.ravel() for _, _, m in mats])
+    positive = values[values > 0]
+    norm = LogNorm(positive.min(), positive.max()) if log and positive.size else Normalize(values.min(), values.max())
+    cols = min(len(mats), 4)
+    rows = (len(mats) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.2, 2.8 * rows + 0.8), squeeze=False, layout="constrained")
+    for ax, (run, iters, m) in zip(axes.flat, mats):
+        image = ax.imshow(np.clip(m, positive.min(), None) if log else m, aspect="auto", origin="lower", norm=norm, cmap="viridis", interpolation="nearest")
+        ticks = np.linspace(0, len(iters) - 1, min(len(iters), 5)).round().astype(int)
+        ax.set_xticks(ticks, [str(iters[i]) for i in ticks])
+        ax.set_title(run_label(run), fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(DIAGNOSTIC_SERIES[key])
+    for ax in list(axes.flat)[len(mats):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9, label=what)
+    fig.suptitle(f"{title}: {what}")
+    return save_figure(fig, out)
+
+
+def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
+    """Every HEATMAPS figure of the runs, as out_<key>.png/.pdf; runs in the paper's method order."""
+    order = {m: i for i, m in enumerate(sort_methods(r.method for r in runs))}
+    runs = sorted(runs, key=lambda r: (order[r.method], r.config.get("alpha_index", "")))
+    paths = []
+    for key in HEATMAPS:
+        paths += plot_diagnostic(runs, key, title, out.with_name(f"{out.name}_{key}"))
+    return paths
+
+
 def select_runs(runs: list[Run], dataset: str, scale: str) -> list[Run]:
     """The runs of one dataset and scale; the error names the (dataset, scale) pairs there are."""
     index = index_runs(runs)
@@ -139,14 +206,19 @@ def select_runs(runs: list[Run], dataset: str, scale: str) -> list[Run]:
     return chosen
 
 
-def plot_group(runs_root: Path, dataset: str, scale: str, out: Path | None = None, smooth: float = 0.9) -> list[Path]:
-    """Find the runs of (dataset, scale) under runs_root and plot them; returns the files written."""
+def plot_group(
+    runs_root: Path, dataset: str, scale: str, out: Path | None = None, smooth: float = 0.9, diagnostics: bool = False
+) -> list[Path]:
+    """Find the runs of (dataset, scale) under runs_root and plot them (and their diagnostics); returns the files written."""
     if not 0 <= smooth < 1:
         raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
     chosen = select_runs(find_runs(runs_root), dataset, scale)
     out = out or Path(runs_root) / "figures" / f"{dataset}_{scale}"
     title = f"{group_label(dataset, scale)}: loss per method"
-    return plot_runs(chosen, title, Path(out), smooth)
+    paths = plot_runs(chosen, title, Path(out), smooth)
+    if diagnostics:
+        paths += plot_diagnostics(chosen, group_label(dataset, scale), Path(out))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", required=True, help="e.g. openwebtext, fineweb_edu, shakespeare_char")
     p.add_argument("--scale", required=True, help="S, M, L, or <layers>x<width> for other shapes (e.g. 24x128)")
     p.add_argument("--smooth", type=float, default=0.9, help="EMA factor of the train curves (default 0.9; 0: none)")
+    p.add_argument("--diagnostics", action="store_true", help="also draw the per-layer diagnostics as heatmaps (one figure each)")
     p.add_argument("--out", default=None, help="output path without extension (default: <runs_root>/figures/<dataset>_<scale>)")
     args = p.parse_args(argv)
     try:
-        paths = plot_group(Path(args.runs_root), args.dataset, args.scale, Path(args.out) if args.out else None, args.smooth)
+        paths = plot_group(Path(args.runs_root), args.dataset, args.scale, Path(args.out) if args.out else None, args.smooth, args.diagnostics)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

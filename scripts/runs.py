@@ -31,7 +31,7 @@ from common import HelpFormatter  # noqa: F401  (the scripts import it from here
 from data.common import load_meta, open_split
 from eval.zero_shot import results_limit
 from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
-from train import CKPT_NAME, METRICS_NAME
+from train import CKPT_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
 from trainconfig import (
     MODEL_KEYS,
     TRAIN_KEYS,
@@ -265,6 +265,28 @@ def is_finished(out_dir: Path, max_iters: int) -> bool:
     return last is not None and last >= max_iters
 
 
+# Stops that a resume would only repeat (the same data and weights give the same outcome).
+FINAL_STOP_REASONS = ("collapse", "non_finite")
+
+
+def final_stop(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The stop row train.py wrote when a run ended early for good: collapse or non-finite loss.
+
+    A signalled stop (pre-emption) or a crash may be resumed, so it is no end; nor is a stop
+    row that a resumed run has since left behind (it is then not the last row).
+    """
+    last = rows[-1] if rows else None
+    if last is None or last.get("kind") != "stop" or last.get("reason") not in FINAL_STOP_REASONS:
+        return None
+    return last
+
+
+def stopped_row(out_dir: Path) -> dict[str, Any] | None:
+    """final_stop of out_dir/metrics.jsonl (None: no such file, or the run did not stop for good)."""
+    path = Path(out_dir) / METRICS_NAME
+    return final_stop(read_metrics(path)) if path.is_file() else None
+
+
 def has_checkpoint(out_dir: Path) -> bool:
     return (Path(out_dir) / CKPT_NAME).is_file()
 
@@ -332,6 +354,10 @@ class Run:
     @property
     def final_val_loss(self) -> float | None:
         return self.final_eval["val_loss"] if self.final_eval else None
+
+    @property
+    def stop(self) -> dict[str, Any] | None:
+        return final_stop(self.rows)
 
     @property
     def finished(self) -> bool:
@@ -418,21 +444,42 @@ def unigram_loss(data_dir: Path) -> float:
     return float(-(p_val[seen] * np.log(np.maximum(p_train[seen], 1e-12))).sum())
 
 
-# train.py exits with 1 and an "error: ... became nan ..." line when the loss became
-# non-finite; a crash also exits with 1 but with a traceback, so the line tells them apart.
-EXIT_NON_FINITE = 1
+STOPPED_COLLAPSE = "stopped: collapse"
+# What each exit status of train.py means (its EXIT_* constants), for the scripts' progress lines.
+EXIT_TEXT = {
+    EXIT_CRASH: "crashed",
+    EXIT_CONFIG: "refused its config",
+    EXIT_COLLAPSE: STOPPED_COLLAPSE,
+    EXIT_NON_FINITE: "stopped: non-finite loss",
+}
+
+
+def exit_text(code: int) -> str:
+    """'stopped: collapse (exit status 3)' and so on; any other status by its number."""
+    return f"{EXIT_TEXT[code]} (exit status {code})" if code in EXIT_TEXT else f"exit status {code}"
+
+
+def is_collapsed(status: str) -> bool:
+    """Whether a classify() status is a collapse, found at the end or stopped by train.py's alarm."""
+    return status in ("collapsed", STOPPED_COLLAPSE)
 
 
 def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "") -> tuple[str, str]:
-    """(status, reason): status is ok, collapsed, diverged, failed or unfinished.
+    """(status, reason): status is ok, collapsed, stopped: collapse, diverged, failed or unfinished.
 
-    diverged: train.py stopped on a non-finite loss (exit status 1 with its "error:" line).
-    collapsed: the run finished but its final val loss is above unigram - COLLAPSE_MARGIN, no
-    better than predicting the token frequencies. returncode None means the run was not started
-    here (it was found finished).
+    stopped: collapse: train.py's collapse alarm stopped the run (exit status 3, or its stop row
+    when the run was not started here). diverged: train.py stopped on a non-finite loss (exit
+    status 4, or its stop row). collapsed: the run finished but its final val loss is above
+    unigram - COLLAPSE_MARGIN, no better than predicting the token frequencies. returncode None
+    means the run was not started here (it was found finished or stopped).
     """
-    if returncode == EXIT_NON_FINITE and error_line.startswith("error:"):
-        return "diverged", error_line.removeprefix("error:").strip()
+    stop = run.stop if run is not None else None
+    reason = stop["reason"] if stop else None
+    message = stop["message"] if stop else error_line.removeprefix("error:").strip()
+    if returncode == EXIT_COLLAPSE or (returncode is None and reason == "collapse"):
+        return STOPPED_COLLAPSE, message
+    if returncode == EXIT_NON_FINITE or (returncode is None and reason == "non_finite"):
+        return "diverged", message
     if returncode not in (None, 0):
         return "failed", f"train.py exited with status {returncode}" + (f": {error_line}" if error_line else "")
     if run is None or not run.finished:

@@ -158,6 +158,8 @@ HELP_EXPECTATIONS = [
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
     ("scripts/coord_check.py", ["--widths", "(default: 64,128,256,512,1024)", "--lr", "(default 0.003)"]),
     ("scripts/mup_transfer.py", ["--widths", "(default: 64,256)", "--lrs", "--max_iters", "(default 250)"]),
+    ("scripts/depth_study.py", ["--seeds", "(default 1337,1338)", "--warmup_iters", "(default 400)", "--table_only"]),
+    ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps"]),
 ]
 
 

@@ -388,7 +388,7 @@ def test_classify_collapse_rule(tmp_path: Path) -> None:
     assert runs.classify(run_with(3.34), 0, unigram=3.35)[0] == "collapsed"
     assert runs.classify(run_with(3.29), 0, unigram=3.35)[0] == "ok"
     assert runs.classify(run_with(2.0, last_iter=50), 0, unigram=3.35)[0] == "unfinished"
-    assert runs.classify(None, 1, 3.35, "error: loss became nan at iter 6; stopping")[0] == "diverged"
+    assert runs.classify(None, 4, 3.35, "error: loss became nan at iter 6; stopping")[0] == "diverged"
     assert runs.classify(None, 1, 3.35, "")[0] == "failed"  # a crash: a traceback, no error: line
     assert runs.classify(None, 2, 3.35, "error: bad key")[0] == "failed"
 
