@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from data.common import load_meta
 from data.prepare import prepare
@@ -219,3 +219,19 @@ def add_common_options(parser: Any) -> None:
     parser.add_argument("--input", default=None, help="text corpus to prepare (default: ../shared/data/tinyshakespeare.txt when present, else download)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+
+
+def study_main(parse_args: Callable[[list[str] | None], tuple[Any, list[str]]],
+               run: Callable[[Any, list[str]], int], argv: list[str] | None) -> int:
+    """A study script's main: a usage error is one line on stderr and status 2, else run's status."""
+    args, overrides = parse_args(argv)
+    try:
+        return run(args, overrides)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def exit_status(rows: list[dict[str, Any]]) -> int:
+    """1 when any run of a study failed, else 0."""
+    return 1 if any(r["status"] == "failed" for r in rows) else 0

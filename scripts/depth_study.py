@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scripts import plot
-from scripts.cpu_study import CPU_MODEL, RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs
+from scripts.cpu_study import CPU_MODEL, RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, exit_status, study_main
 from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import CONFIG_NAME, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
 
@@ -203,16 +203,11 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     (out_dir / "depth_study.md").write_text(table + "\n", encoding="utf-8")
     (out_dir / "depth_study.json").write_text(json.dumps({"unigram_loss": unigram, "runs": rows}, indent=2) + "\n", encoding="utf-8")
     print(table)
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    return exit_status(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv)
-    try:
-        return study(args, overrides)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return study_main(parse_args, study, argv)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, parse_train_args, run_jobs, study_name, wall_clock_line  # noqa: E402
+from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, parse_train_args, run_jobs, study_name, wall_clock_line, exit_status, study_main  # noqa: E402
 from scripts.plot import method_style, save_figure  # noqa: E402
 from scripts.runs import HelpFormatter  # noqa: E402
 from scripts.runs import COLLAPSE_MARGIN, UsageError, check_overrides, display_name, method_args, method_dirname, parse_methods, sort_methods, unigram_loss  # noqa: E402
@@ -252,16 +252,11 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     print("\n".join(found))
     print("\n" + wall_clock_line(wall, rows))
     print("Written: " + ", ".join(str(p) for p in [out_dir / "sweep.md", out_dir / "sweep.json", *figure_paths]))
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    return exit_status(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv)
-    try:
-        return sweep(args, overrides)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return study_main(parse_args, sweep, argv)
 
 
 if __name__ == "__main__":

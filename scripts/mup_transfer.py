@@ -35,7 +35,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, wall_clock_line  # noqa: E402
+from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, wall_clock_line, exit_status, study_main  # noqa: E402
 from scripts.lr_sweep import parse_numbers  # noqa: E402
 from scripts.plot import save_figure  # noqa: E402
 from scripts.runs import HelpFormatter  # noqa: E402
@@ -272,16 +272,11 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     trained = [r for p, r in zip(all_points, rows) if run_of(p, base) == p]  # each run once
     print("\n" + wall_clock_line(wall, trained))
     print("Written: " + ", ".join(str(p) for p in [out_dir / "transfer.md", out_dir / "transfer.json", *figures]))
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    return exit_status(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv)
-    try:
-        return study(args, overrides)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return study_main(parse_args, study, argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from typing import Any
 from scripts import plot, tables
 from scripts.cpu_study import (
     CPU_MODEL,
+    exit_status,
+    study_main,
     DATASET,
     RESERVED,
     JobResult,
@@ -182,16 +184,11 @@ def reproduce(args: argparse.Namespace, overrides: list[str]) -> int:
         "figures": [str(p) for p in figure_paths],
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    return exit_status(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv)
-    try:
-        return reproduce(args, overrides)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return study_main(parse_args, reproduce, argv)
 
 
 if __name__ == "__main__":
