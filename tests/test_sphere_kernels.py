@@ -26,6 +26,9 @@ SPHERE_CASES = [
     ("p_spheret", 3.5),
 ]
 INPUT_CASES = ["mixed", "small", "capped", "parallel", "zero", "tiny_z"]
+# Where CUDA is present (scripts/gpu_check.sh), the updates and models run on the GPU: the
+# Triton kernels compiled for real, the fused update compiled by inductor for CUDA.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 needs_triton = pytest.mark.skipif(
     not sphere_kernels.triton_available(), reason="triton (and torch >= 2.6) is not installed"
@@ -75,13 +78,16 @@ def build_connection(name: str, p: float, impl: str) -> torch.nn.Module:
 
 def run_update(conn, h, f, grad, autocast: bool):
     """out, dh, dF, da of one update with F(h) fixed to f."""
-    h = h.clone().requires_grad_(True)
-    f = f.clone().requires_grad_(True)
+    device = "cpu" if h.dtype == torch.float64 else DEVICE  # float64 truth stays on the CPU
+    conn = conn.to(device)
+    h = h.detach().to(device, copy=True).requires_grad_(True)
+    f = f.detach().to(device, copy=True).requires_grad_(True)
+    grad = grad.to(device)
     conn.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
         out = conn(h, lambda _: f)
     out.backward(grad)
-    return out.detach(), h.grad, f.grad, conn.a.grad
+    return out.detach().cpu(), h.grad.cpu(), f.grad.cpu(), conn.a.grad.cpu()
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -226,7 +232,7 @@ def test_retraction_angle_matches_each_phi():
 def tiny_model(name: str, impl: str, **kw) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, connection=name, sphere_impl=impl, **kw)
-    return GPT(cfg)
+    return GPT(cfg).to(DEVICE)
 
 
 # Under TRITON_INTERPRET=1 a kernel is a Python function that torch.compile cannot trace.
@@ -241,7 +247,7 @@ triton_compiled = pytest.param(
 def test_compiled_model_has_no_graph_break_and_same_loss(impl, name):
     """fullgraph=True fails on any graph break; aot_eager traces forward and backward."""
     torch._dynamo.reset()
-    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     eager = tiny_model(name, impl)
     _, loss_eager = eager(x, x)
     loss_eager.backward()
@@ -259,7 +265,7 @@ def test_compiled_model_has_no_graph_break_and_same_loss(impl, name):
 def test_inductor_compiled_model_same_loss():
     """The whole model compiled by inductor with the fused update traced inline."""
     torch._dynamo.reset()
-    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     _, ref = tiny_model("p_spheret", "reference")(x, x)
     _, got = torch.compile(tiny_model("p_spheret", "fused"), fullgraph=True)(x, x)
     assert abs(got.item() - ref.item()) < 1e-5
@@ -267,12 +273,12 @@ def test_inductor_compiled_model_same_loss():
 
 def train_losses(name: str, impl: str, steps: int = 20) -> list[float]:
     model = tiny_model(name, impl)
-    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), "cpu")
+    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), DEVICE)
     g = torch.Generator().manual_seed(5)
     losses = []
     for _ in range(steps):
         # Counting sequences (each token + 1 mod 64): learnable, so the loss falls.
-        x = (torch.randint(64, (4, 1), generator=g) + torch.arange(17)) % 64
+        x = ((torch.randint(64, (4, 1), generator=g) + torch.arange(17)) % 64).to(DEVICE)
         _, loss = model(x[:, :-1].contiguous(), x[:, 1:].contiguous())
         loss.backward()
         opt.step()
@@ -297,7 +303,7 @@ def test_fused_saves_what_pre_ln_saves():
     """
     from bench import saved_activation_bytes
 
-    x = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(2))
+    x = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     ref = saved_activation_bytes(tiny_model("p_spheret", "reference"), x)
     fused = saved_activation_bytes(tiny_model("p_spheret", "fused"), x)
     pre_ln = saved_activation_bytes(tiny_model("pre_ln", "auto"), x)
@@ -309,7 +315,7 @@ def test_fused_saves_what_pre_ln_saves():
 def test_fused_update_trains_after_an_inference_mode_pass():
     """Constants cached during an evaluation under inference_mode must not break training."""
     model = tiny_model("p_spheret", "fused", spheret_p=0.4321)  # a p no other test has cached
-    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(6))
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(6)).to(DEVICE)
     with torch.inference_mode():
         model(x, x)
     _, loss = model(x, x)
@@ -331,8 +337,8 @@ def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
     model = tiny_model("cay_spheret", "reference").eval()
     state = model.checkpoint_state()
     state["model_config"]["sphere_impl"] = "fused"
-    other = GPT.from_checkpoint(state).eval()
-    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(4))
+    other = GPT.from_checkpoint(state).to(DEVICE).eval()
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     torch.testing.assert_close(other(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
 
 
