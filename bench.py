@@ -44,7 +44,10 @@ BENCH_OPTIONS = {
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
     "--json=": "also write the results to this JSON file",
+    "--profile=0": "then profile this many more steps of each variant and print where a step's time goes "
+    "(per kernel on a GPU, per op on a CPU) and, on a GPU, how much of the step the GPU is busy",
 }
+PROFILE_TOP = 15  # kernels (or ops) listed per variant
 USAGE = "usage: python bench.py [config/NAME.py ...] [--key=value ...]"
 
 
@@ -56,6 +59,7 @@ class BenchOptions:
     steps: int = 20
     warmup: int = 5
     json_path: str = ""
+    profile_steps: int = 0
 
 
 def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str]:
@@ -68,7 +72,7 @@ def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str
 
 def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
     """Take out the bench options; the rest goes to train.py's config parser."""
-    raw = {"connections": "all", "sphere_impl": "auto", "compile": None, "steps": "20", "warmup": "5", "json": ""}
+    raw = {"connections": "all", "sphere_impl": "auto", "compile": None, "steps": "20", "warmup": "5", "json": "", "profile": "0"}
     rest = []
     for arg in argv:
         key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
@@ -83,11 +87,13 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
     else:
         modes = ()  # the config files decide (train.py's compile key)
     try:
-        steps, warmup = int(raw["steps"]), int(raw["warmup"])
+        steps, warmup, profile = int(raw["steps"]), int(raw["warmup"]), int(raw["profile"])
     except ValueError:
-        raise ConfigError(f"--steps={raw['steps']!r} and --warmup={raw['warmup']!r} must be integers.") from None
-    if steps < 1 or warmup < 0:
-        raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}.")
+        raise ConfigError(
+            f"--steps={raw['steps']!r}, --warmup={raw['warmup']!r} and --profile={raw['profile']!r} must be integers."
+        ) from None
+    if steps < 1 or warmup < 0 or profile < 0:
+        raise ConfigError(f"--steps must be >= 1, --warmup and --profile >= 0, got {steps}, {warmup} and {profile}.")
     opts = BenchOptions(
         connections=_names(raw["connections"], list(CONNECTIONS), "connections"),
         sphere_impls=_names(raw["sphere_impl"], list(SPHERE_IMPLS), "sphere_impl"),
@@ -95,6 +101,7 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
         steps=steps,
         warmup=warmup,
         json_path=raw["json"],
+        profile_steps=profile,
     )
     return opts, rest
 
@@ -216,6 +223,55 @@ def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) ->
                 v.peak_mb = max(v.peak_mb or 0.0, peak)
 
 
+def profile_variant(v: Variant, steps: int, cuda: bool) -> dict[str, Any]:
+    """Where the time of one step goes, from torch.profiler over `steps` more steps.
+
+    On a GPU: every kernel (and copy) by its device time per step, and the share of the wall
+    time the GPU is busy; a step far from 100% busy is held back by the host (launches,
+    Python), not by the kernels. On a CPU: every op by its self time per step.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        wall = sum(v.step() for _ in range(steps))
+    kernels: dict[str, list[float]] = {}  # name -> [microseconds, calls]
+    for e in prof.events() if cuda else ():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t = kernels.setdefault(e.name, [0.0, 0])
+            t[0] += e.time_range.elapsed_us()
+            t[1] += 1
+    host = {e.key: [e.self_cpu_time_total, e.count] for e in prof.key_averages()}
+
+    def top(totals: dict[str, list[float]]) -> list[dict[str, Any]]:
+        rows = sorted(totals.items(), key=lambda kv: -kv[1][0])[:PROFILE_TOP]
+        return [{"name": name, "ms_per_step": t / 1000 / steps, "calls_per_step": n / steps} for name, (t, n) in rows]
+
+    busy = kernels if cuda else host
+    return {
+        **v.label,
+        "wall_ms_per_step": 1000 * wall / steps,
+        "busy_ms_per_step": sum(t for t, _ in busy.values()) / 1000 / steps,  # GPU: kernel time; CPU: the ops' self time
+        "top": top(busy),
+        "host_top": top(host),  # host ops by self time (on a CPU the same as top)
+    }
+
+
+def format_profile(p: dict[str, Any], cuda: bool) -> str:
+    what = "GPU busy" if cuda else "ops"
+    lines = [
+        f"profile: {p['method']} {p['impl']} {p['mode']} | wall {p['wall_ms_per_step']:.2f} ms/step | "
+        f"{what} {p['busy_ms_per_step']:.2f} ms/step ({100 * p['busy_ms_per_step'] / p['wall_ms_per_step']:.0f}%)",
+        f"  {'ms/step':>8} {'calls':>6}  {'kernel' if cuda else 'op'}",
+    ]
+    row = "  {ms_per_step:8.3f} {calls_per_step:6.0f}  {name:.110}"
+    lines += [row.format(**r) for r in p["top"]]
+    if cuda:  # what the host spends its time on while the GPU waits
+        lines.append(f"  {'ms/step':>8} {'calls':>6}  host op (self time)")
+        lines += [row.format(**r) for r in p["host_top"]]
+    return "\n".join(lines)
+
+
 def result_row(v: Variant, train: TrainConfig, device: str, dtype: str, saved: int | None) -> dict[str, Any]:
     dt = statistics.median(v.times)
     tokens = train.batch_size * v.cfg.block_size
@@ -289,6 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("bench: " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
     variants = build_variants(base, train, opts, device, dtype)
     run_round_robin(variants, opts, device)
+    cuda = device.startswith("cuda")
+    profiles = [profile_variant(v, opts.profile_steps, cuda) for v in variants] if opts.profile_steps else []
     autocast = autocast_context(device.split(":")[0], dtype)
     idx = torch.randint(base.vocab_size, (train.batch_size, base.block_size), device=device)
     results = []
@@ -299,6 +357,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gc.collect()
     add_ratios(results)
     report = {"setting": setting, "results": results}
+    if profiles:
+        report["profiles"] = profiles
+    for p in profiles:
+        print(format_profile(p, cuda))
     print(format_table(results))
     print(json.dumps({"setting": setting, "results": [{k: v for k, v in r.items() if k != "step_ms_all"} for r in results]}))
     if opts.json_path:

@@ -408,10 +408,11 @@ class SphereConnection(Connection):
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         f = sublayer(h)
-        alpha = self.step_size()
         if resolve_impl(self.impl, h.device.type) == "reference":
-            return self.reference_update(h, f, alpha)
-        return sphere_update(h, f, alpha, self.retraction, self.p, self.angle_max, self.impl)
+            return self.reference_update(h, f, self.step_size())
+        # The fused paths take a and lambda_l, not alpha: the Triton kernels compute the step
+        # size inside, saving step_size()'s small launches at every sublayer.
+        return sphere_update(h, f, self.a, self.decay, self.retraction, self.p, self.angle_max, self.impl)
 
     def reference_update(self, h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         # The retraction keeps ||h|| only as well as <h, z> = 0 holds, so the

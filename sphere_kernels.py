@@ -394,10 +394,16 @@ def _constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.
     return _cached_constants(p, angle_max, device)
 
 
+def step_size(a: torch.Tensor, decay: float) -> torch.Tensor:
+    """alpha = min(softplus(a), 1) * lambda_l, as model.py's SphereConnection.step_size."""
+    return torch.nn.functional.softplus(a).clamp(max=1.0) * decay
+
+
 def sphere_update(
     h: torch.Tensor,
     f: torch.Tensor,
-    alpha: torch.Tensor,
+    a: torch.Tensor,
+    decay: float,
     kind: str,
     p: float = 1.0,
     angle_max: float = math.pi / 4,
@@ -405,7 +411,9 @@ def sphere_update(
 ) -> torch.Tensor:
     """Move h (..., d) along its sphere towards the tangent part of f = F(h).
 
-    kind is 'geo', 'proj', 'cay' or 'p' (p used only by 'p'); alpha is the 0-dim step size.
+    kind is 'geo', 'proj', 'cay' or 'p' (p used only by 'p'). The step size is
+    alpha = min(softplus(a), 1) * decay, from the 0-dim step parameter a and the depth
+    decay lambda_l; the Triton kernels compute it themselves, with no launches of its own.
     """
     if kind not in RETRACTIONS:
         raise ValueError(f"Unknown retraction {kind!r}; valid retractions are: {', '.join(RETRACTIONS)}.")
@@ -421,5 +429,6 @@ def sphere_update(
             )
         import sphere_triton  # imported late: triton is an optional dependency
 
-        return sphere_triton.sphere_update_triton(h, f, alpha, kind, p_t, am_t)
+        return sphere_triton.sphere_update_triton(h, f, a, decay, kind, p_t, am_t)
+    alpha = step_size(a, decay)
     return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind, (float(p), float(angle_max)))

@@ -4,7 +4,8 @@ Triton kernels of the sphere update (sphere_impl='triton'), for CUDA.
 The same maths as sphere_kernels.sphere_forward / sphere_backward, one program per row:
 a row of h and F(h) is loaded once, reduced in fp32 registers, and written once. The
 kernels are registered as torch.library triton_ops, so torch.compile traces through
-them without a graph break, and their backward is registered with the op.
+them without a graph break, and their backward is registered with the op; eager calls
+launch them through a plain autograd.Function, which costs less host time per call.
 
 Needs triton (optional dependency) and torch >= 2.6 (torch.library.triton_op). On a CPU
 the kernels run under the Triton interpreter (TRITON_INTERPRET=1), which is how the
@@ -17,12 +18,38 @@ import torch
 import triton
 import triton.language as tl
 
-from sphere_kernels import EPS, KIND_CODES
+from sphere_kernels import EPS, KIND_CODES, step_size
 MAX_WIDTH = 65536  # one row must fit one program's registers / shared memory
 
 
 @triton.jit
-def _row_geometry(h, f, ALPHA, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
+def _step_size(A, DECAY, FROM_A: tl.constexpr):
+    """alpha = min(softplus(a), 1) * decay (model.py's SphereConnection.step_size) and d alpha / d a.
+
+    With FROM_A false, A holds alpha itself (d alpha / d A = 1): the path under torch.compile,
+    where inductor fuses step_size() into its own kernels.
+
+    Computed in every program from the raw parameter a: the step size then costs no kernel
+    launches of its own (the eager step_size() is three ops forward and three backward at
+    every sublayer). softplus(a) = max(a, 0) + log1p(exp(-|a|)), with log1p(x) = x log(u) / (u - 1),
+    u = 1 + x: exact to rounding where log(1 + x) would lose x's digits.
+    """
+    a = tl.load(A).to(tl.float32)
+    if FROM_A:
+        x = tl.exp(-tl.abs(a))
+        u = 1.0 + x
+        log1p_x = tl.where(u == 1.0, x, tl.log(u) * x / (u - 1.0))
+        softplus = tl.maximum(a, 0.0) + log1p_x
+        alpha = tl.minimum(softplus, 1.0) * DECAY
+        dalpha_da = tl.where(softplus <= 1.0, DECAY / (1.0 + tl.exp(-a)), 0.0)  # clamp passes softplus = 1
+    else:
+        alpha = a
+        dalpha_da = a * 0.0 + 1.0
+    return alpha, dalpha_da
+
+
+@triton.jit
+def _row_geometry(h, f, alpha, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
     """One row's <h,h>, r^2, c, z, <z,z>, r, s, beta and cos(theta), sin(theta), phi'(beta).
 
     The same as sphere_kernels._row_geometry and retraction_angle, in one function.
@@ -34,7 +61,7 @@ def _row_geometry(h, f, ALPHA, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
     ss = tl.sum(z * z, axis=0)
     r = tl.sqrt(r2)
     s = tl.sqrt(tl.maximum(ss, EPS_))
-    beta = tl.load(ALPHA).to(tl.float32) * s / r
+    beta = alpha * s / r
     p = tl.load(P).to(tl.float32)
     angle_max = tl.load(AMAX).to(tl.float32)
     if KIND == 0:  # geo: theta = min(beta, angle_max)
@@ -71,24 +98,25 @@ def _row_geometry(h, f, ALPHA, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
 
 @triton.jit
 def _sphere_fwd_kernel(
-    H, F, OUT, ALPHA, P, AMAX, d, stride_h, stride_f, stride_o,
-    EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+    H, F, OUT, A, DECAY, P, AMAX, d, stride_h, stride_f, stride_o,
+    EPS_: tl.constexpr, KIND: tl.constexpr, FROM_A: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < d
     h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
     f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
-    _, _, _, z, _, r, s, _, cos, sin, _ = _row_geometry(h, f, ALPHA, P, AMAX, EPS_, KIND)
+    alpha, _ = _step_size(A, DECAY, FROM_A)
+    _, _, _, z, _, r, s, _, cos, sin, _ = _row_geometry(h, f, alpha, P, AMAX, EPS_, KIND)
     out = cos * h + (r * sin / s) * z
     tl.store(OUT + row * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _sphere_bwd_kernel(
-    G, H, F, DH, DF, DALPHA, ALPHA, P, AMAX, d,
+    G, H, F, DH, DF, DA, A, DECAY, P, AMAX, d,
     stride_g, stride_h, stride_f, stride_dh, stride_df,
-    EPS_: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+    EPS_: tl.constexpr, KIND: tl.constexpr, FROM_A: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -97,8 +125,8 @@ def _sphere_bwd_kernel(
     h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
     f = tl.load(F + row * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
     # The forward's per-row geometry, recomputed from the row in registers.
-    hh, r2, c, z, ss, r, s, beta, cos, sin, dphi = _row_geometry(h, f, ALPHA, P, AMAX, EPS_, KIND)
-    alpha = tl.load(ALPHA).to(tl.float32)
+    alpha, dalpha_da = _step_size(A, DECAY, FROM_A)
+    hh, r2, c, z, ss, r, s, beta, cos, sin, dphi = _row_geometry(h, f, alpha, P, AMAX, EPS_, KIND)
     B = r * sin / s
     gh = tl.sum(g * h, axis=0)
     gz = tl.sum(g * z, axis=0)
@@ -115,7 +143,7 @@ def _sphere_bwd_kernel(
     dh = (cos - c * B) * g - (c * k) * z + dhf * f + (2.0 * dhh) * h
     tl.store(DH + row * stride_dh + cols, dh.to(DH.dtype.element_ty), mask=mask)
     tl.store(DF + row * stride_df + cols, df.to(DF.dtype.element_ty), mask=mask)
-    tl.store(DALPHA + row, dbeta * s / r)
+    tl.store(DA + row, dbeta * (s / r) * dalpha_da)  # this row's part of d loss / d a
 
 
 def _launch_settings(d: int) -> tuple[int, int]:
@@ -125,19 +153,56 @@ def _launch_settings(d: int) -> tuple[int, int]:
     return block, min(max(block // 256, 1), 16)  # BLOCK, num_warps
 
 
+def _launch_fwd(h, f, a, decay: float, p, angle_max, kind: int, from_a: bool, wrap=lambda kernel: kernel) -> torch.Tensor:
+    """The updated h of (rows, d) inputs with unit stride in d.
+
+    a is the raw step parameter (from_a) or the step size alpha itself (decay unused).
+
+    wrap is torch.library.wrap_triton inside the triton_op (so that torch.compile sees the
+    kernel), the identity on the eager path.
+    """
+    n, d = h.shape
+    out = torch.empty_like(h)
+    block, warps = _launch_settings(d)
+    wrap(_sphere_fwd_kernel)[(n,)](
+        h, f, out, a, decay, p, angle_max, d, h.stride(0), f.stride(0), out.stride(0),
+        EPS_=EPS, KIND=kind, FROM_A=from_a, BLOCK=block, num_warps=warps,
+    )
+    return out
+
+
+def _launch_bwd(grad, h, f, a, decay: float, p, angle_max, kind: int, from_a: bool, wrap=lambda kernel: kernel):
+    """Gradients of h, F(h) and a (summed over rows)."""
+    n, d = h.shape
+    dh, df = torch.empty_like(h), torch.empty_like(f)
+    da_rows = torch.empty((n,), dtype=torch.float32, device=h.device)
+    block, warps = _launch_settings(d)
+    wrap(_sphere_bwd_kernel)[(n,)](
+        grad, h, f, dh, df, da_rows, a, decay, p, angle_max, d,
+        grad.stride(0), h.stride(0), f.stride(0), dh.stride(0), df.stride(0),
+        EPS_=EPS, KIND=kind, FROM_A=from_a, BLOCK=block, num_warps=warps,
+    )
+    return dh, df, da_rows.sum().to(a.dtype)
+
+
+# Two ways into the same kernels.
+# - Under torch.compile, triton_ops, which the compiler traces through with no graph break.
+#   They take the step size alpha, computed by step_size()'s ops, which inductor fuses into
+#   its own kernels (FROM_A false).
+# - In eager mode, a plain autograd.Function that takes the raw parameter a and lambda_l and
+#   computes alpha in the kernels (FROM_A true). A triton_op call passes the dispatcher and
+#   two Python re-entries (the op, its registered autograd), and step_size() is six small
+#   launches forward and backward. On an H200 host (16 rows, where launches decide), one
+#   update's forward + backward took 709 us of host time through the triton_ops plus 277 us
+#   for step_size(), against 267 us for Pre-LN's LayerNorm + add; bench.py --profile showed
+#   the eager sphere steps of the S model 60% GPU-busy against Pre-LN's 77-82%.
+
+
 @torch.library.triton_op("spheretnorm::sphere_fwd", mutates_args=())
 def sphere_fwd(
     h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor, kind: int
 ) -> torch.Tensor:
-    """The updated h of (rows, d) inputs with unit stride in d."""
-    n, d = h.shape
-    out = torch.empty_like(h)
-    block, warps = _launch_settings(d)
-    torch.library.wrap_triton(_sphere_fwd_kernel)[(n,)](
-        h, f, out, alpha, p, angle_max, d, h.stride(0), f.stride(0), out.stride(0),
-        EPS_=EPS, KIND=kind, BLOCK=block, num_warps=warps,
-    )
-    return out
+    return _launch_fwd(h, f, alpha, 1.0, p, angle_max, kind, False, torch.library.wrap_triton)
 
 
 @torch.library.triton_op("spheretnorm::sphere_bwd", mutates_args=())
@@ -151,16 +216,7 @@ def sphere_bwd(
     kind: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of h, F(h) and alpha (summed over rows)."""
-    n, d = h.shape
-    dh, df = torch.empty_like(h), torch.empty_like(f)
-    dalpha_rows = torch.empty((n,), dtype=torch.float32, device=h.device)
-    block, warps = _launch_settings(d)
-    torch.library.wrap_triton(_sphere_bwd_kernel)[(n,)](
-        grad, h, f, dh, df, dalpha_rows, alpha, p, angle_max, d,
-        grad.stride(0), h.stride(0), f.stride(0), dh.stride(0), df.stride(0),
-        EPS_=EPS, KIND=kind, BLOCK=block, num_warps=warps,
-    )
-    return dh, df, dalpha_rows.sum().to(alpha.dtype)
+    return _launch_bwd(grad, h, f, alpha, 1.0, p, angle_max, kind, False, torch.library.wrap_triton)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -178,12 +234,31 @@ def _backward(ctx, grad_out):
 sphere_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerSphereUpdate(torch.autograd.Function):
+    """The eager path: the same kernels, launched directly, with alpha computed from a inside."""
+
+    @staticmethod
+    def forward(ctx, h, f, a, decay, p, angle_max, kind):  # type: ignore[override]
+        ctx.save_for_backward(h, f, a, p, angle_max)  # only h and F(h): backward recomputes
+        ctx.decay, ctx.kind = decay, kind
+        return _launch_fwd(h, f, a, decay, p, angle_max, kind, True)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        h, f, a, p, angle_max = ctx.saved_tensors
+        dh, df, da = _launch_bwd(grad_out.contiguous(), h, f, a, ctx.decay, p, angle_max, ctx.kind, True)
+        return dh, df, da, None, None, None, None
+
+
 def sphere_update_triton(
-    h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, kind: str, p: torch.Tensor, angle_max: torch.Tensor
+    h: torch.Tensor, f: torch.Tensor, a: torch.Tensor, decay: float, kind: str, p: torch.Tensor, angle_max: torch.Tensor
 ) -> torch.Tensor:
-    """sphere_kernels.sphere_update through the Triton kernels."""
+    """sphere_kernels.sphere_update through the Triton kernels; a is the raw step parameter."""
     shape = h.shape
     h2 = h.reshape(-1, shape[-1]).contiguous()
     f2 = f.reshape(-1, shape[-1]).contiguous()
-    out = sphere_fwd(h2, f2, alpha, p, angle_max, KIND_CODES[kind])
+    if torch.compiler.is_compiling():
+        out = sphere_fwd(h2, f2, step_size(a, decay), p, angle_max, KIND_CODES[kind])
+    else:
+        out = _EagerSphereUpdate.apply(h2, f2, a, float(decay), p, angle_max, KIND_CODES[kind])
     return out.view(shape)

@@ -46,3 +46,18 @@ def test_bad_options_are_one_clear_error():
     opts, rest = bench.parse_bench_args(["--compile=True", "--n_layer=2"])
     assert opts.compile_modes == (True,) and rest == ["--n_layer=2"]
     assert bench.parse_bench_args(["--compile=both"])[0].compile_modes == (False, True)
+
+
+def test_profile_lists_where_each_variant_spends_its_step():
+    report = bench.main(TINY + ["--connections=pre_ln,geonorm", "--sphere_impl=fused", "--steps=1", "--warmup=1", "--profile=2"])
+    profiles = report["profiles"]
+    assert [(p["method"], p["impl"]) for p in profiles] == [("pre_ln", "-"), ("geonorm", "fused")]
+    for p in profiles:
+        top = [r["ms_per_step"] for r in p["top"]]
+        assert 0 < len(top) <= bench.PROFILE_TOP and top == sorted(top, reverse=True)
+        assert 0 < sum(top) <= p["busy_ms_per_step"] + 1e-9 and p["wall_ms_per_step"] > 0
+    names = {r["name"] for r in profiles[1]["top"]}
+    assert any("SphereUpdate" in n for n in names) or len(names) == bench.PROFILE_TOP
+    assert not bench.parse_bench_args(["--profile=3"])[0].profile_steps == 0
+    with pytest.raises(ConfigError, match="--profile='x'"):
+        bench.parse_bench_args(["--profile=x"])

@@ -68,11 +68,11 @@ def make_inputs(case: str, n: int = 24, d: int = 32, seed: int = 0) -> tuple[tor
     return h, f
 
 
-def build_connection(name: str, p: float, impl: str) -> torch.nn.Module:
-    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, connection=name, spheret_p=p, sphere_impl=impl)
-    conn = CONNECTIONS[name](cfg, 1, slot=0)  # layer 1: alpha = 1, the largest step
+def build_connection(name: str, p: float, impl: str, softplus_a: float = 0.8, layer: int = 1) -> torch.nn.Module:
+    cfg = GPTConfig(n_layer=max(2, layer), n_head=2, n_embd=32, block_size=8, vocab_size=64, connection=name, spheret_p=p, sphere_impl=impl)
+    conn = CONNECTIONS[name](cfg, layer, slot=0)  # layer 1: lambda = 1, the largest step
     with torch.no_grad():
-        conn.a.fill_(math.log(math.expm1(0.8)))  # softplus(a) = 0.8: off the clamp at 1
+        conn.a.fill_(math.log(math.expm1(softplus_a)))  # default 0.8: off the clamp at 1
     return conn
 
 
@@ -106,7 +106,7 @@ def condition_of_s(h: torch.Tensor, f: torch.Tensor) -> float:
     return max(ratio.max().item(), 1.0) if ratio.numel() else 1.0
 
 
-def compare_to_reference(name, p, impl, case, autocast, monkeypatch):
+def compare_to_reference(name, p, impl, case, autocast, monkeypatch, **conn_kw):
     if impl == "fused_eager":
         monkeypatch.setenv("SPHERETNORM_EAGER_KERNELS", "1")
         impl = "fused"
@@ -117,8 +117,8 @@ def compare_to_reference(name, p, impl, case, autocast, monkeypatch):
     if autocast:  # a Linear under bf16 autocast hands the connection a bf16 F(h)
         f = f.bfloat16()
     grad = torch.randn(h.shape, generator=torch.Generator().manual_seed(7))
-    ref = run_update(build_connection(name, p, "reference"), h, f, grad, autocast)
-    got = run_update(build_connection(name, p, impl), h, f, grad, autocast)
+    ref = run_update(build_connection(name, p, "reference", **conn_kw), h, f, grad, autocast)
+    got = run_update(build_connection(name, p, impl, **conn_kw), h, f, grad, autocast)
     out, dh, df, da = got
     assert out.dtype == ref[0].dtype and df.dtype == ref[2].dtype
     assert torch.isfinite(out).all() and torch.isfinite(dh).all() and torch.isfinite(df).all()
@@ -138,7 +138,7 @@ def compare_to_reference(name, p, impl, case, autocast, monkeypatch):
     # of s is amplified by kappa = ||F(h)|| / ||z|| (~300 in 'tiny_z'), in the reference as
     # much as here. So da is compared with the float64 reference, within 1e-5 plus that
     # amplified rounding.
-    truth = run_update(build_connection(name, p, "reference").double(), h.double(), f.double(), grad.double(), False)[3]
+    truth = run_update(build_connection(name, p, "reference", **conn_kw).double(), h.double(), f.double(), grad.double(), False)[3]
     tol = (1e-5 + 4 * condition_of_s(h, f) * 2**-23) * abs(truth.item()) + 1e-12
     assert abs(da.item() - truth.item()) <= tol, "grad of a"
     return ref, got
@@ -159,6 +159,46 @@ def test_impl_matches_reference_fp32(impl, name, p, case, monkeypatch):
 @pytest.mark.parametrize("case", ["mixed", "parallel", "tiny_z"])
 def test_impl_matches_reference_bf16_autocast(impl, name, p, case, monkeypatch):
     compare_to_reference(name, p, impl, case, True, monkeypatch)
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", sphere_kernels.RETRACTIONS)
+@pytest.mark.parametrize("softplus_a", [0.6, 1.3])  # step size off and on its clamp at 1
+def test_triton_op_and_eager_function_agree(kind, softplus_a):
+    """torch.compile's path (triton_ops given alpha = step_size(a)) and the eager path (an
+    autograd.Function that computes alpha from a inside the kernels) give the same update."""
+    import sphere_triton
+
+    h, f = make_inputs("mixed")
+    grad = torch.randn(h.shape, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    p, am = torch.tensor(0.7, device=DEVICE), torch.tensor(math.pi / 4, device=DEVICE)
+    code, decay = sphere_kernels.KIND_CODES[kind], 0.5
+    paths = {
+        "triton_op": lambda hh, ff, a: sphere_triton.sphere_fwd(hh, ff, sphere_kernels.step_size(a, decay), p, am, code),
+        "eager": lambda hh, ff, a: sphere_triton._EagerSphereUpdate.apply(hh, ff, a, decay, p, am, code),
+    }
+    results = []
+    for path in paths.values():
+        hh, ff = h.to(DEVICE).requires_grad_(True), f.to(DEVICE).requires_grad_(True)
+        a = torch.tensor(math.log(math.expm1(softplus_a)), device=DEVICE, requires_grad=True)
+        out = path(hh, ff, a)
+        out.backward(grad)
+        results.append([out.detach(), hh.grad, ff.grad, a.grad])
+    for x, y in zip(*results):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+    assert (results[1][3].item() == 0) is (softplus_a > 1)  # the clamp stops the gradient of a
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("softplus_a,layer", [(1.5, 1), (1.0, 2), (0.004, 3), (0.8, 5)])
+def test_step_parameter_regimes_match_reference(impl, softplus_a, layer, monkeypatch):
+    """The step size from a: clamped (softplus(a) > 1: no gradient to a), at the clamp's edge
+    (torch passes the gradient there), far below it (a about -5.5), and deeper layers' decay."""
+    ref, got = compare_to_reference("p_spheret", 0.5, impl, "mixed", False, monkeypatch, softplus_a=softplus_a, layer=layer)
+    if softplus_a > 1:
+        assert ref[3].item() == 0 and got[3].item() == 0
+    else:
+        assert ref[3].item() != 0
 
 
 def test_cases_exercise_the_cap():
@@ -329,7 +369,7 @@ def test_impl_choice_and_errors():
     with pytest.raises(ValueError, match="Unknown sphere_impl 'fast'; valid values are: auto, reference, fused, triton"):
         GPTConfig(sphere_impl="fast")
     with pytest.raises(ValueError, match="Unknown retraction 'exp'"):
-        sphere_kernels.sphere_update(torch.ones(2, 4), torch.ones(2, 4), torch.tensor(1.0), "exp")
+        sphere_kernels.sphere_update(torch.ones(2, 4), torch.ones(2, 4), torch.tensor(1.0), 1.0, "exp")
 
 
 def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
