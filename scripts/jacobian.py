@@ -130,18 +130,30 @@ class PositionMap:
 
 
 def lanczos_eigenvalues(
-    matvec: Callable[[Vector], Vector], fresh: Callable[[], Vector], dim: int, steps: int
+    matvec: Callable[[Vector], Vector],
+    fresh: Callable[[], Vector],
+    dim: int,
+    steps: int,
+    project: Callable[[Vector], Vector] = lambda v: v,
 ) -> np.ndarray:
     """Ritz values of a symmetric PSD operator on a dim-dimensional space after `steps` steps.
 
     Full reorthogonalisation against every earlier Lanczos vector keeps them orthogonal in
     floating point; a breakdown (an invariant subspace) continues from a fresh direction, so
     steps = dim returns every eigenvalue. `fresh` draws a random vector of the space.
+
+    When the space is a subspace of the vectors' ambient space (a sphere's tangent space),
+    `project` is its orthogonal projector, applied to every new vector. Without it, the
+    rounding-level part of a vector outside the subspace, where the operator is zero, is
+    not removed by the reorthogonalisation (no Lanczos vector spans it) and the recurrence
+    multiplies it by the Lanczos polynomial at 0, which grows exponentially when 0 lies far
+    from the spectrum: by step 50 of a sphere model's tangent Jacobian (d = 128) it had become
+    a whole Lanczos vector, and a spurious eigenvalue 0 took the place of the true smallest one.
     """
     steps = min(steps, dim)
     basis: list[Vector] = []
     alphas, betas = [], []
-    q = fresh()
+    q = project(fresh())
     q = q / q.norm()
     beta = 0.0
     for k in range(steps):
@@ -149,7 +161,7 @@ def lanczos_eigenvalues(
         w = matvec(q)
         alpha = float(w @ q)
         alphas.append(alpha)
-        w = w - alpha * q - (beta * basis[-2] if k > 0 and beta else 0.0)
+        w = project(w - alpha * q - (beta * basis[-2] if k > 0 and beta else 0.0))
         Q = torch.stack(basis)
         for _ in range(2):  # twice is enough (Kahan's "twice is enough" for Gram-Schmidt)
             w = w - Q.T @ (Q @ w)
@@ -158,7 +170,7 @@ def lanczos_eigenvalues(
         if k == steps - 1:
             break
         if beta <= BREAKDOWN * scale:
-            w = fresh()
+            w = project(fresh())
             for _ in range(2):
                 w = w - Q.T @ (Q @ w)
             beta = 0.0  # the tridiagonal splits: no coupling to the new block
@@ -192,7 +204,9 @@ def position_conditioning(pmap: PositionMap, steps: int | None, generator: torch
     """
     dim = pmap.output_dim()
     steps = dim if steps is None else min(steps, dim)
-    eig = lanczos_eigenvalues(lambda u: pmap.jvp(pmap.vjp(u)), lambda: pmap.random_output(generator), dim, steps)
+    eig = lanczos_eigenvalues(
+        lambda u: pmap.jvp(pmap.vjp(u)), lambda: pmap.random_output(generator), dim, steps, project=pmap.restrict_out
+    )
     floor = RESOLUTION * max(eig.max(), 0.0) * dim
     resolved = bool(eig.min() > floor)
     smin = float(np.sqrt(eig.min() if resolved else floor))

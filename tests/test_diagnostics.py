@@ -256,6 +256,30 @@ def test_jacobian_singular_values_match_the_dense_jacobian(connection: str, scop
     assert expected.max() / expected.min() > 1.5  # a map far from an isometry: the test can tell
 
 
+def test_lanczos_on_a_tangent_space_finds_the_true_smallest_singular_value() -> None:
+    """A spectrum like a trained sphere model's tangent Jacobian (d = 128: a bulk of singular
+    values in 0.42-0.73, one of 2.3 and one of 0.02): without the projection onto the tangent
+    space, the rounding-level radial part of the Lanczos vectors grew into a whole vector and a
+    spurious sigma_min of about 1e-8 replaced the true 0.02."""
+    from scripts import jacobian
+
+    d = 128
+    g = torch.Generator().manual_seed(3)
+    f64 = dict(dtype=torch.float64)
+    s = torch.cat([torch.tensor([2.3], **f64), 0.42 + 0.31 * torch.rand(d - 3, generator=g, **f64), torch.tensor([0.02, 0.0], **f64)])
+    u_in, u_out = (torch.randn(d, generator=g, dtype=torch.float64) for _ in range(2))
+    basis_in, basis_out = orthonormal_complement(u_in), orthonormal_complement(u_out)
+    rot_in = torch.linalg.qr(torch.randn(d - 1, d - 1, generator=g, dtype=torch.float64))[0]
+    rot_out = torch.linalg.qr(torch.randn(d - 1, d - 1, generator=g, dtype=torch.float64))[0]
+    # J maps the tangent space at u_in onto the one at u_out with singular values s[:d-1]
+    J = basis_out @ rot_out @ torch.diag(s[: d - 1]) @ rot_in.T @ basis_in.T
+    tangent_out = lambda v: jacobian.tangent(v[None], u_out[None])[0]  # noqa: E731
+    fresh = lambda: tangent_out(torch.randn(d, generator=g, dtype=torch.float64))  # noqa: E731
+    eig = jacobian.lanczos_eigenvalues(lambda q: J @ (J.T @ q), fresh, d - 1, d - 1, project=tangent_out)
+    assert math.sqrt(eig.min()) == pytest.approx(0.02, rel=1e-6)
+    assert math.sqrt(eig.max()) == pytest.approx(2.3, rel=1e-9)
+
+
 def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path) -> None:
     from scripts import jacobian
 
