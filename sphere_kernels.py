@@ -28,6 +28,7 @@ import functools
 import hashlib
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -245,12 +246,53 @@ def staged_cpu_source() -> tuple[str, Path]:
     return name, staged
 
 
+# A build takes about 40 s on two cores; a lock this old belongs to a build that was killed.
+STALE_BUILD_LOCK_S = 600.0
+
+
+def wait_for_build_lock(build_dir: Path, stale_after: float = STALE_BUILD_LOCK_S) -> None:
+    """Wait while another process builds the kernel; remove its lock once no build could be that slow.
+
+    torch waits on the lock file of a build directory with no time limit, so a build killed
+    half-way (a pre-empted job, Ctrl-C during the first start) used to hang every later start
+    that shared the cache.
+    """
+    lock = build_dir / "lock"
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_after:
+            warnings.warn(
+                f"Removed the stale build lock {lock} ({age:.0f} s old, limit {stale_after:.0f} s): "
+                "the build that took it did not finish; building the sphere kernel again.",
+                stacklevel=2,
+            )
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(1.0)
+
+
+def _torch_build_directory(name: str) -> Path | None:
+    """Where torch.utils.cpp_extension.load builds `name` (a private helper of torch's; None if it moved)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return Path(_get_build_directory(name, False))
+    except Exception:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def _build_cpu_extension():
     try:
         from torch.utils.cpp_extension import load
 
         name, source = staged_cpu_source()
+        build_dir = _torch_build_directory(name)
+        if build_dir is not None:
+            wait_for_build_lock(build_dir)
         return load(
             name=name,
             sources=[str(source)],

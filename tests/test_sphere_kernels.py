@@ -397,3 +397,25 @@ def test_cpu_kernel_build_depends_on_the_source_text_not_on_the_checkout(tmp_pat
     assert staged[2][0] != staged[0][0] and staged[2][1] != staged[0][1]
     assert [p.read_text() for _, p in staged] == [text, text, text + "\n// edited\n"]
     assert all(p.parent == tmp_path / "cache" / "spheretnorm_sources" for _, p in staged)
+
+
+def test_a_stale_build_lock_is_removed_and_a_live_one_waited_for(tmp_path) -> None:
+    """A build killed half-way leaves torch's lock file, on which torch would wait forever."""
+    import os
+    import threading
+    import time
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    old = time.time() - 120
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        sphere_kernels.wait_for_build_lock(tmp_path, stale_after=60)
+    assert not lock.exists()
+
+    lock.write_text("")  # a build in progress: its lock goes when it finishes
+    threading.Timer(1.5, lock.unlink).start()
+    start = time.monotonic()
+    sphere_kernels.wait_for_build_lock(tmp_path, stale_after=60)
+    assert 1.0 < time.monotonic() - start < 30
+    sphere_kernels.wait_for_build_lock(tmp_path / "no_build_yet")  # nothing to wait for
