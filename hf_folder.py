@@ -97,7 +97,13 @@ def _replace_marked_block(text: str, name: str, replacement: str) -> str:
 
 
 def _connection_classes() -> list[type]:
-    """Every connection class with its bases before it, in model.py's order."""
+    """Every connection class with its bases before it, in model.py's order.
+
+    All of them, not only the checkpoint's: every export then carries the same code, which
+    transformers needs. It registers the model class of a remote config class at its first
+    load, so a second folder in the same process whose configuration file is the same but
+    whose modeling file held another connection would get the first folder's classes.
+    """
     ordered: list[type] = []
     for cls in CONNECTIONS.values():
         for base in reversed(cls.__mro__):
