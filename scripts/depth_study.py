@@ -146,6 +146,29 @@ def study_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def seed_summary(rows: list[dict[str, Any]], baseline: str = "pre_ln") -> str:
+    """Val loss per method over the seeds: mean, range, and the gap to the baseline run of the
+    same seed (paired, so that what a seed does to every method cancels). Empty with one seed."""
+    runs: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        if r["val_loss"] is not None:
+            runs.setdefault((r["method"], r["alpha_index"]), {})[r["seed"]] = r["val_loss"]
+    if max((len(v) for v in runs.values()), default=0) < 2:
+        return ""
+    base = runs.get((baseline, "block"), {})
+    lines = [
+        f"| method | seeds | val loss, mean | range | minus {display_name(baseline)} (same seed), mean | range |",
+        "|:--|--:|--:|--:|--:|--:|",
+    ]
+    for (method, alpha_index), losses in runs.items():
+        name = display_name(method) + (" (alpha_index=sublayer)" if alpha_index == "sublayer" else "")
+        gaps = [loss - base[seed] for seed, loss in losses.items() if seed in base]
+        gap = f"{statistics.fmean(gaps):+.3f} | {min(gaps):+.3f} to {max(gaps):+.3f}" if gaps else "- | -"
+        vals = list(losses.values())
+        lines.append(f"| {name} | {len(vals)} | {statistics.fmean(vals):.3f} | {min(vals):.3f} to {max(vals):.3f} | {gap} |")
+    return "\n".join(lines)
+
+
 # -----------------------------------------------------------------------------
 # Command line
 
@@ -196,6 +219,9 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     unigram = unigram_loss(data_dir)
     rows = [result_row(run, result, unigram) for run, result in zip(runs, results)]
     table = study_table(rows)
+    summary = seed_summary(rows)
+    if summary:
+        table += "\n\nOver the seeds:\n\n" + summary
     out_dir.mkdir(parents=True, exist_ok=True)
     found = [load_run(r.job.out_dir) for r in results if (r.job.out_dir / CONFIG_NAME).is_file()]
     if found:

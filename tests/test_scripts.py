@@ -398,3 +398,19 @@ def test_sweep_rejects_bad_numbers(capsys: pytest.CaptureFixture) -> None:
     assert "'fast' is not a number" in capsys.readouterr().err
     assert lr_sweep.main(["--warmups", "100", "--max_iters", "50"]) == 2
     assert "--max_iters 50 must exceed the longest warm-up (100)" in capsys.readouterr().err
+
+
+def test_depth_study_seed_summary_pairs_each_seed_with_its_baseline() -> None:
+    from scripts import depth_study
+
+    def row(method: str, seed: int, loss: float | None, alpha_index: str = "block") -> dict:
+        return {"method": method, "seed": seed, "alpha_index": alpha_index, "val_loss": loss}
+
+    rows = [row("pre_ln", 1, 2.0), row("pre_ln", 2, 2.2), row("geonorm", 1, 1.9), row("geonorm", 2, 2.15),
+            row("geonorm", 3, None), row("p_spheret:0.5", 1, 2.1, "sublayer")]
+    lines = depth_study.seed_summary(rows).splitlines()
+    geo = next(line for line in lines if line.startswith("| GeoNorm |"))
+    # mean 2.025; gaps -0.10 and -0.05 against the same seed's Pre-LN (not against Pre-LN's mean 2.1)
+    assert geo == "| GeoNorm | 2 | 2.025 | 1.900 to 2.150 | -0.075 | -0.100 to -0.050 |"
+    assert any(line.startswith("| 0.5-SpheretNorm (alpha_index=sublayer) | 1 | 2.100 |") for line in lines)
+    assert depth_study.seed_summary([row("pre_ln", 1, 2.0), row("geonorm", 1, 1.9)]) == ""  # one seed: nothing
