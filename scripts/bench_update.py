@@ -68,14 +68,15 @@ def seconds_per_call(work, rows: int, d: int, f_dtype: torch.dtype, device: str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    head, rest = __doc__.strip().split("\n\n", 1)
+    ap = argparse.ArgumentParser(description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="(default: cuda where present, else cpu)")
     ap.add_argument("--rows", type=int, default=16384, help="rows of the large case (default 16384 = 16 x 1024 tokens)")
     ap.add_argument("--small_rows", type=int, default=16, help="rows of the host-bound case (default 16)")
     ap.add_argument("--d", type=int, default=768, help="width (default 768)")
-    ap.add_argument("--f_dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--f_dtype", default="bfloat16", choices=["bfloat16", "float32"], help="dtype of F(h) (default bfloat16)")
     ap.add_argument("--connections", default="p_spheret,geonorm", help="sphere connections (default p_spheret,geonorm)")
-    ap.add_argument("--impls", default="reference,auto", help=f"sphere_impl values, comma-separated ({', '.join(SPHERE_IMPLS)})")
+    ap.add_argument("--impls", default="reference,auto", help=f"sphere_impl values, comma-separated, of {', '.join(SPHERE_IMPLS)} (default reference,auto)")
     ap.add_argument("--calls", type=int, default=50, help="calls per timing (default 50)")
     ap.add_argument("--repeats", type=int, default=5, help="timings per figure; the median counts (default 5)")
     args = ap.parse_args()

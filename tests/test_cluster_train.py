@@ -160,6 +160,7 @@ HELP_EXPECTATIONS = [
     ("scripts/mup_transfer.py", ["--widths", "(default: 64,256)", "--lrs", "--max_iters", "(default 250)"]),
     ("scripts/depth_study.py", ["--seeds", "(default 1337,1338)", "--warmup_iters", "(default 400)", "--table_only"]),
     ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps"]),
+    ("scripts/bench_update.py", ["--rows", "(default 16384", "--small_rows", "--impls", "(default reference,auto)", "--device"]),
 ]
 
 
