@@ -133,7 +133,7 @@ def standalone_model_source() -> str:
     return (
         "# ---- written from spheretnorm's sphere_kernels.py and hf_remote/standalone_kernels.py\n\n"
         f"EPS = {sphere_kernels.EPS!r}\n\n\n"
-        + _sources([sphere_kernels.compute_dtype, sphere_kernels.ScaleToRadius, sphere_kernels.scale_to_radius])
+        + _sources([sphere_kernels.compute_dtype, sphere_kernels.step_size, sphere_kernels.ScaleToRadius, sphere_kernels.scale_to_radius])
         + "\n\n"
         + stand_ins
         + "\n\n# ---- written from spheretnorm's model.py\n\n"

@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 import diagnostics as diag
 import mup
-from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update
+from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update, step_size
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 # GPTConfig keys that choose how the model runs, not what it computes: a resume or an
@@ -404,7 +404,7 @@ class SphereConnection(Connection):
 
     def step_size(self) -> torch.Tensor:
         """alpha = min(softplus(a), 1) * lambda_l."""
-        return F.softplus(self.a).clamp(max=1.0) * self.decay
+        return step_size(self.a, self.decay)
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         f = sublayer(h)

@@ -437,7 +437,7 @@ def _constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.
 
 
 def step_size(a: torch.Tensor, decay: float) -> torch.Tensor:
-    """alpha = min(softplus(a), 1) * lambda_l, as model.py's SphereConnection.step_size."""
+    """alpha = min(softplus(a), 1) * lambda_l: the sphere step size (model.py's SphereConnection.step_size)."""
     return torch.nn.functional.softplus(a).clamp(max=1.0) * decay
 
 
