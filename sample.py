@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from common import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
-from data.common import META_FILE, PrepareError, decode_char, load_meta
-from data.tokenizer import EOT_TOKEN, TokenizerUnavailableError, get_gpt2_encoding
-from model import GPT, load_checkpoint
+from spheretnorm.common import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
+from spheretnorm.data.common import META_FILE, PrepareError, decode_char, load_meta
+from spheretnorm.data.tokenizer import EOT_TOKEN, TokenizerUnavailableError, get_gpt2_encoding
+from spheretnorm.model import GPT, load_checkpoint
 
 CKPT_NAME = "ckpt.pt"
 FILE_PREFIX = "FILE:"

@@ -13,12 +13,8 @@ not depend on the weights). Not a test: numbers depend on the machine.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a file: put the repository root, not eval/, first on sys.path (see zero_shot.py).
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import os
@@ -27,8 +23,8 @@ from typing import Any
 
 import torch
 
-from eval.local_tasks import PIQA_FILE, PIQA_LABELS_FILE, piqa_records
-from model import GPT, GPTConfig
+from spheretnorm.eval.local_tasks import PIQA_FILE, PIQA_LABELS_FILE, piqa_records
+from spheretnorm.model import GPT, GPTConfig
 
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=256),  # PIQA fits: hf fails otherwise
@@ -55,7 +51,7 @@ def piqa_requests(data_dir: Path, n: int) -> list[Any]:
 
 def build_model(args: argparse.Namespace) -> GPT:
     if args.ckpt:
-        from eval.harness import load_eval_model
+        from spheretnorm.eval.harness import load_eval_model
 
         return load_eval_model(args.ckpt)[0]
     torch.manual_seed(0)
@@ -88,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from lm_eval.models.huggingface import HFLM
 
-    from eval.harness import NanoGPTLM
-    from eval.hf_convert import offline_gpt2_tokenizer, to_hf_gpt2
+    from spheretnorm.eval.harness import NanoGPTLM
+    from spheretnorm.hf.gpt2 import offline_gpt2_tokenizer, to_hf_gpt2
 
     model = build_model(args).eval()
     requests = piqa_requests(Path(args.data_dir), args.n)

@@ -1,38 +1,11 @@
-"""lm-eval's own command line, with this project's `nanogpt` model registered.
+"""lm-eval's command line with this project's `nanogpt` model: python -m eval.lm_eval_cli run --model nanogpt ...
 
-lm-eval's CLI only knows the models it ships; ours is registered when eval.harness is imported,
-so run lm-eval through this module (from the repository root):
-
-    python -m eval.lm_eval_cli run --model nanogpt --model_args ckpt=out/ckpt.pt \
-        --tasks piqa,lambada_openai --batch_size 16
-    python -m eval.lm_eval_cli ls tasks
-
-Every lm-eval option works as documented by lm-eval. For the paper's table, use eval/zero_shot.py.
+The code lives in `spheretnorm.eval.lm_eval_cli`; this file is the command.
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-if __package__ in (None, ""):
-    # Run as a file: put the repository root, not eval/, first on sys.path (see zero_shot.py).
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import eval.harness  # noqa: F401,E402  (registers "nanogpt")
-from eval.errors import EvalError  # noqa: E402
-
-
-def main() -> int:
-    from lm_eval.__main__ import cli_evaluate
-
-    try:
-        cli_evaluate()  # reads sys.argv, exactly like the `lm_eval` command
-    except EvalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
+from spheretnorm.eval.lm_eval_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

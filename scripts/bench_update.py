@@ -14,11 +14,7 @@ sublayers are small or whose GPU is fast pays the second one at every sublayer.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import statistics
@@ -27,8 +23,8 @@ from typing import Callable
 
 import torch
 
-from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
-from sphere_kernels import SPHERE_IMPLS, resolve_impl
+from spheretnorm.model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
 
 
 def pre_ln_work(d: int, device: str) -> Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
@@ -42,15 +40,14 @@ import numpy as np
 import torch
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig  # noqa: E402
-from scripts.cpu_study import DEFAULT_DATA_DIR, ensure_data  # noqa: E402
-from scripts.lr_sweep import parse_numbers  # noqa: E402
-from scripts.plot import save_figure  # noqa: E402
-from scripts.runs import HelpFormatter, UsageError, parse_choices  # noqa: E402
-from data.common import open_split  # noqa: E402
-from train import TRAIN_STREAM, EVAL_STREAM, batch_offsets, get_batch  # noqa: E402
+from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.study import DEFAULT_DATA_DIR, ensure_data
+from spheretnorm.plots import save_figure
+from spheretnorm.runs import HelpFormatter, UsageError, parse_choices, parse_numbers
+from spheretnorm.data.common import open_split
+from spheretnorm.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
 
 DEFAULT_WIDTHS = "64,128,256,512,1024"
 DEFAULT_CONNECTIONS = ",".join(("pre_ln", *SPHERE_CONNECTIONS))

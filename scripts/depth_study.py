@@ -22,8 +22,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
@@ -31,10 +29,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from scripts import plot
-from scripts.cpu_study import CPU_MODEL, RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, exit_status, study_main
-from scripts.runs import HelpFormatter  # noqa: E402
-from scripts.runs import CONFIG_NAME, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
+from spheretnorm import plots as plot
+from spheretnorm.study import CPU_MODEL, RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, exit_status, study_main
+from spheretnorm.runs import HelpFormatter
+from spheretnorm.runs import CONFIG_NAME, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
 
 DEFAULT_METHODS = "pre_ln,peri_ln,geonorm,p_spheret:0.5,proj_spheret,cay_spheret"
 ABLATION_METHOD = "p_spheret:0.5"

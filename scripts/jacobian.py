@@ -30,8 +30,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
@@ -42,10 +40,10 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from data.common import load_meta, open_split
-from model import GPT, SPHERE_CONNECTIONS, clean_state_dict, config_from_dict, load_checkpoint
-from scripts.runs import HelpFormatter, UsageError
-from trainconfig import method_key
+from spheretnorm.data.common import load_meta, open_split
+from spheretnorm.model import GPT, SPHERE_CONNECTIONS, clean_state_dict, config_from_dict, load_checkpoint
+from spheretnorm.runs import HelpFormatter, UsageError
+from spheretnorm.config import method_key
 
 SCOPES = ("self", "prefix")
 # An eigenvalue of J J^T below this times (largest eigenvalue x dimension) is float64 rounding:

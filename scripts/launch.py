@@ -7,7 +7,7 @@
     python scripts/launch.py --nnodes 2 --node_rank 0 --rdzv_endpoint node0:29500   # on each node
     python scripts/launch.py --stage zero_shot --scales L --eval_args "--local_data ../shared/evaldata"
 
-Each run is `train.py config/<dataset>_<scale>.py --connection=... [--spheret_p=...]
+Each run is `train.py config/<dataset>_<scale>.py --connection=... [--<method parameter>=...]
 --out_dir=<runs_root>/<dataset>_<scale>/<method>` (e.g. out/openwebtext_s/p_spheret-0.5); its W&B
 name is <dataset>_<scale>/<method> and its W&B group <dataset>_<scale>, as train.py sets them
 (add --wandb_log=true). Any other --key=value is passed to every train.py command.
@@ -34,8 +34,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import shlex
@@ -43,7 +41,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from scripts.runs import (
+from spheretnorm.runs import (
     CKPT_NAME,
     PAPER_DATASETS,
     PAPER_SCALES,
@@ -66,15 +64,13 @@ from scripts.runs import (
     run_name,
     stopped_row,
 )
-from trainconfig import ConfigError, parse_config
+from spheretnorm.config import ConfigError, parse_config
 
 MODES = ("local", "print", "slurm")
 STAGES = ("train", "zero_shot")
 SLURM_SCRIPT = "scripts/slurm_train.sh"
-# Keys the launcher sets itself, and the option to use instead.
+# Keys the launcher sets itself, and the option to use instead (the method's keys: check_overrides).
 RESERVED = {
-    "connection": "--methods",
-    "spheret_p": "--methods (e.g. p_spheret:0.25)",
     "dataset": "--datasets",
     "out_dir": "--runs_root",
     "init_from": "nothing (every run gets --init_from=auto: it resumes from a checkpoint by itself)",

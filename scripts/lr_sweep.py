@@ -23,12 +23,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +33,12 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, parse_train_args, run_jobs, study_name, wall_clock_line, exit_status, study_main  # noqa: E402
-from scripts.plot import method_style, save_figure  # noqa: E402
-from scripts.runs import HelpFormatter  # noqa: E402
-from scripts.runs import COLLAPSE_MARGIN, UsageError, check_overrides, display_name, method_args, method_dirname, parse_methods, sort_methods, unigram_loss  # noqa: E402
+from spheretnorm.study import CPU_MODEL, RESERVED as STUDY_RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, parse_train_args, run_jobs, study_name, wall_clock_line, exit_status, study_main
+from spheretnorm.plots import method_style, save_figure
+from spheretnorm.runs import HelpFormatter
+from spheretnorm.runs import COLLAPSE_MARGIN, UsageError, parse_numbers, check_overrides, display_name, method_args, method_dirname, parse_methods, sort_methods, unigram_loss
 
 DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"
 DEFAULT_LRS = "1e-3,3e-3"
@@ -70,24 +67,6 @@ class Point:
 
     def dirname(self) -> str:
         return f"{method_dirname(self.method)}/lr{self.lr:g}_wu{self.warmup}"
-
-
-def parse_numbers(spec: str, kind: type, what: str) -> list[Any]:
-    """'1e-3,3e-3' -> [0.001, 0.003]; one clear error naming the bad item."""
-    values = []
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        try:
-            value = kind(float(item)) if kind is int else kind(item)
-        except ValueError:
-            raise UsageError(f"--{what} {spec!r}: {item!r} is not a number; give a comma-separated list such as {'1e-3,3e-3' if kind is float else '10,100'}.") from None
-        if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"--{what} {spec!r}: {item!r} must be a positive number.")
-        values.append(value)
-    if not values:
-        raise UsageError(f"--{what} {spec!r} is empty; give a comma-separated list.")
-    return sorted(set(values))
 
 
 def point_args(point: Point, max_iters: int, overrides: list[str]) -> list[str]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
@@ -33,13 +31,12 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from scripts.cpu_study import CPU_MODEL, RESERVED as STUDY_RESERVED, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, wall_clock_line, exit_status, study_main  # noqa: E402
-from scripts.lr_sweep import parse_numbers  # noqa: E402
-from scripts.plot import save_figure  # noqa: E402
-from scripts.runs import HelpFormatter  # noqa: E402
-from scripts.runs import UsageError, check_overrides, display_name, method_args, method_dirname, parse_methods, unigram_loss  # noqa: E402
+from spheretnorm.study import CPU_MODEL, RESERVED as STUDY_RESERVED, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, wall_clock_line, exit_status, study_main
+from spheretnorm.plots import save_figure
+from spheretnorm.runs import HelpFormatter
+from spheretnorm.runs import UsageError, check_overrides, parse_numbers, display_name, method_args, method_dirname, parse_methods, unigram_loss
 
 DEFAULT_METHODS = "p_spheret:0.5,pre_ln"
 DEFAULT_WIDTHS = "64,256"

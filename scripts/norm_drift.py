@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from model import GPT, SPHERE_CONNECTIONS, GPTConfig  # noqa: E402
+from spheretnorm.model import GPT, SPHERE_CONNECTIONS, GPTConfig
 
 MODES = ("fp32", "bf16-autocast", "bf16-weights")
 

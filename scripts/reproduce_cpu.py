@@ -20,8 +20,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
@@ -29,8 +27,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from scripts import plot, tables
-from scripts.cpu_study import (
+from spheretnorm import plots as plot, tables
+from spheretnorm.study import (
     CPU_MODEL,
     exit_status,
     study_main,
@@ -47,8 +45,8 @@ from scripts.cpu_study import (
     study_name,
     wall_clock_line,
 )
-from scripts.runs import HelpFormatter  # noqa: E402
-from scripts.runs import (
+from spheretnorm.runs import HelpFormatter
+from spheretnorm.runs import (
     COLLAPSE_MARGIN,
     UsageError,
     check_overrides,
@@ -59,7 +57,7 @@ from scripts.runs import (
     scale_of,
     unigram_loss,
 )
-from trainconfig import ParsedConfig
+from spheretnorm.config import ParsedConfig
 
 # One schedule for every method: peak LR, its warm-up, cosine decay to a tenth by the end.
 SCHEDULE: dict[str, Any] = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 100}

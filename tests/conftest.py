@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "compiled_kernels: runs the fused sphere kernels as compiled code (C++ extension, inductor), which takes seconds to build",
+        "compiled_kernels: runs the fused sphere kernels as compiled code (inductor), which takes seconds to build",
     )
 
 

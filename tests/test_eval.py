@@ -25,14 +25,14 @@ from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
-from eval.errors import EvalError
-from eval.harness import NanoGPTLM, load_eval_model, pack_pieces
-from eval.hf_convert import offline_gpt2_tokenizer, to_hf_gpt2
-from eval.local_tasks import piqa_records, wikitext_documents, write_local_tasks
-from eval import zero_shot
-from eval.zero_shot import PAPER_COLUMNS, check_tasks_known, main, results_limit, results_path, run_lm_eval
-from model import CONNECTIONS, GPT, GPTConfig
+from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
+from spheretnorm.eval.errors import EvalError
+from spheretnorm.eval.harness import NanoGPTLM, load_eval_model, pack_pieces
+from spheretnorm.hf.gpt2 import offline_gpt2_tokenizer, to_hf_gpt2
+from spheretnorm.eval.local_tasks import piqa_records, wikitext_documents, write_local_tasks
+from spheretnorm.eval import zero_shot
+from spheretnorm.eval.zero_shot import PAPER_COLUMNS, check_tasks_known, main, results_limit, results_path, run_lm_eval
+from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
@@ -457,7 +457,7 @@ def test_results_limit_reads_the_marker_and_older_files() -> None:
 
 def write_finished_run(root: Path) -> Path:
     """openwebtext_s/pre_ln under root, trained to the paper's max_iters, with a checkpoint."""
-    from scripts import runs
+    from spheretnorm import runs
 
     run = root / "openwebtext_s" / runs.method_dirname("pre_ln")
     run.mkdir(parents=True)
@@ -469,7 +469,8 @@ def write_finished_run(root: Path) -> Path:
 def test_launcher_does_not_count_a_limited_evaluation_as_done(
     evaldata: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from scripts import launch, runs
+    from scripts import launch
+    from spheretnorm import runs
 
     run = write_finished_run(tmp_path)
     final = run / runs.ZERO_SHOT_NAME
@@ -488,7 +489,7 @@ def test_launcher_does_not_count_a_limited_evaluation_as_done(
 
 
 def test_is_evaluated_only_for_full_results(tmp_path: Path) -> None:
-    from scripts import runs
+    from spheretnorm import runs
 
     final = tmp_path / runs.ZERO_SHOT_NAME
     assert not runs.is_evaluated(tmp_path)
@@ -503,7 +504,8 @@ def test_is_evaluated_only_for_full_results(tmp_path: Path) -> None:
 
 
 def test_tables_mark_limited_zero_shot_results_and_do_not_rank_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from scripts import runs, tables
+    from spheretnorm import runs
+    from spheretnorm import tables
 
     for method, piqa, limit in (("pre_ln", 60.0, None), ("geonorm", 55.0, None), ("p_spheret:0.5", 90.0, 100)):
         out = tmp_path / "openwebtext_l" / runs.method_dirname(method)

@@ -1,4 +1,4 @@
-"""Tests of the offline benchmarks (eval/local_tasks.py) and the HF cache prefetch (eval/prefetch.py).
+"""Tests of the offline benchmarks (spheretnorm/eval/local_tasks.py) and the HF cache prefetch (eval/prefetch.py).
 
 Every benchmark gets a few realistic records in its authors' original release format, written
 into a tmp folder. The same documents are also written here by hand in the schema of the Hugging
@@ -27,12 +27,12 @@ import yaml
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 
-from eval import prefetch, zero_shot
-from eval.errors import EvalError
-from eval.harness import NanoGPTLM
-from eval.local_tasks import LOCAL_TASKS, convert_task, data_source_note, social_iqa_records, winogrande_records, write_local_tasks
-from eval.zero_shot import PAPER_TASKS
-from model import GPT, GPTConfig
+from spheretnorm.eval import prefetch, zero_shot
+from spheretnorm.eval.errors import EvalError
+from spheretnorm.eval.harness import NanoGPTLM
+from spheretnorm.eval.local_tasks import LOCAL_TASKS, convert_task, data_source_note, social_iqa_records, winogrande_records, write_local_tasks
+from spheretnorm.eval.zero_shot import PAPER_TASKS
+from spheretnorm.model import GPT, GPTConfig
 
 BUILTIN = Path(lm_eval.tasks.__file__).parent
 

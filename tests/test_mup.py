@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-import mup
+from spheretnorm import mup
 import train
-from data.common import open_split
-from model import CONNECTIONS, GPT, GPTConfig, load_checkpoint
+from spheretnorm.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch, learning_rate_at
+from spheretnorm.data.common import open_split
+from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, load_checkpoint
 from scripts import mup_transfer
 from scripts.coord_check import Setup, coord_check
 from tests.test_train import VOCAB, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
-from trainconfig import ConfigError, parse_config
+from spheretnorm.config import ConfigError, TrainConfig, parse_config
 
 BASE_LR = 1e-2
 HIDDEN_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -143,7 +144,7 @@ def test_schedule_scales_each_group_and_resume_keeps_mup(data_dir: Path, tmp_pat
     train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=4", "--mup_base_width=8"))
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["model_config"]["mup_base_width"] == 8
-    lr_last = train.learning_rate_at(3, train.TrainConfig(learning_rate=3e-3, min_lr=3e-4, warmup_iters=2, lr_decay_iters=40))
+    lr_last = learning_rate_at(3, TrainConfig(learning_rate=3e-3, min_lr=3e-4, warmup_iters=2, lr_decay_iters=40))
     scales = sorted(g["lr_scale"] for g in ckpt["optimizer"]["param_groups"])
     assert scales == [0.25, 1.0, 1.0]
     for group in ckpt["optimizer"]["param_groups"]:
@@ -179,11 +180,11 @@ def coordinate_check(connection: str, data_dir: Path) -> dict[str, Any]:  # noqa
     tokens = open_split(data_dir, "train")
 
     def draw(stream: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        offsets = train.batch_offsets(0, stream, index, setup.batch_size, len(tokens), setup.block_size)
-        return train.get_batch(tokens, offsets, setup.block_size, "cpu")
+        offsets = batch_offsets(0, stream, index, setup.batch_size, len(tokens), setup.block_size)
+        return get_batch(tokens, offsets, setup.block_size, "cpu")
 
-    batches = [draw(train.TRAIN_STREAM, i) for i in range(setup.steps)]
-    probe, _ = draw(train.EVAL_STREAM, 0)
+    batches = [draw(TRAIN_STREAM, i) for i in range(setup.steps)]
+    probe, _ = draw(EVAL_STREAM, 0)
     return coord_check([connection], [32, 128, 512], setup, VOCAB, batches, probe)[connection]
 
 

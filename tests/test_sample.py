@@ -17,11 +17,11 @@ import torch
 
 import sample
 import train
-from common import atomic_torch_save
-from data.prepare import prepare
-from data.tokenizer import get_gpt2_encoding
-from model import GPT, GPTConfig
-from trainconfig import TrainConfig
+from spheretnorm.common import atomic_torch_save
+from spheretnorm.data.prepare import prepare
+from spheretnorm.data.tokenizer import get_gpt2_encoding
+from spheretnorm.model import GPT, GPTConfig
+from spheretnorm.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "SPHERETNORM_TOKENIZER_OFFLINE": "1"}

@@ -18,9 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model import CONNECTIONS, GPTConfig
-from scripts import launch, lr_sweep, plot, reproduce_cpu, runs, tables
-from trainconfig import method_key, parse_config
+from spheretnorm.model import CONNECTIONS, GPTConfig
+from scripts import launch, lr_sweep, reproduce_cpu
+from spheretnorm import plots as plot
+from spheretnorm import runs
+from spheretnorm import tables
+from spheretnorm.config import method_key, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -57,7 +60,7 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Method keys
 
 
-def test_method_keys_round_trip_through_trainconfig() -> None:
+def test_method_keys_round_trip_through_the_config_parser() -> None:
     for connection in CONNECTIONS:
         key = runs.canonical_method(connection)
         parsed = parse_config(runs.method_args(key), world_size=1)

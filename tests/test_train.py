@@ -22,38 +22,22 @@ import pytest
 import torch
 
 import train
-from model import GPT, load_checkpoint
-from trainconfig import ConfigError, grad_accum_steps, parse_config
+from markov_data import VOCAB, write_markov_data  # noqa: F401  (test_mup imports VOCAB from here)
+from spheretnorm.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, learning_rate_at
+from spheretnorm.rundir import NonFiniteLossError
+from spheretnorm.tracking import wandb_payload
+from spheretnorm.model import GPT, load_checkpoint
+from spheretnorm.config import ConfigError, grad_accum_steps, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO.parent / "shared" / "reference" / "paper_results.json"
-VOCAB = 48
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A learnable token stream: each token has three likely successors (a random Markov chain)."""
-    root = tmp_path_factory.mktemp("tiny_data")
-    rng = np.random.default_rng(0)
-    successors = rng.integers(0, VOCAB, size=(VOCAB, 3))
-    ids = np.empty(30_000, dtype=np.uint16)
-    ids[0] = 0
-    for i in range(1, len(ids)):
-        ids[i] = successors[ids[i - 1], rng.integers(0, 3)]
-    train_ids, val_ids = ids[:27_000], ids[27_000:]
-    train_ids.tofile(root / "train.bin")
-    val_ids.tofile(root / "val.bin")
-    meta = {
-        "tokenizer": "char",
-        "vocab_size": VOCAB,
-        "eot_token": None,
-        "dtype": "uint16",
-        "train_tokens": len(train_ids),
-        "val_tokens": len(val_ids),
-    }
-    (root / "meta.json").write_text(json.dumps(meta))
-    return root
+    return write_markov_data(tmp_path_factory.mktemp("tiny_data"))
 
 
 def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
@@ -150,7 +134,7 @@ def test_resume_is_exact(data_dir: Path, tmp_path: Path) -> None:
 def test_resume_after_a_crash_drops_the_abandoned_rows(data_dir: Path, tmp_path: Path) -> None:
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     train.main(tiny_args(data_dir, straight, "--max_iters=20", "--eval_interval=10"))
-    with pytest.raises(train.NonFiniteLossError):
+    with pytest.raises(NonFiniteLossError):
         train.main(tiny_args(data_dir, crashed, "--max_iters=20", "--eval_interval=10", "--debug_nan_at_iter=15"))
     assert max(train_losses(crashed)) == 14  # rows 11..14 were written after the checkpoint at 10
 
@@ -160,7 +144,7 @@ def test_resume_after_a_crash_drops_the_abandoned_rows(data_dir: Path, tmp_path:
 
 
 def test_nan_stops_without_touching_the_last_checkpoint(data_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(train.NonFiniteLossError, match=r"loss became nan at iter 8.*untouched"):
+    with pytest.raises(NonFiniteLossError, match=r"loss became nan at iter 8.*untouched"):
         train.main(tiny_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=5", "--debug_nan_at_iter=8"))
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["iter_num"] == 5
@@ -365,7 +349,7 @@ def test_shakespeare_char_config_parses() -> None:
 
 def test_learning_rate_schedule() -> None:
     cfg = parse_config(["--warmup_iters=10", "--lr_decay_iters=100", "--learning_rate=1.0", "--min_lr=0.1"], 1).train
-    lrs = [train.learning_rate_at(s, cfg) for s in range(120)]
+    lrs = [learning_rate_at(s, cfg) for s in range(120)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warm-up from 0
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then decays monotonically
     assert lrs[55] == pytest.approx(0.55)  # half way through the cosine: the midpoint
@@ -373,16 +357,16 @@ def test_learning_rate_schedule() -> None:
 
 
 def test_batch_of_a_step_does_not_depend_on_the_world_size() -> None:
-    offsets = train.batch_offsets(1337, train.TRAIN_STREAM, 7, 8, 1000, 16)
-    assert np.array_equal(offsets, train.batch_offsets(1337, train.TRAIN_STREAM, 7, 8, 1000, 16))
-    assert not np.array_equal(offsets, train.batch_offsets(1337, train.TRAIN_STREAM, 8, 8, 1000, 16))
-    assert not np.array_equal(offsets, train.batch_offsets(1337, train.EVAL_STREAM, 7, 8, 1000, 16))
+    offsets = batch_offsets(1337, TRAIN_STREAM, 7, 8, 1000, 16)
+    assert np.array_equal(offsets, batch_offsets(1337, TRAIN_STREAM, 7, 8, 1000, 16))
+    assert not np.array_equal(offsets, batch_offsets(1337, TRAIN_STREAM, 8, 8, 1000, 16))
+    assert not np.array_equal(offsets, batch_offsets(1337, EVAL_STREAM, 7, 8, 1000, 16))
     assert offsets.min() >= 0 and offsets.max() < 1000 - 16
 
 
 def test_wandb_payload_flattens_diagnostics() -> None:
     row = {"kind": "eval", "iter": 5, "val_loss": 2.0, "rms": [1.0, 2.0], "angle": [0.1], "final_cosine": 0.2, "step_sizes": [], "val_ppl": None}
-    assert train.wandb_payload(row) == {
+    assert wandb_payload(row) == {
         "val_loss": 2.0,
         "diag/rms/layer_00": 1.0,
         "diag/rms/layer_01": 2.0,

@@ -1,6 +1,6 @@
 """lm-eval model class for this project's checkpoints, registered as ``nanogpt``.
 
-    from eval.harness import NanoGPTLM
+    from spheretnorm.eval.harness import NanoGPTLM
     lm = NanoGPTLM(ckpt="out/ckpt.pt", batch_size=16)
     lm_eval.simple_evaluate(model=lm, tasks=["piqa"])
 
@@ -29,10 +29,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from common import autocast_context, get_device, resolve_dtype
-from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
-from eval.errors import EvalError
-from model import GPT, load_checkpoint
+from spheretnorm.common import autocast_context, get_device, resolve_dtype
+from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
+from spheretnorm.eval.errors import EvalError
+from spheretnorm.model import GPT, load_checkpoint
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"

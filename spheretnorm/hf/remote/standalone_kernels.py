@@ -1,9 +1,9 @@
-"""What model.py's classes import from sphere_kernels, for the exported standalone model.
+"""What model.py's classes import from spheretnorm.kernels, for the exported standalone model.
 
 The exported model runs the reference sphere update (model.py's SphereConnection.reference_update,
 the spec in code), so the fused dispatch is replaced by a resolver that always answers
-'reference'. hf_folder.py writes this file's functions, and sphere_kernels' own ScaleNorm
-helper and compute_dtype, into the exported modeling file.
+'reference'. spheretnorm/hf/folder.py writes this file's functions, kernels.py's ScaleNorm
+helper and compute_dtype, and the retraction table into the exported modeling file.
 """
 
 from __future__ import annotations

@@ -8,8 +8,14 @@ a sublayer F (attention or MLP). Each rule is one small class below, registered 
 CONNECTIONS; a Block is simply two connection calls.
 
 The maths follows the paper "Sphere Retraction Normalizations" (arXiv 2608.02668)
-and the project's spec (shared/spec/connections.md). Equation numbers refer to the
-paper.
+and docs/CONNECTIONS.md, which also records the choices made where the paper is
+silent. Equation numbers refer to the paper.
+
+A new connection is one class here (or in your own file) registered with
+@register_connection("name"): it declares its method parameters (`params`), its
+optimizer rules (`optimizer_rule`) and what runs after each optimizer step
+(`after_optimizer_step`); train.py, the launcher, tables, W&B names and the
+Hugging Face export read them from the class. docs/ARCHITECTURE.md walks through it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import math
 import pickle
 import re
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,9 +37,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import diagnostics as diag
-import mup
-from sphere_kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update, step_size
+import spheretnorm.diagnostics as diag
+from spheretnorm.diagnostics import DIAGNOSTIC_SERIES  # noqa: F401  (train.py and plots read it here)
+from spheretnorm import mup
+from spheretnorm.kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update
+from spheretnorm.retractions import EPS, get_retraction, step_size
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 # GPTConfig keys that choose how the model runs, not what it computes: a resume or an
@@ -42,16 +50,6 @@ EXECUTION_KEYS = ("sphere_impl",)
 ALPHA_INDICES = ("block", "sublayer")
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
-# The per-layer lists of GPT.diagnostics, and what their index counts (for W&B names and plots).
-DIAGNOSTIC_SERIES = {
-    "rms": "layer",
-    "massive_ratio": "layer",
-    "massive_top": "layer",
-    "attn_sink": "block",
-    "angle": "sublayer",
-    "contribution": "sublayer",
-    "update_ratio": "sublayer",
-}
 
 
 # -----------------------------------------------------------------------------
@@ -78,6 +76,9 @@ class GPTConfig:
     mup_base_width: int = 0  # μP base width n0: LRs and init transfer from width n0 (0: off; mup.py)
     # How the sphere update runs (same maths): auto | reference | fused | triton
     sphere_impl: str = "auto"
+    # Values of the parameters a connection class declares (Connection.params) that are not
+    # fields above; read as attributes like any other key (config.gain).
+    connection_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.connection not in CONNECTIONS:
@@ -85,6 +86,7 @@ class GPTConfig:
                 f"Unknown connection {self.connection!r}; valid connections are: "
                 f"{', '.join(CONNECTIONS)}."
             )
+        self.connection_params = resolve_connection_params(self.connection, self.connection_params)
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
@@ -121,6 +123,13 @@ class GPTConfig:
                 f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}."
             )
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that are not fields: a connection's declared parameters.
+        params = self.__dict__.get("connection_params") or {}
+        if name in params:
+            return params[name]
+        raise AttributeError(f"GPTConfig has no key {name!r}")
+
     @property
     def keel_scale(self) -> float:
         return float(self.keel_alpha) if self.keel_alpha is not None else 2.0 * self.n_layer
@@ -131,9 +140,17 @@ class GPTConfig:
         return mup.width_ratio(self.n_embd, self.mup_base_width)
 
 
+MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
+# Keys that say what is trained, not which variant of a connection: never a method parameter.
+RESERVED_PARAM_KEYS = ("connection", "connection_params", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
 def config_from_dict(d: dict[str, Any]) -> GPTConfig:
-    """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling)."""
-    known = {f.name for f in fields(GPTConfig)}
+    """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling).
+
+    Checkpoints from before connection_params existed have no such key; it defaults to {}.
+    """
+    known = set(MODEL_FIELDS)
     unknown = sorted(set(d) - known)
     if unknown:
         raise ValueError(
@@ -267,7 +284,97 @@ class MLP(nn.Module):
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
 
 
+CONNECTIONS: dict[str, type["Connection"]] = {}  # name -> class, in registration order
+
+
+def register_connection(name: str) -> Callable[[type], type]:
+    """Class decorator: make a Connection subclass available as --connection=name."""
+
+    def register(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, Connection)):
+            raise TypeError(f"@register_connection({name!r}) needs a Connection subclass, got {cls!r}.")
+        if name in CONNECTIONS and CONNECTIONS[name] is not cls:
+            raise ValueError(f"Connection name {name!r} is already registered to {CONNECTIONS[name].__name__}.")
+        for param in cls.params:
+            if param.key in RESERVED_PARAM_KEYS:
+                raise ValueError(f"{cls.__name__} declares {param.key!r} as a parameter; it is not a method parameter.")
+            other = declared_params().get(param.key)
+            if other is not None and other != param:
+                raise ValueError(f"{cls.__name__} declares parameter {param.key!r} unlike another connection does ({other}).")
+        cls.name = name
+        CONNECTIONS[name] = cls
+        return cls
+
+    return register
+
+
+def declared_params() -> dict[str, MethodParam]:
+    """Every registered connection's method parameters, by key."""
+    return {param.key: param for cls in CONNECTIONS.values() for param in cls.params}
+
+
+def resolve_connection_params(connection: str, given: dict[str, Any]) -> dict[str, Any]:
+    """connection_params of a config: the declared non-field parameters of `connection`, given
+    values checked by the type of their default, the rest at their defaults."""
+    own = {p.key: p for p in CONNECTIONS[connection].params if p.key not in MODEL_FIELDS}
+    unknown = sorted(set(given) - set(own))
+    if unknown:
+        raise ValueError(
+            f"connection_params {unknown} are not parameters of connection {connection!r}; "
+            f"its parameters are: {', '.join(own) or 'none'}."
+        )
+    out = {}
+    for key, param in own.items():
+        value = given.get(key, param.default)
+        kind = type(param.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}.")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class MethodParam:
+    """A model key that makes variants of one connection, such as p of p-SpheretNorm.
+
+    Its value is part of the method's name ('p_spheret:0.5'), run folder ('p_spheret-0.5'),
+    W&B name and table row, and a launcher grid sets it ('--methods p_spheret:0.25'). key may
+    be a GPTConfig field (spheret_p) or a new key, kept in GPTConfig.connection_params.
+    """
+
+    key: str
+    default: float | int | str | bool
+    help: str
+
+
+@dataclass(frozen=True)
+class OptimRule:
+    """How AdamW treats one parameter: weight-decayed or not, and a factor on its LR."""
+
+    decay: bool
+    lr_factor: float = 1.0
+
+
 class Connection(nn.Module):
+    """Base of every deep connection: built as cls(config, layer_idx, slot), called as
+    conn(h, sublayer) -> new h. What a connection needs beyond that, it declares here."""
+
+    name = ""  # set by register_connection
+    title = ""  # the paper's name of the method, a format string over params ('{spheret_p:g}-SpheretNorm')
+    params: tuple[MethodParam, ...] = ()  # model keys that make variants of this connection
+
+    @classmethod
+    def optimizer_rule(cls, name: str, p: nn.Parameter) -> OptimRule:
+        """The optimizer's treatment of model parameter `name` when the model uses this
+        connection. The paper's rule: decay on matrices and embeddings (dim >= 2) only."""
+        return OptimRule(decay=p.dim() >= 2)
+
+    @classmethod
+    def after_optimizer_step(cls, model: nn.Module) -> None:
+        """Runs once after every optimizer step (e.g. to renormalise weights); nothing by default."""
+
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__()
         if not 1 <= layer_idx <= config.n_layer:
@@ -286,8 +393,11 @@ class Connection(nn.Module):
         return LayerNorm(config.n_embd, bias=config.bias)
 
 
+@register_connection("pre_ln")
 class PreLN(Connection):
     """Pre-LN (GPT-2): h = h + F(LN(h))."""
+
+    title = "Pre-LN"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -297,8 +407,11 @@ class PreLN(Connection):
         return h + sublayer(self.ln(h))
 
 
+@register_connection("post_ln")
 class PostLN(Connection):
     """Post-LN (original Transformer): h = LN(h + F(h))."""
+
+    title = "Post-LN"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -308,8 +421,11 @@ class PostLN(Connection):
         return self.ln(h + sublayer(h))
 
 
+@register_connection("pre_dyt")
 class PreDyT(Connection):
     """Pre-DyT: h = h + F(DyT(h)); the final norm is DyT too."""
+
+    title = "Pre-DyT"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -323,8 +439,11 @@ class PreDyT(Connection):
         return h + sublayer(self.dyt(h))
 
 
+@register_connection("peri_ln")
 class PeriLN(Connection):
     """Peri-LN: h = h + LN_out(F(LN_in(h))), optional LN on the embedding."""
+
+    title = "Peri-LN"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -339,8 +458,11 @@ class PeriLN(Connection):
         return h + self.ln_out(sublayer(self.ln_in(h)))
 
 
+@register_connection("keel")
 class Keel(Connection):
     """Keel: h = LN_post(alpha * h + F(LN_in(h))), alpha fixed (default 2L sublayers)."""
+
+    title = "Keel"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -352,8 +474,11 @@ class Keel(Connection):
         return self.ln_post(self.alpha * h + sublayer(self.ln_in(h)))
 
 
+@register_connection("lns")
 class LNS(Connection):
     """LayerNorm Scaling (curse-of-depth paper): h = h + F(LN(h) / sqrt(l))."""
+
+    title = "LNS"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -379,18 +504,19 @@ def depth_decay(config: GPTConfig, layer_idx: int, slot: int) -> float:
 
 
 class SphereConnection(Connection):
-    """Shared part of GeoNorm and SpheretNorm: tangent projection and step size.
+    """Shared part of GeoNorm and SpheretNorm: tangent projection, step size, retraction.
 
-    Subclasses implement retract(h, z, r, s, alpha, beta), which moves h along the
-    sphere of radius r = ||h|| in the tangent direction z (||z|| = s): that is the
-    reference update, the spec in code. They also name their angle function phi
-    (`retraction`, see sphere_kernels.py), which the fused implementations use.
+    A subclass names its retraction: an entry of retractions.RETRACTIONS, whose angle map
+    theta = phi(beta) is all that tells the four updates apart. reference_update below is the
+    update as the paper writes it, the spec in code; the fused paths (kernels.py,
+    triton_kernels.py) compute the same with a hand-derived backward.
     """
 
-    retraction = ""  # 'geo' | 'proj' | 'cay' | 'p': theta = phi(beta) in sphere_kernels.py
+    retraction = ""  # a key of retractions.RETRACTIONS
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
+        get_retraction(self.retraction)  # a subclass naming no known retraction fails here
         self.angle_max = config.angle_max
         self.p = 1.0  # only p-SpheretNorm's phi reads it
         self.impl = config.sphere_impl
@@ -419,89 +545,56 @@ class SphereConnection(Connection):
         # geometry is computed in fp32 even when the sublayer runs in bf16.
         dtype = h.dtype
         h, f = h.to(compute_dtype(h)), f.to(compute_dtype(h))
-        r2 = (h * h).sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        r2 = (h * h).sum(dim=-1, keepdim=True).clamp_min(EPS)
         r = r2.sqrt()
         z = f - ((h * f).sum(dim=-1, keepdim=True) / r2) * h  # Gram-Schmidt (Eq. 5)
-        s = (z * z).sum(dim=-1, keepdim=True).clamp_min(1e-12).sqrt()
+        s = (z * z).sum(dim=-1, keepdim=True).clamp_min(EPS).sqrt()
         beta = alpha * s / r
-        return self.retract(h, z, r, s, alpha, beta).to(dtype)
-
-    def retract(self, h, z, r, s, alpha, beta) -> torch.Tensor:
-        raise NotImplementedError
-
-    @staticmethod
-    def rotate(h, z, r, s, theta) -> torch.Tensor:
-        """Move h by the angle theta towards z on its sphere (exponential map)."""
-        return torch.cos(theta) * h + r * torch.sin(theta) * (z / s)
+        p, angle_max = (torch.tensor(v, dtype=h.dtype, device=h.device) for v in (self.p, self.angle_max))
+        cos, sin, _ = get_retraction(self.retraction).angle(beta, p, angle_max)  # theta = phi(beta)
+        return (cos * h + (r * sin / s) * z).to(dtype)  # rotate h by theta towards z
 
 
+@register_connection("geonorm")
 class GeoNorm(SphereConnection):
     """GeoNorm: the exponential map, theta = min(beta, angle_max) (Eq. 6)."""
 
+    title = "GeoNorm"
     retraction = "geo"
 
-    def retract(self, h, z, r, s, alpha, beta):
-        theta = beta.clamp(max=self.angle_max)
-        return self.rotate(h, z, r, s, theta)
 
-
+@register_connection("proj_spheret")
 class ProjSpheretNorm(SphereConnection):
-    """1-SpheretNorm, the metric projection: h = r (h + alpha z) / ||h + alpha z|| (Eq. 9)."""
+    """1-SpheretNorm, the metric projection h = r (h + alpha z) / ||h + alpha z|| (Eq. 9):
+    a rotation by theta = arctan(beta)."""
 
-    retraction = "proj"  # theta = arctan(beta)
-
-    def retract(self, h, z, r, s, alpha, beta):
-        v = h + alpha * z
-        return r * v / v.norm(dim=-1, keepdim=True)
+    title = "Proj-SpheretNorm (1-SpheretNorm)"
+    retraction = "proj"
 
 
+@register_connection("cay_spheret")
 class CaySpheretNorm(SphereConnection):
-    """2-SpheretNorm, the Cayley map (Eq. 10), with the angle capped at angle_max.
+    """2-SpheretNorm, the Cayley map h = ((4 - b^2) h + 4 g z) / (4 + b^2) (Eq. 10): a
+    rotation by theta = 2 arctan(beta / 2), capped at angle_max (b = g s / r, g = alpha
+    until the cap)."""
 
-    g = min(alpha, beta_max r / s), b = g s / r, h = ((4 - b^2) h + 4 g z) / (4 + b^2);
-    the rotation angle is 2 arctan(b / 2) <= angle_max for beta_max = 2 tan(angle_max / 2).
-    """
-
+    title = "Cay-SpheretNorm (2-SpheretNorm)"
     retraction = "cay"
 
-    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
-        super().__init__(config, layer_idx, slot)
-        self.beta_max = 2.0 * math.tan(config.angle_max / 2.0)
 
-    def retract(self, h, z, r, s, alpha, beta):
-        g = torch.minimum(alpha, self.beta_max * r / s)
-        b2 = (g * s / r) ** 2
-        return ((4.0 - b2) * h + 4.0 * g * z) / (4.0 + b2)
-
-
+@register_connection("p_spheret")
 class PSpheretNorm(SphereConnection):
     """p-SpheretNorm: theta = p arctan(beta / p), capped at angle_max when p > 1."""
 
+    title = "{spheret_p:g}-SpheretNorm"
+    params = (MethodParam("spheret_p", 0.5, "p of p-SpheretNorm: angle = p * arctan(beta / p)"),)
     retraction = "p"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
         self.p = config.spheret_p
 
-    def retract(self, h, z, r, s, alpha, beta):
-        theta = self.p * torch.atan(beta / self.p)
-        if self.p > 1:  # for p <= 1, theta < p pi / 2 <= pi / 2 needs no cap
-            theta = theta.clamp(max=self.angle_max)
-        return self.rotate(h, z, r, s, theta)
 
-
-CONNECTIONS: dict[str, type[Connection]] = {
-    "pre_ln": PreLN,
-    "post_ln": PostLN,
-    "pre_dyt": PreDyT,
-    "peri_ln": PeriLN,
-    "keel": Keel,
-    "lns": LNS,
-    "geonorm": GeoNorm,
-    "proj_spheret": ProjSpheretNorm,
-    "cay_spheret": CaySpheretNorm,
-    "p_spheret": PSpheretNorm,
-}
 SPHERE_CONNECTIONS = tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))
 
 
@@ -528,7 +621,7 @@ class Block(nn.Module):
 def transformer_modules(config: GPTConfig, block: Callable[[GPTConfig, int], nn.Module]) -> nn.ModuleDict:
     """Embeddings, the blocks block(config, l) for l = 1..L, and the final norm, by GPT-2's names.
 
-    The exported Hugging Face model (hf_folder.py) builds its body here too, with its cached block.
+    The exported Hugging Face model (spheretnorm/hf/folder.py) builds its body here too, with its cached block.
     """
     connection = CONNECTIONS[config.connection]
     return nn.ModuleDict(
@@ -656,34 +749,7 @@ class GPT(nn.Module):
         final_cosine: mean pairwise cosine of the final hidden states, after ln_f, as the LM
         head reads them (1.0 means every token sits at the same point: representation collapse).
         """
-        x = self.embed(idx)
-        out: dict[str, Any] = {key: [] for key in DIAGNOSTIC_SERIES}
-        self._record_layer(out, x)
-        for block in self.transformer.h:
-            sink: list[float] = []
-
-            def attn(u: torch.Tensor, attn: CausalSelfAttention = block.attn) -> torch.Tensor:
-                # The connection decides what the attention sees (LN(h), h, ...): record it there.
-                sink.append(diag.first_token_mass(attn.attention_weights(u)))
-                return attn(u)
-
-            for conn, sub in ((block.conn_attn, attn), (block.conn_mlp, block.mlp)):
-                y = conn(x, sub)
-                out["angle"].append(diag.mean_angle(x, y))
-                out["contribution"].append(diag.contribution(x, y))
-                out["update_ratio"].append(diag.update_ratio(x, y))
-                x = y
-            out["attn_sink"].extend(sink)
-            self._record_layer(out, x)
-        out["final_cosine"] = diag.final_cosine(self.transformer.ln_f(x))
-        return out
-
-    @staticmethod
-    def _record_layer(out: dict[str, Any], h: torch.Tensor) -> None:
-        ratio, top = diag.massive_activation(h)
-        out["rms"].append(diag.rms(h))
-        out["massive_ratio"].append(ratio)
-        out["massive_top"].append(top)
+        return diag.residual_stream_report(self, idx)
 
     def step_sizes(self) -> list[float]:
         """Current sphere step sizes alpha per sublayer (empty for Euclidean models)."""
@@ -693,6 +759,11 @@ class GPT(nn.Module):
             for conn in (block.conn_attn, block.conn_mlp)
             if isinstance(conn, SphereConnection)
         ]
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """The connection's step after each optimizer step (Connection.after_optimizer_step)."""
+        CONNECTIONS[self.config.connection].after_optimizer_step(self)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. to fine-tune at a smaller block size)."""
@@ -710,20 +781,23 @@ class GPT(nn.Module):
         betas: tuple[float, float],
         device_type: str,
     ) -> torch.optim.AdamW:
-        """AdamW with decay on matrices and embeddings (dim >= 2) only.
+        """AdamW with the connection's rules (Connection.optimizer_rule) for every parameter.
 
-        Biases, norm gains and every connection scalar (sphere a, ScaleNorm gamma,
-        DyT alpha) are 0-dim or 1-dim and so undecayed. Under μP (mup.py) each group also
+        The paper's rule, every connection's here: decay on matrices and embeddings (dim >= 2)
+        only; biases, norm gains and every connection scalar (sphere a, ScaleNorm gamma, DyT
+        alpha) are 0-dim or 1-dim and so undecayed. Under μP (mup.py) each group also
         carries lr_scale, the factor of its kind; its lr is learning_rate * lr_scale, and
         the trainer's schedule multiplies by it too. Groups with equal (decay, lr_scale)
-        are one group, so without μP (or at the base width) there are today's two.
+        are one group, so without μP (or at the base width) there are two.
         """
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         ratio = self.config.mup_ratio
+        connection = CONNECTIONS[self.config.connection]
         grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
         for name, p in params.items():
+            rule = connection.optimizer_rule(name, p)
             scale = mup.lr_scale(mup.param_kind(name, p), ratio) if ratio != 1.0 else 1.0
-            grouped.setdefault((p.dim() >= 2, scale), []).append(p)
+            grouped.setdefault((rule.decay, scale * rule.lr_factor), []).append(p)
         groups = [
             {
                 "params": ps,

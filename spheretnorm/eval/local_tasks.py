@@ -51,7 +51,7 @@ from typing import Any, Callable
 import lm_eval.tasks
 import yaml
 
-from eval.errors import EvalError
+from spheretnorm.eval.errors import EvalError
 
 Record = dict[str, Any]
 
@@ -292,7 +292,7 @@ def _converted(record: Callable[[Record], Record], original: Record, index: int,
     try:
         return record(original)
     except (KeyError, TypeError) as exc:
-        raise EvalError(f"Record {index + 1} of {source} lacks a field the conversion needs ({type(exc).__name__}: {exc}); see eval/local_tasks.py for the expected fields.") from None
+        raise EvalError(f"Record {index + 1} of {source} lacks a field the conversion needs ({type(exc).__name__}: {exc}); see spheretnorm/eval/local_tasks.py for the expected fields.") from None
 
 
 def _boolq(texts: dict[str, str | None]) -> list[Record]:
@@ -360,7 +360,7 @@ def _read_files(data_dir: Path, spec: LocalTask) -> dict[str, str | None]:
         if not path.is_file():
             raise EvalError(
                 f"Local benchmark file {str(path)!r} is missing (needed for {spec.name}); "
-                "see eval/local_tasks.py for the expected layout."
+                "see spheretnorm/eval/local_tasks.py for the expected layout."
             )
         texts[relative] = path.read_text(encoding="utf-8")
     for relative in spec.optional:
@@ -419,7 +419,7 @@ def write_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if not data_dir.is_dir():
-        raise EvalError(f"--local_data {str(data_dir)!r} is not a folder; it should hold the benchmark files laid out as in eval/local_tasks.py.")
+        raise EvalError(f"--local_data {str(data_dir)!r} is not a folder; it should hold the benchmark files laid out as in spheretnorm/eval/local_tasks.py.")
     wanted = [t for t in LOCAL_TASKS if tasks is None or t in tasks]
     present = [t for t in wanted if is_present(data_dir, _SPECS[t])]
     if wanted and not present:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data.common import PrepareError, sha256_file
+from spheretnorm.data.common import PrepareError, sha256_file
 
 INPUT_FORMATS = {".jsonl": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 

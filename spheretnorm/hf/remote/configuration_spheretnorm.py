@@ -1,6 +1,6 @@
 """Hugging Face configuration of a spheretnorm GPT (custom code, loaded with trust_remote_code=True).
 
-The model keys and their defaults are those of spheretnorm's GPTConfig; hf_folder.py writes
+The model keys and their defaults are those of spheretnorm's GPTConfig; spheretnorm/hf/folder.py writes
 them into the exported copy of this file, so the folder needs nothing from the repository.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-# >>> GPTConfig defaults: hf_folder.py replaces these lines with the dict itself.
-from hf_folder import model_defaults  # noqa: E402
+# >>> GPTConfig defaults: spheretnorm/hf/folder.py replaces these lines with the dict itself.
+from spheretnorm.hf.folder import model_defaults  # noqa: E402
 
 MODEL_DEFAULTS = model_defaults()
 # <<< GPTConfig defaults
@@ -28,6 +28,9 @@ class SpheretNormConfig(PretrainedConfig):
     def __init__(self, **kwargs) -> None:
         for key, default in MODEL_DEFAULTS.items():
             setattr(self, key, kwargs.pop(key, default))
+        # A connection's own parameters are read as attributes, as from spheretnorm's GPTConfig.
+        for key, value in (self.connection_params or {}).items():
+            setattr(self, key, value)
         # The exported model always runs the reference (unfused) sphere update in plain torch.
         self.sphere_impl = "reference"
         kwargs.setdefault("tie_word_embeddings", True)

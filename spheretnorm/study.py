@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from data.common import load_meta
-from data.prepare import prepare
-from scripts.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, exit_text, is_finished, load_run, stopped_row
-from trainconfig import ConfigError, ParsedConfig, parse_config
+from spheretnorm.data.common import load_meta
+from spheretnorm.data.prepare import prepare
+from spheretnorm.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, exit_text, is_finished, load_run, stopped_row
+from spheretnorm.config import ConfigError, ParsedConfig, parse_config
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
@@ -47,10 +47,8 @@ CPU_MODEL: dict[str, Any] = {
     "compile": False,
     "wandb_log": False,
 }
-# Keys the studies set per run, and the option to use instead.
+# Keys the studies set per run, and the option to use instead (the method's keys: check_overrides).
 RESERVED = {
-    "connection": "--methods",
-    "spheret_p": "--methods (e.g. p_spheret:0.25)",
     "dataset": "--data_dir (this study trains on shakespeare_char)",
     "data_dir": "--data_dir",
     "out_dir": "--out_dir",
@@ -64,7 +62,7 @@ def as_args(settings: dict[str, Any]) -> list[str]:
 
 
 def parse_train_args(argv: list[str]) -> ParsedConfig:
-    """trainconfig's parse of a study's train.py arguments; a bad key or value is a UsageError."""
+    """spheretnorm.config's parse of a study's train.py arguments; a bad key or value is a UsageError."""
     try:
         return parse_config(argv, world_size=1)
     except ConfigError as e:

@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from data.tokenizer import EOT_TOKEN, get_gpt2_encoding
+from spheretnorm.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKEN_DTYPE = np.uint16
 UINT16_LIMIT = 2**16
 SPLITS = ("train", "val")

@@ -1,0 +1,346 @@
+"""Zero-shot benchmarks of a checkpoint with lm-eval, reported as the paper's Tables 4 and 5.
+
+    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper
+    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks piqa,arc_easy --limit 200 --batch_size 32  # a quick look
+    python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper --local_data ../shared/evaldata  # offline
+    python -m eval.zero_shot ...  (the same)
+
+--tasks paper means the paper's 11 benchmarks (PAPER_TASKS); any lm-eval task name works too,
+comma-separated. The full lm-eval results JSON goes to --out (default: beside the checkpoint,
+<ckpt stem>_zero_shot.json) with the paper's columns added under "paper_table", and the table
+is printed: acc_norm for ARC-C, ARC-E, HellaSwag, OBQA, PIQA; acc for BoolQ, LAMBADA, SciQ,
+SocialIQa, WinoGrande (in percent); LAMBADA perplexity and WikiText word perplexity.
+
+--limit N evaluates at most N examples per task: partial numbers, never final. They go to
+<out stem>_limit<N>.json (default <ckpt stem>_zero_shot_limit<N>.json), never to the final
+file itself, and carry a "limited" entry, so the launcher does not count the run as evaluated
+and scripts/tables.py marks them.
+
+Offline machines: lm-eval's built-in tasks download from the Hugging Face hub. Fill the HF cache
+on a machine with network (python -m eval.prefetch --tasks paper) and set HF_DATASETS_OFFLINE=1,
+read the benchmarks from their original release files with --local_data DIR
+(spheretnorm/eval/local_tasks.py), or give --include_path DIR with your own task YAMLs. Bad inputs print one
+line "error: ..." and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+import argparse
+import difflib
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spheretnorm.common import HelpFormatter
+from spheretnorm.eval.errors import EvalError
+
+
+@dataclass(frozen=True)
+class PaperColumn:
+    """One column of the paper's Tables 4 and 5; key is the column name in paper_results.json."""
+
+    task: str
+    metric: str
+    header: str
+    percent: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}/{self.metric}"
+
+
+PAPER_COLUMNS = (
+    PaperColumn("arc_challenge", "acc_norm", "ARC-C", True),
+    PaperColumn("arc_easy", "acc_norm", "ARC-E", True),
+    PaperColumn("boolq", "acc", "BoolQ", True),
+    PaperColumn("hellaswag", "acc_norm", "HellaSwag", True),
+    PaperColumn("lambada_openai", "acc", "LAMBADA", True),
+    PaperColumn("openbookqa", "acc_norm", "OBQA", True),
+    PaperColumn("piqa", "acc_norm", "PIQA", True),
+    PaperColumn("sciq", "acc", "SciQ", True),
+    PaperColumn("social_iqa", "acc", "SocialIQa", True),
+    PaperColumn("winogrande", "acc", "WinoGrande", True),
+    PaperColumn("lambada_openai", "perplexity", "LAMBADA ppl", False),
+    PaperColumn("wikitext", "word_perplexity", "WikiText ppl", False),
+)
+PAPER_TASKS = tuple(dict.fromkeys(c.task for c in PAPER_COLUMNS))
+
+OFFLINE_HINT = (
+    "this machine may be offline: fill the HF datasets cache on a machine with network "
+    "(python -m eval.prefetch --tasks paper, then HF_DATASETS_OFFLINE=1 here), read the benchmarks "
+    "from their original files with --local_data DIR, or give task YAMLs with local data_files via "
+    "--include_path DIR"
+)
+
+
+# -----------------------------------------------------------------------------
+# Tasks
+
+
+def split_task_list(spec: str) -> list[str]:
+    """'paper,mmlu' -> the paper's tasks then mmlu, without duplicates."""
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        names.extend(PAPER_TASKS if item == "paper" else [item] if item else [])
+    if not names:
+        raise EvalError("No task given; pass --tasks paper or a comma-separated list of lm-eval task names.")
+    return list(dict.fromkeys(names))
+
+
+def check_tasks_known(names: list[str], known: list[str]) -> None:
+    """One EvalError naming every unknown task, with the closest known names."""
+    known_set = set(known)
+    problems = []
+    for name in names:
+        if name in known_set:
+            continue
+        close = difflib.get_close_matches(name, known, n=3)
+        problems.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    if problems:
+        raise EvalError(
+            f"Unknown task {', '.join(problems)}; `python -m eval.lm_eval_cli ls tasks` lists the known tasks."
+        )
+
+
+def make_task_manager(include_paths: list[str]) -> Any:
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_paths or None)
+
+
+# -----------------------------------------------------------------------------
+# Running lm-eval
+
+
+def _hub_unreachable_types() -> tuple[type[BaseException], ...]:
+    """The exceptions by which datasets / huggingface_hub say the hub cannot be reached."""
+    types: list[type[BaseException]] = [ConnectionError]
+    try:
+        from datasets.exceptions import DatasetNotFoundError
+
+        types.append(DatasetNotFoundError)
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+        types += [HfHubHTTPError, LocalEntryNotFoundError]
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, source_note: str = "", **kwargs: Any) -> dict[str, Any]:
+    """lm_eval.simple_evaluate, zero-shot, with unreachable hub datasets turned into an EvalError.
+
+    source_note (which tasks came from --local_data and which need the hub) goes into that error.
+    """
+    import lm_eval
+
+    # Per-sample outputs stay out of the results (as in lm-eval's own results JSON): they can be
+    # tens of MB for the paper's tasks. Pass log_samples=True to keep them.
+    kwargs = {"num_fewshot": 0, "log_samples": False, **kwargs}
+    try:
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, **kwargs)
+    except _hub_unreachable_types() as exc:
+        note = f" {source_note};" if source_note else ""
+        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {exc});{note} {OFFLINE_HINT}.") from None
+
+
+# -----------------------------------------------------------------------------
+# The paper's table
+
+
+def paper_row(results: dict[str, Any]) -> dict[str, float | None]:
+    """{"task/metric": value as printed in the paper (percent or perplexity), or None if not run}."""
+    row: dict[str, float | None] = {}
+    for col in PAPER_COLUMNS:
+        value = results.get("results", {}).get(col.task, {}).get(f"{col.metric},none")
+        row[col.key] = None if value is None else float(value) * (100.0 if col.percent else 1.0)
+    return row
+
+
+# -----------------------------------------------------------------------------
+# Limited (--limit) results: partial, never final
+
+
+def limit_text(limit: int | float) -> str:
+    """'200' for a count, '0.1' for a fraction: the N of _limit<N> file names."""
+    return str(limit) if isinstance(limit, int) else f"{limit:g}"
+
+
+def results_path(ckpt: str | Path, out: str | None, limit: int | float | None) -> Path:
+    """Where results go: --out or <ckpt stem>_zero_shot.json; a --limit run appends _limit<N>.
+
+    Partial results never take the final file's name, whoever chose it (launch.py passes --out),
+    so nothing that checks for the final file mistakes them for a finished evaluation.
+    """
+    final = Path(out) if out else Path(ckpt).with_name(Path(ckpt).stem + "_zero_shot.json")
+    if limit is None:
+        return final
+    suffix = f"_limit{limit_text(limit)}"
+    stem = final.stem if final.stem.endswith(suffix) else final.stem + suffix
+    return final.with_name(stem + (final.suffix or ".json"))
+
+
+def limited_marker(limit: int | float, results: dict[str, Any]) -> dict[str, Any]:
+    """The "limited" entry of partial results: the limit and how many examples each task used."""
+    n_samples = results.get("n-samples", {})
+    return {
+        "limit": limit,
+        "examples": {task: n.get("effective") for task, n in n_samples.items()},
+        "note": "partial results from --limit: not final, not comparable with the paper",
+    }
+
+
+def results_limit(results: dict[str, Any]) -> int | float | None:
+    """The --limit of a results JSON, or None for a full evaluation.
+
+    Reads the "limited" marker, and lm-eval's own config.limit for files written before it existed.
+    """
+    marker = results.get("limited")
+    if isinstance(marker, dict) and marker.get("limit") is not None:
+        return marker["limit"]
+    config = results.get("config")
+    return config.get("limit") if isinstance(config, dict) else None
+
+
+def format_paper_table(row: dict[str, float | None], label: str) -> str:
+    """A markdown table in the layout of the paper's Tables 4 and 5 (accuracies in %)."""
+    headers = ["model"] + [c.header for c in PAPER_COLUMNS]
+    cells = [label] + ["-" if row[c.key] is None else f"{row[c.key]:.2f}" for c in PAPER_COLUMNS]
+    widths = [max(len(h), len(v)) for h, v in zip(headers, cells)]
+
+    def line(items: list[str]) -> str:
+        return "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths)) + " |"
+
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", line(cells)])
+
+
+def model_label(config: dict[str, Any]) -> str:
+    """The method key of paper_results.json, e.g. 'pre_ln' or 'p_spheret:0.5'."""
+    from spheretnorm.model import config_from_dict
+    from spheretnorm.config import method_key
+
+    return method_key(config_from_dict(config))
+
+
+# -----------------------------------------------------------------------------
+# Outputs
+
+
+def write_results(results: dict[str, Any], path: Path) -> None:
+    from lm_eval.utils import handle_non_serializable
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n", encoding="utf-8")
+
+
+def log_to_wandb(results: dict[str, Any], label: str, args: argparse.Namespace) -> None:
+    """One W&B run with the paper's columns as metrics and table, and lm-eval's results in the summary.
+
+    wandb itself honours WANDB_MODE (offline, disabled) and WANDB_DIR.
+    """
+    import wandb
+
+    limit = results_limit(results)
+    suffix = "" if limit is None else f"-limit{limit_text(limit)}"
+    run = wandb.init(
+        project=args.wandb_project,
+        name=args.wandb_run_name or f"zero-shot-{label}{suffix}",
+        job_type="zero_shot" if limit is None else "zero_shot_limited",  # partial numbers stay apart
+        config={"ckpt": str(args.ckpt), "tasks": args.tasks, "limit": args.limit, **results.get("config", {})},
+    )
+    row = results["paper_table"]
+    values = {f"zero_shot/{k}": v for k, v in row.items() if v is not None}
+    columns = [c.key for c in PAPER_COLUMNS]
+    table = wandb.Table(columns=["model"] + columns, data=[[label] + [row[k] for k in columns]])
+    run.log({**values, "zero_shot/paper_table": table})
+    run.summary["zero_shot/results"] = results.get("results", {})
+    run.finish()
+
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--ckpt", required=True, help="checkpoint file written by train.py")
+    p.add_argument("--tasks", default="paper", help="'paper' (the 11 benchmarks of Tables 4-5) or comma-separated lm-eval tasks")
+    p.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1); quick looks only: written to <out stem>_limit<N>.json and marked limited")
+    p.add_argument("--batch_size", type=int, default=16, help="requests per forward pass")
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 elsewhere), float32, bfloat16, float16")
+    p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable)")
+    p.add_argument("--local_data", default=None, help="folder with the benchmarks' original release files, read instead of the hub (layout in spheretnorm/eval/local_tasks.py)")
+    p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint; with --limit, _limit<N> is appended)")
+    p.add_argument("--bootstrap_iters", type=int, default=100000, help="lm-eval's bootstrap samples for standard errors (0: none)")
+    p.add_argument("--wandb", action="store_true", help="log the table and results to Weights & Biases")
+    p.add_argument("--wandb_project", default="spheretnorm")
+    p.add_argument("--wandb_run_name", default=None)
+    return p.parse_args(argv)
+
+
+def _limit(value: float | None) -> int | float | None:
+    """lm-eval reads an int as a count and a float below 1 as a fraction."""
+    return int(value) if value is not None and value >= 1 else value
+
+
+def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Run lm-eval as the arguments say; returns (results with "paper_table" added, model label)."""
+    from spheretnorm.eval.harness import NanoGPTLM, resolve_checkpoint_path
+    from spheretnorm.eval.local_tasks import data_source_note, write_local_tasks
+
+    ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before the slow task index
+    tasks = split_task_list(args.tasks)
+    for path in args.include_path:
+        if not Path(path).is_dir():
+            raise EvalError(f"--include_path {path!r} is not a folder of task YAMLs.")
+    with tempfile.TemporaryDirectory(prefix="spheretnorm-local-tasks-") as local_dir:
+        include_paths, source_note = list(args.include_path), ""
+        if args.local_data:
+            local = write_local_tasks(args.local_data, local_dir, tasks)
+            include_paths.append(local_dir)
+            hub = [t for t in tasks if t not in local]
+            source_note = data_source_note(args.local_data, local, hub) if hub else ""
+        task_manager = make_task_manager(include_paths)
+        check_tasks_known(tasks, task_manager.all_tasks)
+        lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
+        limit = _limit(args.limit)
+        results = run_lm_eval(lm, tasks, task_manager, source_note, limit=limit, bootstrap_iters=args.bootstrap_iters)
+    results["paper_table"] = paper_row(results)
+    if limit is not None:
+        results["limited"] = limited_marker(limit, results)
+    return results, model_label(asdict(lm.model.config))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        results, label = evaluate_checkpoint(args)
+    except EvalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from lm_eval.utils import make_table
+
+    limit = results_limit(results)
+    out = results_path(args.ckpt, args.out, limit)
+    write_results(results, out)
+    print(make_table(results))
+    print(format_paper_table(results["paper_table"], label if limit is None else f"{label} (limit {limit_text(limit)})"))
+    if limit is not None:
+        print(f"LIMITED: at most {limit_text(limit)} examples per task; partial numbers, not final.")
+    print(f"results written to {out}")
+    if args.wandb:
+        log_to_wandb(results, label, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

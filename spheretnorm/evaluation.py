@@ -1,0 +1,190 @@
+"""The evaluations of a training run: mean losses on fixed batches, diagnostics, collapse alarm.
+
+Every rank takes part in an evaluation (the loss batches are shared among the ranks); rank 0
+alone computes the diagnostics and shares its final_cosine, so that every rank takes the same
+save and stop decisions.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from spheretnorm.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
+from spheretnorm.common import DistInfo, print0
+from spheretnorm.config import TrainConfig
+from spheretnorm.model import GPT
+from spheretnorm.rundir import SPLITS, CollapseError, NonFiniteLossError
+from spheretnorm.tracking import Progress
+
+
+def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
+    """`t` summed over the ranks, in place (no-op on one process)."""
+    if dist.enabled:
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
+    return t
+
+
+class EvalProgress:
+    """The console progress of an evaluation, one split at a time.
+
+    On a terminal one line updates in place ("eval val 3/20 batches"); either way each split
+    ends with one line that gives its time. Cluster logs are files, where an updating line
+    would pile up, so there only the per-split lines appear.
+    """
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None):
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = enabled and self.stream.isatty()
+        self.split, self.total, self.started = "", 0, 0.0
+
+    def start(self, split: str, total: int) -> None:
+        self.split, self.total, self.started = split, total, time.time()
+        self.update(0)
+
+    def update(self, done: int) -> None:
+        if self.tty and done < self.total:
+            self.stream.write(f"\reval {self.split} {done}/{self.total} batches")
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if not self.enabled:
+            return
+        line = f"eval {self.split} {self.total}/{self.total} batches in {time.time() - self.started:.1f} s"
+        self.stream.write(("\r" + line.ljust(40) if self.tty else line) + "\n")
+        self.stream.flush()
+
+
+class Evaluator:
+    """Evaluates the model of a run at its current iteration, and watches for collapse.
+
+    model is what the training step calls (DDP-wrapped across ranks), fwd_model the same
+    module unwrapped (the evaluation needs no gradient sync), raw_model the plain GPT under both.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        data: TokenData,
+        dist: DistInfo,
+        device: str,
+        autocast: Any,
+        progress: Progress,
+        *,
+        model: torch.nn.Module,
+        fwd_model: torch.nn.Module,
+        raw_model: GPT,
+    ):
+        self.cfg = cfg
+        self.data = data
+        self.dist = dist
+        self.device = device
+        self.autocast = autocast
+        self.progress = progress
+        self.model, self.fwd_model, self.raw_model = model, fwd_model, raw_model
+        self.block_size = raw_model.config.block_size
+
+    @torch.no_grad()
+    def estimate_loss(self) -> dict[str, float]:
+        """Mean loss over eval_iters fixed batches per split, shared among the ranks.
+
+        The batches come from their own stream, so they are the same at every evaluation and
+        never move the training sampler or the dropout generators.
+        """
+        self.model.eval()
+        out = {}
+        progress = EvalProgress(enabled=self.dist.is_master)
+        for split_id, split in enumerate(SPLITS):
+            tokens = self.data.split(split)
+            total = torch.zeros((), device=self.device)
+            mine = range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size)
+            progress.start(split, len(mine))
+            for done, i in enumerate(mine, start=1):
+                x, y = get_batch(tokens, self._eval_offsets(split_id, i), self.block_size, self.device)
+                with self.autocast:
+                    _, loss = self.fwd_model(x, y)
+                total += loss.float()
+                progress.update(done)
+            out[split] = all_reduce_sum(total, self.dist).item() / self.cfg.eval_iters
+            progress.finish()
+        self.model.train()
+        return out
+
+    def _eval_offsets(self, split_id: int, index: int) -> np.ndarray:
+        n_tokens = self.data.num_tokens(SPLITS[split_id])
+        return batch_offsets(self.cfg.seed, EVAL_STREAM + split_id, index, self.cfg.batch_size, n_tokens, self.block_size)
+
+    @torch.no_grad()
+    def diagnostics(self) -> dict[str, Any]:
+        """Per-layer RMS, rotation angles, final-token cosine and sphere step sizes (one val batch)."""
+        x, _ = get_batch(self.data.split("val"), self._eval_offsets(1, 0), self.block_size, self.device)
+        self.raw_model.eval()
+        with self.autocast:
+            diag = self.raw_model.diagnostics(x)
+        self.raw_model.train()
+        return {**diag, "step_sizes": self.raw_model.step_sizes()}
+
+    def evaluate(self) -> dict[str, Any]:
+        """The eval row of the current iteration; a non-finite val loss stops the run."""
+        progress = self.progress
+        started = time.perf_counter()
+        losses = self.estimate_loss()
+        eval_s = time.perf_counter() - started
+        if not math.isfinite(losses["val"]):
+            raise NonFiniteLossError.at("val loss", losses["val"], progress.iter_num, progress.kept_checkpoint_text())
+        row = {
+            "kind": "eval",
+            "iter": progress.iter_num,
+            "tokens": progress.tokens,
+            "train_eval_loss": losses["train"],
+            "val_loss": losses["val"],
+            "val_ppl": math.exp(losses["val"]) if losses["val"] < 700 else None,
+            "elapsed_s": round(progress.elapsed(), 3),
+            "eval_s": round(eval_s, 4),  # the two loss estimates, so diag_s can be weighed against them
+        }
+        if self.dist.is_master:
+            started = time.perf_counter()
+            row.update(self.diagnostics())
+            row["diag_s"] = round(time.perf_counter() - started, 4)
+        return row
+
+    def collapse_suspect(self, row: dict[str, Any]) -> bool:
+        """Whether this evaluation counts towards a collapse stop; updates the streak on every rank.
+
+        Only rank 0 computes the diagnostics, so its final_cosine is shared first: every rank
+        must take the same save and stop decisions. The untrained model at iter 0 never counts.
+        """
+        progress = self.progress
+        if not self.cfg.collapse_evals or progress.iter_num == 0:
+            return False
+        mine = row.get("final_cosine", 0.0) if self.dist.is_master else 0.0
+        cosine = all_reduce_sum(torch.tensor(float(mine), device=self.device), self.dist).item()
+        suspect = cosine > self.cfg.collapse_cosine
+        progress.collapse_streak = progress.collapse_streak + 1 if suspect else 0
+        if progress.collapse_streak >= self.cfg.collapse_evals:
+            self._fail_collapse(cosine)
+        if suspect:
+            print0(
+                f"WARNING: final_cosine {cosine:.3f} > collapse_cosine={self.cfg.collapse_cosine} "
+                f"({progress.collapse_streak} of {self.cfg.collapse_evals} evaluations before the collapse stop); "
+                "this state is not checkpointed."
+            )
+        return suspect
+
+    def _fail_collapse(self, cosine: float) -> None:
+        cfg, progress = self.cfg, self.progress
+        raise CollapseError(
+            f"final_cosine {cosine:.3f} stayed above collapse_cosine={cfg.collapse_cosine} for "
+            f"{progress.collapse_streak} evaluations in a row (iter {progress.iter_num}): every token's final "
+            f"state is nearly the same point (representation collapse); stopping without saving: "
+            f"{progress.kept_checkpoint_text()}. Try a longer warm-up (e.g. --warmup_iters="
+            f"{max(4 * cfg.warmup_iters, 100)}) or a lower peak learning rate (e.g. --learning_rate="
+            f"{cfg.learning_rate / 3:.1e}); --collapse_evals=0 turns this stop off."
+        )

@@ -1,0 +1,78 @@
+"""Exports of a training checkpoint: a Hugging Face model folder with its model card, or
+weights-only safetensors (scripts/export_hf.py is the command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from spheretnorm.config import method_key
+from spheretnorm.hf.folder import export_hf
+from spheretnorm.model import GPT, config_from_dict, load_checkpoint, save_safetensors_checkpoint
+from spheretnorm.rundir import METRICS_NAME
+from spheretnorm.runs import display_name, read_metrics, scale_of
+
+FORMATS = ("hf", "safetensors")
+NATIVE_NAME = "ckpt.safetensors"
+
+
+def final_val_loss(ckpt_path: Path) -> float | None:
+    """val_loss of the last eval row of the metrics.jsonl beside the checkpoint, if any."""
+    path = ckpt_path.with_name(METRICS_NAME)
+    evals = [r for r in read_metrics(path) if r.get("kind") == "eval"] if path.is_file() else []
+    return evals[-1]["val_loss"] if evals else None
+
+
+def model_card(ckpt: dict[str, Any], ckpt_path: Path) -> str:
+    """README.md of the exported folder: what the model is and how it was trained."""
+    cfg = config_from_dict(ckpt["model_config"])
+    train = ckpt.get("train_config") or {}
+    method = method_key(cfg)
+    val_loss = final_val_loss(ckpt_path)
+    n_params = GPT.from_checkpoint(ckpt).get_num_params()
+    remote = cfg.connection != "pre_ln"
+    load_args = ', trust_remote_code=True' if remote else ''
+    rows = {
+        "connection": f"{display_name(method)} (`{method}`)",
+        "scale": f"{scale_of(ckpt['model_config'])}: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, {n_params / 1e6:.1f}M parameters",
+        "context": f"{cfg.block_size} tokens",
+        "dataset": train.get("dataset", "not recorded"),
+        "iterations": ckpt.get("iter_num", "not recorded"),
+        "final val loss": f"{val_loss:.4f}" if val_loss is not None else f"not recorded (no {METRICS_NAME} beside the checkpoint)",
+    }
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
+    return f"""---
+library_name: transformers
+tags:
+- spheretnorm
+- {cfg.connection}
+---
+
+# {display_name(method)} GPT ({rows['scale'].split(':')[0]}, {rows['dataset']})
+
+A GPT-2-style language model trained with the spheretnorm codebase (paper: "Sphere Retraction
+Normalizations", arXiv 2608.02668), exported from `{ckpt_path.name}`.
+
+| | |
+|---|---|
+{table}
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER"{load_args})
+tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER"{load_args})
+```
+{"This connection is not part of transformers: the folder carries its code (`modeling_spheretnorm.py`), which needs only torch and transformers." if remote else "Pre-LN is GPT-2's own block, so this is a plain `GPT2LMHeadModel`."}
+"""
+
+
+def export(ckpt_path: Path, out: Path, fmt: str) -> Path:
+    """Write the export; returns the folder or file written."""
+    ckpt = load_checkpoint(ckpt_path)
+    if fmt == "safetensors":
+        out.mkdir(parents=True, exist_ok=True)
+        return save_safetensors_checkpoint(ckpt, out / NATIVE_NAME)
+    export_hf(ckpt, out)
+    (out / "README.md").write_text(model_card(ckpt, ckpt_path), encoding="utf-8")
+    return out

@@ -1,0 +1,242 @@
+"""Training and validation loss curves per method for one dataset and scale (the paper's Figures 2, 3).
+
+    python scripts/plot.py --runs_root out --dataset openwebtext --scale S
+    python scripts/plot.py --runs_root out --dataset fineweb_edu --scale L --smooth 0.95 --out figs/fwe_l
+    python scripts/plot.py --runs_root out/depth_study/seed1337 --dataset shakespeare_char --scale 24x128 --diagnostics
+
+With --diagnostics, also one figure per residual-stream diagnostic (OUT_<name>.png/.pdf): a
+heatmap per method, layer (or sublayer) against iteration, from the eval rows' per-layer lists
+(attention sink, massive activations, layer contribution 1 - cos, update ratio; see
+diagnostics.py), all panels of a figure on one colour scale.
+
+Writes OUT.png and OUT.pdf (default OUT: <runs_root>/figures/<dataset>_<scale>): the train loss
+of every logged iteration smoothed by an exponential moving average (bias-corrected, as
+TensorBoard does; --smooth 0 plots the raw values) and the val loss of every evaluation,
+unsmoothed. Curves come from metrics.jsonl only. Sphere methods are drawn solid, the others
+dashed; a method keeps its colour in every figure. In W&B the same runs share the group
+<config_name> (e.g. openwebtext_s), so these curves can be compared there as well.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+import argparse
+
+import matplotlib
+import numpy as np
+from matplotlib.colors import LogNorm, Normalize
+
+matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
+import matplotlib.pyplot as plt
+
+from spheretnorm.model import DIAGNOSTIC_SERIES
+from spheretnorm.runs import HelpFormatter
+from spheretnorm.runs import (
+    PAPER_METHODS,
+    Run,
+    UsageError,
+    display_name,
+    find_runs,
+    group_label,
+    index_runs,
+    is_sphere_method,
+    sort_methods,
+)
+
+# The per-layer diagnostics drawn as heatmaps: eval-row key -> (what it is, log colour scale).
+# The two ratios span decades between the first and the last layers, the other two do not.
+HEATMAPS = {
+    "attn_sink": ("attention mass on the first token", False),
+    "massive_ratio": ("max |h| / median |h|", True),
+    "contribution": ("layer contribution 1 - cos(h before, h after)", True),
+    "update_ratio": ("update ||h after - h before|| / ||h before||", True),
+}
+
+# Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
+# from flattening the part of the curves where the methods differ.
+YLIM_SKIP_FRACTION = 0.05
+
+
+def ema(values: list[float], alpha: float) -> list[float]:
+    """Bias-corrected exponential moving average: s_t = a s_{t-1} + (1 - a) x_t, divided by 1 - a^t."""
+    if not alpha:
+        return list(values)
+    out, s = [], 0.0
+    for t, x in enumerate(values, start=1):
+        s = alpha * s + (1 - alpha) * x
+        out.append(s / (1 - alpha**t))
+    return out
+
+
+def method_style(method: str) -> dict[str, object]:
+    """A fixed colour per method (the paper's order in tab10) and a solid line for sphere methods."""
+    cmap = plt.get_cmap("tab10")
+    order = list(PAPER_METHODS)
+    # Other methods share tab10's two spare colours, picked by a stable hash of the name.
+    index = order.index(method) if method in order else len(order) + sum(map(ord, method)) % (10 - len(order))
+    return {"color": cmap(index % 10), "linestyle": "-" if is_sphere_method(method) else "--"}
+
+
+def curves(run: Run, smooth: float) -> tuple[tuple[list[int], list[float]], tuple[list[int], list[float]]]:
+    """((iters, smoothed train loss), (iters, val loss)) of one run."""
+    trains = run.of_kind("train")
+    evals = run.of_kind("eval")
+    train = ([r["iter"] for r in trains], ema([r["train_loss"] for r in trains], smooth))
+    val = ([r["iter"] for r in evals], [r["val_loss"] for r in evals])
+    return train, val
+
+
+def _y_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float] | None:
+    kept = []
+    for iters, values in series:
+        if not iters:
+            continue
+        start = YLIM_SKIP_FRACTION * max(iters)
+        kept += [v for i, v in zip(iters, values) if i >= start]
+    if not kept:
+        return None
+    lo, hi = min(kept), max(kept)
+    pad = 0.05 * (hi - lo or 1.0)
+    return lo - pad, hi + pad
+
+
+def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Path]:
+    """Two panels (train, val) with one curve per run; writes out.png and out.pdf."""
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    by_method = {r.method: r for r in runs}
+    train_series, val_series = [], []
+    for method in sort_methods(by_method):
+        train, val = curves(by_method[method], smooth)
+        style = method_style(method)
+        ax_train.plot(*train, label=display_name(method), linewidth=1.4, **style)
+        ax_val.plot(*val, marker="o", markersize=3, linewidth=1.4, label=display_name(method), **style)
+        train_series.append(train)
+        val_series.append(val)
+    smoothing = f"EMA {smooth:g} over logged iterations" if smooth else "not smoothed"
+    ax_train.set_title("train")
+    ax_train.set_ylabel("loss (nats/token)")
+    ax_train.set_xlabel(f"iteration (train loss, {smoothing})")
+    ax_val.set_title("validation")
+    ax_val.set_xlabel("iteration (val loss at each evaluation, not smoothed)")
+    y_range = _y_range(train_series + val_series)
+    if y_range:
+        ax_train.set_ylim(*y_range)
+    for ax in (ax_train, ax_val):
+        ax.grid(alpha=0.3)
+    # One legend under the panels, where it hides no curve.
+    handles, labels = ax_val.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    rows = (len(labels) + 3) // 4
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
+    return save_figure(fig, out)
+
+
+def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
+    """Write fig as out.png and out.pdf, close it, and return the two paths."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_name(out.name + ext) for ext in (".png", ".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def run_label(run: Run) -> str:
+    """The method's name, with alpha_index when a run counts layers by sublayer (the ablation)."""
+    extra = " (alpha_index=sublayer)" if run.config.get("alpha_index") == "sublayer" else ""
+    return display_name(run.method) + extra
+
+
+def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
+    """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run."""
+    evals = [r for r in run.of_kind("eval") if r.get(key)]
+    return [r["iter"] for r in evals], np.array([r[key] for r in evals], dtype=float).T
+
+
+def plot_diagnostic(runs: list[Run], key: str, title: str, out: Path) -> list[Path]:
+    """One heatmap per run (layer against iteration) of the diagnostic `key`, on one colour scale."""
+    what, log = HEATMAPS[key]
+    mats = [(run, *diagnostic_matrix(run, key)) for run in runs]
+    mats = [(run, iters, m) for run, iters, m in mats if m.size]
+    if not mats:
+        raise UsageError(f"No eval row of these runs has {key!r}; they predate the diagnostics (train.py writes them at every evaluation).")
+    values = np.concatenate([m.ravel() for _, _, m in mats])
+    positive = values[values > 0]
+    norm = LogNorm(positive.min(), positive.max()) if log and positive.size else Normalize(values.min(), values.max())
+    cols = min(len(mats), 4)
+    rows = (len(mats) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.2, 2.8 * rows + 0.8), squeeze=False, layout="constrained")
+    for ax, (run, iters, m) in zip(axes.flat, mats):
+        image = ax.imshow(np.clip(m, positive.min(), None) if log else m, aspect="auto", origin="lower", norm=norm, cmap="viridis", interpolation="nearest")
+        ticks = np.linspace(0, len(iters) - 1, min(len(iters), 5)).round().astype(int)
+        ax.set_xticks(ticks, [str(iters[i]) for i in ticks])
+        ax.set_title(run_label(run), fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(DIAGNOSTIC_SERIES[key])
+    for ax in list(axes.flat)[len(mats):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9, label=what)
+    fig.suptitle(f"{title}: {what}")
+    return save_figure(fig, out)
+
+
+def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
+    """Every HEATMAPS figure of the runs, as out_<key>.png/.pdf; runs in the paper's method order."""
+    order = {m: i for i, m in enumerate(sort_methods(r.method for r in runs))}
+    runs = sorted(runs, key=lambda r: (order[r.method], r.config.get("alpha_index", "")))
+    paths = []
+    for key in HEATMAPS:
+        paths += plot_diagnostic(runs, key, title, out.with_name(f"{out.name}_{key}"))
+    return paths
+
+
+def select_runs(runs: list[Run], dataset: str, scale: str) -> list[Run]:
+    """The runs of one dataset and scale; the error names the (dataset, scale) pairs there are."""
+    index = index_runs(runs)
+    chosen = [r for (d, s, _), r in index.items() if d == dataset and s == scale]
+    if not chosen:
+        there = sorted({f"--dataset {d} --scale {s}" for d, s, _ in index})
+        raise UsageError(f"No runs of dataset {dataset!r} at scale {scale!r}; the runs root has: {'; '.join(there) or 'no runs'}.")
+    return chosen
+
+
+def plot_group(
+    runs_root: Path, dataset: str, scale: str, out: Path | None = None, smooth: float = 0.9, diagnostics: bool = False
+) -> list[Path]:
+    """Find the runs of (dataset, scale) under runs_root and plot them (and their diagnostics); returns the files written."""
+    if not 0 <= smooth < 1:
+        raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
+    chosen = select_runs(find_runs(runs_root), dataset, scale)
+    out = out or Path(runs_root) / "figures" / f"{dataset}_{scale}"
+    title = f"{group_label(dataset, scale)}: loss per method"
+    paths = plot_runs(chosen, title, Path(out), smooth)
+    if diagnostics:
+        paths += plot_diagnostics(chosen, group_label(dataset, scale), Path(out))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--runs_root", default="out", help="folder holding the run folders (default: out)")
+    p.add_argument("--dataset", required=True, help="e.g. openwebtext, fineweb_edu, shakespeare_char")
+    p.add_argument("--scale", required=True, help="S, M, L, or <layers>x<width> for other shapes (e.g. 24x128)")
+    p.add_argument("--smooth", type=float, default=0.9, help="EMA factor of the train curves (default 0.9; 0: none)")
+    p.add_argument("--diagnostics", action="store_true", help="also draw the per-layer diagnostics as heatmaps (one figure each)")
+    p.add_argument("--out", default=None, help="output path without extension (default: <runs_root>/figures/<dataset>_<scale>)")
+    args = p.parse_args(argv)
+    try:
+        paths = plot_group(Path(args.runs_root), args.dataset, args.scale, Path(args.out) if args.out else None, args.smooth, args.diagnostics)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Where a training run stands and where its rows go: metrics.jsonl, W&B and the console.
+
+`Progress` holds the counters the training loop advances (most of them travel in the
+checkpoint); `RunLog` writes the train, eval and stop rows (rank 0 only), mirrors them to W&B
+when asked and prints their console lines. The W&B helpers here also check, before any
+training, that W&B logging can work at all.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import netrc
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from spheretnorm.config import ConfigError, TrainConfig
+from spheretnorm.model import DIAGNOSTIC_SERIES
+from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog
+
+
+def format_duration(seconds: float) -> str:
+    """'2h05m', '3m07s' or '42s': short enough for every console line."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+# W&B names of the per-layer diagnostics: rms[i] -> diag/rms/layer_03 and so on.
+DIAG_SERIES = {**DIAGNOSTIC_SERIES, "step_sizes": "sublayer"}
+
+
+def wandb_payload(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row as flat W&B keys (lists become one series per layer)."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if key in ("kind", "iter"):
+            continue
+        if key in DIAG_SERIES:
+            for i, v in enumerate(value):
+                out[f"diag/{key}/{DIAG_SERIES[key]}_{i:02d}"] = v
+        elif key == "final_cosine":
+            out["diag/final_cosine"] = value
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+def start_wandb(train: TrainConfig, run_config: dict[str, Any], run_id: str | None) -> Any:
+    """A W&B run (resumed when the checkpoint knows its id), or None if W&B cannot start."""
+    import wandb
+
+    try:
+        return wandb.init(
+            project=train.wandb_project,
+            group=train.wandb_group,
+            name=train.wandb_run_name,
+            config=run_config,
+            mode=train.wandb_mode,
+            dir=train.out_dir,
+            id=run_id,
+            resume="allow" if run_id else None,
+        )
+    except Exception as e:  # a logging outage must not cost a training run
+        print(f"WARNING: W&B did not start ({e}); training continues without it.", file=sys.stderr)
+        return None
+
+
+WANDB_DEFAULT_URL = "https://api.wandb.ai"
+
+
+def _netrc_path() -> Path:
+    """The netrc file wandb reads: $NETRC, else ~/.netrc, else ~/_netrc (Windows)."""
+    if os.environ.get("NETRC"):
+        return Path(os.environ["NETRC"]).expanduser()
+    unix = Path("~/.netrc").expanduser()
+    windows = Path("~/_netrc").expanduser()
+    return windows if not unix.exists() and windows.exists() else unix
+
+
+def wandb_key_source() -> str | None:
+    """Where a W&B API key is configured, None if nowhere; reads no network.
+
+    wandb looks in the same places, in this order: WANDB_API_KEY (or an identity token file),
+    then the netrc entry of the W&B host ($WANDB_BASE_URL, default api.wandb.ai).
+    """
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(name):
+            return name
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
+    path = _netrc_path()
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return str(path) if entry and entry[2] else None
+
+
+def check_wandb(train: TrainConfig) -> None:
+    """Stop before training when W&B logging could not work, instead of a warning lost in a log."""
+    if not train.wandb_log or train.wandb_mode == "disabled":
+        return
+    if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("wandb_log=true but the wandb package is not installed; pip install wandb, or pass --wandb_log=false.")
+    if train.wandb_mode == "online" and wandb_key_source() is None:
+        host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
+        raise ConfigError(
+            f"wandb_log=true with wandb_mode=online needs a W&B API key, and none is configured "
+            f"(no WANDB_API_KEY, no netrc entry for {host} in {_netrc_path()}); run `wandb login` "
+            "or set WANDB_API_KEY, or pass --wandb_mode=offline (upload later with `wandb sync`) "
+            "or --wandb_log=false."
+        )
+
+
+@dataclass
+class Progress:
+    """The counters of a run that the loop advances; all but the session's own travel in the checkpoint."""
+
+    checkpoint: Path  # where this run's checkpoint is (or would be) written
+    tokens_per_step: int
+    iter_num: int = 0
+    best_val_loss: float = math.inf
+    collapse_streak: int = 0  # evaluations in a row with final_cosine above collapse_cosine
+    recent_losses: deque[float] = field(default_factory=lambda: deque(maxlen=AVG_WINDOW))
+    prior_elapsed: float = 0.0  # training time of the attempts that this one resumes
+    wandb_run_id: str | None = None
+    saved_iter: int = -1  # iteration of the checkpoint this run has on disk; -1: none yet
+    start_time: float = 0.0  # this session's start, and its first iteration
+    start_iter: int = 0
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        """Continue the counters of the checkpoint this run resumes from."""
+        self.iter_num = ckpt["iter_num"]
+        self.best_val_loss = ckpt["best_val_loss"]
+        self.collapse_streak = ckpt.get("collapse_streak", 0)
+        self.recent_losses.extend(ckpt["recent_losses"])
+        self.prior_elapsed = ckpt["elapsed_s"]
+        self.wandb_run_id = ckpt.get("wandb_run_id")
+        self.saved_iter = self.iter_num
+
+    def start(self) -> None:
+        self.start_time = time.time()
+        self.start_iter = self.iter_num
+
+    @property
+    def tokens(self) -> int:
+        return self.iter_num * self.tokens_per_step
+
+    def elapsed(self) -> float:
+        return self.prior_elapsed + time.time() - self.start_time
+
+    def eta(self, max_iters: int) -> str:
+        """Time left at this session's pace so far, evaluations included."""
+        done = self.iter_num - self.start_iter
+        if done <= 0:
+            return "?"
+        per_iter = (time.time() - self.start_time) / done
+        return format_duration(per_iter * (max_iters - self.iter_num))
+
+    def kept_checkpoint_text(self) -> str:
+        """How a stop message names the checkpoint a resume would start from."""
+        if self.checkpoint.is_file():
+            at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
+            return f"the last good checkpoint {self.checkpoint}{at} is untouched"
+        return "no checkpoint had been written"
+
+
+class RunLog:
+    """The rows of a run: metrics.jsonl, W&B when asked, and their console lines.
+
+    Every rank calls it, so the callers need no rank checks; only rank 0 writes or prints.
+    """
+
+    def __init__(self, cfg: TrainConfig, is_master: bool, progress: Progress):
+        self.cfg = cfg
+        self.is_master = is_master
+        self.progress = progress
+        self.metrics: MetricsLog | None = None
+        self.wandb: Any = None
+
+    def open(self, run_config: dict[str, Any], resumed: bool) -> None:
+        """config.json, metrics.jsonl (a resume keeps its rows up to the checkpoint) and W&B."""
+        if not self.is_master:
+            return
+        out = Path(self.cfg.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if not resumed and self.progress.checkpoint.is_file():
+            print(f"NOTE: overwrite=true: starting from scratch in {out}; its old checkpoint will be replaced.")
+        (out / CONFIG_NAME).write_text(json.dumps(run_config, indent=2) + "\n")
+        self.metrics = MetricsLog(out / METRICS_NAME, self.progress.iter_num if resumed else None)
+        if self.cfg.wandb_log:
+            self.wandb = start_wandb(self.cfg, run_config, self.progress.wandb_run_id)
+            if self.wandb is not None:
+                self.progress.wandb_run_id = self.wandb.id
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.is_master:
+            return
+        if self.metrics is not None:
+            self.metrics.write(row)
+        if self.wandb is not None:
+            self.wandb.log(wandb_payload(row), step=row["iter"])
+
+    def log_eval(self, row: dict[str, Any]) -> None:
+        if self.is_master:
+            ppl = f"{row['val_ppl']:.2f}" if row["val_ppl"] is not None else "inf"
+            print(
+                f"eval iter {row['iter']} | train {row['train_eval_loss']:.4f} | val {row['val_loss']:.4f} "
+                f"(ppl {ppl}) | final cosine {row['final_cosine']:.3f} | "
+                f"rms {row['rms'][0]:.2f} -> {row['rms'][-1]:.2f}"
+            )
+        self.log(row)
+
+    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
+        """The row of the step just done; step_time is the mean over the steps since the last row."""
+        progress = self.progress
+        tokens_per_s = progress.tokens_per_step / step_time
+        row = {
+            "kind": "train",
+            "iter": progress.iter_num,
+            "tokens": progress.tokens,
+            "train_loss": loss,
+            "train_loss_avg200": sum(progress.recent_losses) / len(progress.recent_losses),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "elapsed_s": round(progress.elapsed(), 3),
+        }
+        if self.is_master:
+            mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+            print(
+                f"iter {progress.iter_num}/{self.cfg.max_iters} | loss {loss:.4f} | avg{AVG_WINDOW} "
+                f"{row['train_loss_avg200']:.4f} | lr {lr:.1e} | grad {grad_norm:.2f} | "
+                f"{tokens_per_s:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {progress.eta(self.cfg.max_iters)}",
+                flush=True,
+            )
+        self.log(row)
+
+    def log_stop(self, reason: str, message: str, exit_code: int) -> None:
+        """The metrics row that says why a run ended before max_iters (spheretnorm/runs.py reads it)."""
+        self.log({
+            "kind": "stop",
+            "iter": self.progress.iter_num,
+            "reason": reason,
+            "exit_code": exit_code,
+            "message": message,
+            "checkpoint_iter": self.progress.saved_iter if self.progress.saved_iter >= 0 else None,
+            "elapsed_s": round(self.progress.elapsed(), 3),
+        })
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,0 +1,194 @@
+"""The shape of the repository: one installed package, no import cycles, no sys.path edits.
+
+These read the source as text (ast), so they hold for every module, including ones whose
+dependencies (triton, transformers) a machine may lack.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "spheretnorm"
+# Where the project's Python lives: the package and the commands around it.
+SOURCE_DIRS = (PACKAGE, "scripts", "eval", "data", "config", "tests")
+TOP_LEVEL_COMMANDS = ("train.py", "sample.py", "bench.py")
+MAX_CLASS_LINES = 250
+MAX_TRAIN_LINES = 600
+
+
+def project_files() -> list[Path]:
+    files = [REPO / name for name in TOP_LEVEL_COMMANDS]
+    for folder in SOURCE_DIRS:
+        files += sorted((REPO / folder).rglob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def module_name(path: Path) -> str:
+    """spheretnorm/hf/folder.py -> spheretnorm.hf.folder; spheretnorm/__init__.py -> spheretnorm."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in (REPO / PACKAGE).rglob("*.py")}
+
+
+def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that `path` imports anywhere in it (also inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import sub` imports the submodule pkg.sub when there is one.
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name in modules and name != here)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycles_in_the_package() -> None:
+    modules = package_modules()
+    graph = {name: imported_modules(path, modules) for name, path in modules.items()}
+    assert graph["spheretnorm.model"], "the import scan found nothing: it is broken"
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+SYS_PATH_EDIT = re.compile(r"\bsys\.path\s*(\.\s*(insert|append|extend|remove|pop|clear)\b|\[[^\]]*\]\s*=|\s*[+]?=(?!=))")
+
+
+def test_the_sys_path_pattern_matches_edits_only() -> None:
+    for edit in ("sys.path.insert(0, x)", "sys.path[0] = x", "sys.path.append(x)", "sys.path = [x]", "sys.path += [x]"):
+        assert SYS_PATH_EDIT.search(edit), edit
+    assert not SYS_PATH_EDIT.search("print(sys.path)")
+    assert not SYS_PATH_EDIT.search("if sys.path == []:")
+
+
+def test_no_file_edits_sys_path() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in project_files()
+        if path.name != "test_layout.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if SYS_PATH_EDIT.search(line)
+    ]
+    assert not offenders, f"sys.path edits (use the installed package instead): {offenders}"
+
+
+def test_one_installed_import_name(tmp_path: Path) -> None:
+    """A wheel of the project holds one top-level package, spheretnorm, and no loose modules."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {result.stderr.strip().splitlines()[-1:]}")
+    import zipfile
+
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {PACKAGE}, top
+    assert f"{PACKAGE}/hf/remote/modeling_spheretnorm.py" in names  # the export's templates travel
+
+
+def test_no_class_is_longer_than_250_lines() -> None:
+    long = []
+    for path in project_files():
+        if path.parts[len(REPO.parts)] == "tests":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(REPO)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
+
+
+def test_train_py_is_the_entry_point_and_the_loop() -> None:
+    assert len((REPO / "train.py").read_text(encoding="utf-8").splitlines()) <= MAX_TRAIN_LINES
+    importers = [
+        str(path.relative_to(REPO))
+        for path in project_files()
+        if path.parts[len(REPO.parts)] != "tests"
+        and re.search(r"^\s*(import train\b|from train import)", path.read_text(encoding="utf-8"), re.M)
+    ]
+    assert not importers, f"these import train.py as a library: {importers}"
+
+
+def test_docstrings_point_inside_the_repository() -> None:
+    """The maths lives in docs/, which a user's clone has; ../shared does not travel."""
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in project_files()
+        if path.name != "test_layout.py" and "shared/spec" in path.read_text(encoding="utf-8")
+    ]
+    assert not offenders, offenders
+    assert (REPO / "docs" / "CONNECTIONS.md").is_file()
+
+
+def test_commands_import_the_package_not_each_other() -> None:
+    """A command's shared logic lives in spheretnorm/: scripts/, eval/ and data/ import none of
+    their neighbours (run as files, they could not without a sys.path edit)."""
+    offenders = []
+    for folder in ("scripts", "eval", "data"):
+        for path in (REPO / folder).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                if any(n.split(".")[0] in ("scripts", "eval", "data", "train", "bench", "sample") for n in names):
+                    offenders.append(f"{path.relative_to(REPO)} imports {names}")
+    assert not offenders, offenders
+
+
+def test_readme_names_every_top_level_entry() -> None:
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    entries = {line.split("/")[0] for line in tracked.stdout.splitlines()} - {".gitignore", "README.md"}
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("## What is where", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(e for e in entries if f"`{e}" not in section)
+    assert not missing, f"README's 'What is where' does not name {missing}"
