@@ -27,9 +27,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
+import re
 import sys
-import threading
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -72,42 +71,24 @@ from spheretnorm.config import (
     run_suffix,
     wants_help,
 )
-from spheretnorm.evaluation import Evaluator, all_reduce_sum
+from spheretnorm.evaluation import EvalAbandoned, Evaluator, all_reduce_sum
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
 from spheretnorm.model import EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
-from spheretnorm.rundir import EXIT_CONFIG, EXIT_CRASH, EXIT_OK, SPLITS, NonFiniteLossError, RunStopped, checkpoint_path
+from spheretnorm.stopping import StartupStopped, StopSignal
+from spheretnorm.rundir import (
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_OK,
+    SPLITS,
+    NonFiniteLossError,
+    OutDirError,
+    PeerTimeout,
+    RunStopped,
+    WriteFailed,
+    check_out_dir,
+    checkpoint_path,
+)
 from spheretnorm.tracking import Progress, RunLog, check_wandb
-
-# -----------------------------------------------------------------------------
-# Signals
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-class StopSignal:
-    """Records SIGTERM/SIGUSR1 (cluster pre-emption); the loop checks it between steps."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignal:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = signum
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
 
 # -----------------------------------------------------------------------------
 # Set-up: the model configuration, from the command line or the checkpoint
@@ -129,8 +110,16 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
 
 
 def resolve_init_from(train: TrainConfig) -> TrainConfig:
-    """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint."""
+    """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint;
+    eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
     exists = checkpoint_path(train).is_file()
+    if train.eval_only and not train.init_from.startswith(HF_PREFIX):
+        if not exists:
+            raise ConfigError(
+                f"eval_only=true evaluates the checkpoint in out_dir, and there is none at {checkpoint_path(train)}; "
+                "check out_dir, or give --init_from=hf:DIR to evaluate a model folder."
+            )
+        return replace(train, init_from="resume")
     if train.init_from == "auto":
         return replace(train, init_from="resume" if exists else "scratch")
     if train.init_from != "resume" and exists and not (train.overwrite or train.eval_only):
@@ -417,25 +406,73 @@ class Trainer:
     def run(self, stop: StopSignal) -> None:
         """The training loop, with a stop row for every way it can end early."""
         try:
-            self._run(stop)
+            try:
+                self._run(stop)
+            except OSError as e:  # a full disk, a quota, a read-only file system: one line, resumable
+                text = e.strerror or str(e)
+                raise WriteFailed(f"{text}{f': {e.filename}' if e.filename else ''}; {self.progress.kept_checkpoint_text()}.") from None
+            except RuntimeError as e:  # a peer stopped or died: a collective timed out
+                if not collective_timed_out(e):
+                    raise
+                detail = re.sub(r"^\[[^]]*\]\s*", "", str(e).splitlines()[0])[:200]  # no C++ source location
+                raise PeerTimeout(
+                    f"a collective waited longer than dist_timeout={self.cfg.dist_timeout:g} s for another process "
+                    f"(stopped, dead or unreachable: {detail}); "
+                    f"{self.progress.kept_checkpoint_text()}; resume with --init_from=auto."
+                ) from None
         except RunStopped as e:
-            self.outputs.log_stop(e.reason, str(e), e.exit_code)
+            with contextlib.suppress(OSError):  # the stop row may not fit on a full disk either
+                self.outputs.log_stop(e.reason, str(e), e.exit_code)
             raise
         except Exception as e:
             self.outputs.log_stop("crash", f"{type(e).__name__}: {e}", EXIT_CRASH)
             raise
 
+    def stop_agreed(self, stop: StopSignal) -> bool:
+        """Whether any rank has a stop request (every rank must call this together)."""
+        if not self.dist.enabled:
+            return stop.requested
+        return all_reduce_sum(torch.tensor(float(stop.requested), device=self.device), self.dist).item() > 0
+
     def _run(self, stop: StopSignal) -> None:
         cfg, progress = self.cfg, self.progress
         resumed = cfg.init_from == "resume"
+        stop.training_started()
+        self.evaluator.stop_requested = lambda: self.stop_agreed(stop)
         progress.start()
         self.print_summary()
         if cfg.eval_only:
-            row = self.evaluator.evaluate()
+            try:
+                row = self.evaluator.evaluate()
+            except EvalAbandoned:
+                print0(f"Stopped by {stop.cause()} during the evaluation; nothing was written.")
+                return
             if self.dist.is_master:
                 print(json.dumps(row))
             return
         self.outputs.open(self.run_config(), resumed)
+        try:
+            self._train(stop, resumed)
+        except EvalAbandoned:  # the stop waits for no evaluation: the weights are this iteration's
+            self.stop_for_signal(stop)
+
+    def stop_for_signal(self, stop: StopSignal) -> None:
+        """Write a checkpoint of the current iteration (if a step ran since the last one), then stop."""
+        progress = self.progress
+        if progress.iter_num > 0 and progress.saved_iter != progress.iter_num and not progress.collapse_streak:
+            self.save_checkpoint()
+        if self.dist.enabled:
+            # No rank may exit before rank 0 has written: a launcher that sees one
+            # worker leave (torchrun >= 2.10 after a forwarded signal, srun
+            # --kill-on-bad-exit) may kill the others mid-write.
+            torch_dist.barrier()
+        saved = f"checkpoint saved to {progress.checkpoint}" if progress.saved_iter == progress.iter_num and progress.iter_num > 0 else progress.kept_checkpoint_text()
+        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; {saved}."
+        self.outputs.log_stop("signal", message, EXIT_OK)
+        print0(message)
+
+    def _train(self, stop: StopSignal, resumed: bool) -> None:
+        cfg, progress = self.cfg, self.progress
         if not resumed:
             self.eval_and_maybe_save()
         window_time, window_steps = 0.0, 0
@@ -455,22 +492,18 @@ class Trainer:
             elif cfg.checkpoint_interval and progress.iter_num % cfg.checkpoint_interval == 0 and not progress.collapse_streak:
                 self.save_checkpoint()
             if stop_now:
-                if progress.saved_iter != progress.iter_num:
-                    self.save_checkpoint()
-                if self.dist.enabled:
-                    # No rank may exit before rank 0 has written: a launcher that sees one
-                    # worker leave (torchrun >= 2.10 after a forwarded signal, srun
-                    # --kill-on-bad-exit) may kill the others mid-write.
-                    torch_dist.barrier()
-                name = signal.Signals(stop.signum).name if stop.signum else "a signal on another rank"
-                message = f"Stopped by {name} at iter {progress.iter_num}; checkpoint saved to {progress.checkpoint}."
-                self.outputs.log_stop("signal", message, EXIT_OK)
-                print0(message)
+                self.stop_for_signal(stop)
                 return
         print0(f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}.")
 
     def close(self) -> None:
         self.outputs.close()
+
+
+def collective_timed_out(error: RuntimeError) -> bool:
+    """Whether `error` is a collective giving up after dist_timeout (gloo raises a plain RuntimeError)."""
+    dist_error = getattr(torch_dist, "DistError", ())
+    return isinstance(error, dist_error) or "timed out" in str(error).lower()
 
 
 def pick_device(train: TrainConfig, dist: DistInfo) -> str:
@@ -486,43 +519,50 @@ def main(argv: list[str] | None = None) -> None:
     if wants_help(argv):
         print(config_help(), end="")
         return
-    parsed = parse_config(argv)
-    hf_folder = hf_folder_of(parsed.train)
-    if hf_folder is not None:  # the folder's model names the run folder, as a resume's checkpoint does
-        parsed.model_keys = hf_init_model_keys(parsed, hf_folder)
-    # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
-    # keys in its default name come from the keys given, so resuming needs the same ones.
-    explicit_out_dir = bool(parsed.train.out_dir)
-    parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides))
-    announce_out_dir(parsed, explicit_out_dir)
-    check_wandb(parsed.train)
-    device_type = get_device(parsed.train.device).split(":")[0]
-    backend = parsed.train.backend or ("nccl" if device_type == "cuda" else "gloo")
-    dist = init_distributed(backend)
-    try:
-        device = pick_device(parsed.train, dist)
-        if device.startswith("cuda"):
-            enable_tf32()
-        with StopSignal() as stop:
+    # Stop signals are caught from here on: during start-up they end the process at once,
+    # with nothing written; once training runs, at the next step with a checkpoint.
+    with StopSignal() as stop:
+        parsed = parse_config(argv)
+        hf_folder = hf_folder_of(parsed.train)
+        if hf_folder is not None:  # the folder's model names the run folder, as a resume's checkpoint does
+            parsed.model_keys = hf_init_model_keys(parsed, hf_folder)
+        # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
+        # keys in its default name come from the keys given, so resuming needs the same ones.
+        explicit_out_dir = bool(parsed.train.out_dir)
+        parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides))
+        announce_out_dir(parsed, explicit_out_dir)
+        if not parsed.train.eval_only:  # an evaluation writes nothing
+            check_out_dir(parsed.train)
+        check_wandb(parsed.train)
+        device_type = get_device(parsed.train.device).split(":")[0]
+        backend = parsed.train.backend or ("nccl" if device_type == "cuda" else "gloo")
+        dist = init_distributed(backend, parsed.train.dist_timeout)
+        try:
+            device = pick_device(parsed.train, dist)
+            if device.startswith("cuda"):
+                enable_tf32()
             trainer = Trainer(parsed, dist, device)
             try:
                 trainer.run(stop)
             finally:
                 trainer.close()
-    finally:
-        if dist.enabled:
-            torch_dist.destroy_process_group()
+        finally:
+            if dist.enabled:
+                torch_dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, DeviceError) as e:
+    except (ConfigError, DeviceError, OutDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     except RunStopped as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except StartupStopped as e:
+        print(f"Stopped by {e} during start-up; nothing was written.", file=sys.stderr)
+        sys.exit(EXIT_OK)
     except Exception:
         traceback.print_exc()
         sys.exit(EXIT_CRASH)

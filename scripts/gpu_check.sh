@@ -11,8 +11,12 @@
 #
 #   bash scripts/gpu_check.sh                    # from anywhere; torch with CUDA + triton
 #   OUT=results/ bash scripts/gpu_check.sh       # where the log, JSON and metrics go
-# Needs data/shakespeare_char prepared (python data/shakespeare_char/prepare.py) for part 4.
+# Needs data/shakespeare_char prepared (python data/prepare.py shakespeare_char) for part 4.
 set -uo pipefail
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'  # this header, and nothing run
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check}
 mkdir -p "$OUT"

@@ -4,17 +4,23 @@
     python scripts/launch.py --methods pre_ln,p_spheret:0.5 --scales S --datasets openwebtext
     python scripts/launch.py --mode print > grid.sh                      # a shell script of the commands
     python scripts/launch.py --mode slurm --nnodes 2 --batch_size=8      # one sbatch job per run
+    python scripts/launch.py --mode slurm --sbatch_args="--partition=gpu --account=lab --time=12:00:00"
     python scripts/launch.py --nnodes 2 --node_rank 0 --rdzv_endpoint node0:29500   # on each node
     python scripts/launch.py --stage zero_shot --scales L --eval_args "--local_data ../shared/evaldata"
 
 Each run is `train.py config/<dataset>_<scale>.py --connection=... [--<method parameter>=...]
 --out_dir=<runs_root>/<dataset>_<scale>/<method>` (e.g. out/openwebtext_s/p_spheret-0.5); its W&B
-name is <dataset>_<scale>/<method> and its W&B group <dataset>_<scale>, as train.py sets them
-(add --wandb_log=true). Any other --key=value is passed to every train.py command.
+name is its folder's, <dataset>_<scale>/<method folder>, and its W&B group <dataset>_<scale>, as
+train.py sets them (add --wandb_log=true). Any other --key=value is passed to every train.py command.
 
 Modes: local runs the commands one after another on this machine (every GPU per run);
 print writes them to stdout; slurm submits one `sbatch scripts/slurm_train.sh ...` job per run
-(that script resumes from the checkpoint when SLURM requeues the job). --dry_run prints what a
+(that script resumes from the checkpoint when SLURM requeues the job), with --sbatch_args and
+SLURM's SBATCH_* variables (SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT, ...) for what the
+cluster wants; --nproc_per_node and --nnodes default to SBATCH_GPUS_PER_NODE and SBATCH_NODES.
+Before anything runs or is submitted, the grid is checked: a dataset not prepared, W&B online
+without an API key, a config that does not parse or a batch size that does not divide stops it
+with one line per problem (--dry_run and print only warn). --dry_run prints what a
 mode would run without running it. A multi-node local launch runs this script on every node
 with the same arguments and its own --node_rank; the nodes meet at --rdzv_endpoint.
 
@@ -31,15 +37,15 @@ ckpt_zero_shot.json yet; scripts/tables.py reads those files for Tables 4 and 5.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
+import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from spheretnorm.runs import (
     CKPT_NAME,
@@ -64,7 +70,9 @@ from spheretnorm.runs import (
     run_name,
     stopped_row,
 )
-from spheretnorm.config import ConfigError, parse_config
+from spheretnorm.config import ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names
+from spheretnorm.data.common import META_FILE
+from spheretnorm.tracking import check_wandb
 
 MODES = ("local", "print", "slurm")
 STAGES = ("train", "zero_shot")
@@ -76,7 +84,7 @@ RESERVED = {
     "init_from": "nothing (every run gets --init_from=auto: it resumes from a checkpoint by itself)",
     # One value for every run would give all runs of a method the same folder or W&B name.
     "config_name": "nothing (it is <dataset>_<scale>, as the config file's name)",
-    "wandb_run_name": "nothing (each run is named <dataset>_<scale>/<method>)",
+    "wandb_run_name": "nothing (each run is named after its folder, <dataset>_<scale>/<method folder>)",
 }
 
 
@@ -91,6 +99,7 @@ class GridRun:
     out_dir: Path
     max_iters: int
     train_args: list[str]  # everything after train.py
+    train: TrainConfig  # as train.py will resolve it on the cluster (data_dir, W&B keys)
     conflicts: list[str] = field(default_factory=list)  # settings where out_dir's run differs
 
     @property
@@ -116,8 +125,9 @@ class GridRun:
 def build_grid(
     methods: list[str], scales: list[str], datasets: list[str], runs_root: Path, overrides: list[str], world_size: int
 ) -> list[GridRun]:
-    """The runs of datasets x scales x methods; every command's config is parsed (and so checked) here."""
-    runs = []
+    """The runs of datasets x scales x methods; every command's config is parsed (and so checked)
+    here, and every problem found is reported together, once each."""
+    runs, problems = [], []
     for dataset in datasets:
         for scale in scales:
             config = str(config_file(dataset, scale).relative_to(REPO_ROOT))
@@ -127,23 +137,40 @@ def build_grid(
                     # The commands run in the repository root; this script may run anywhere.
                     parsed = parse_config([str(REPO_ROOT / config), *args[1:]], world_size=world_size)
                 except ConfigError as e:
-                    raise UsageError(f"{dataset} {scale} {method}: {e}") from None
+                    problems.append(f"{dataset} {scale} {method}: {e}")
+                    continue
                 config_name = parsed.train.config_name
                 out_dir = runs_root / config_name / method_dirname(method)
+                model = parsed.model_config()
+                train = resolve_wandb_names(resolve_paths(parsed.train, model, parsed.overrides), model)
                 conflicts = config_conflicts(REPO_ROOT / out_dir, parsed)
                 runs.append(
-                    GridRun(
-                        dataset,
-                        scale,
-                        method,
-                        run_name(config_name, method),
-                        out_dir,
-                        parsed.train.max_iters,
-                        [*args, f"--out_dir={out_dir}"],
-                        conflicts,
-                    )
+                    GridRun(dataset, scale, method, run_name(config_name, method), out_dir, parsed.train.max_iters,
+                            [*args, f"--out_dir={out_dir}"], train, conflicts)
                 )
+    if problems:
+        raise UsageError("\n".join(dict.fromkeys(problems)))
     return runs
+
+
+def preflight(runs: list[GridRun]) -> list[str]:
+    """What would make the jobs of this grid fail in their first second, each problem once:
+    a dataset not prepared, W&B online without an API key."""
+    problems = []
+    for run in runs:
+        data_dir = Path(run.train.data_dir)
+        data_dir = data_dir if data_dir.is_absolute() else REPO_ROOT / data_dir
+        missing = [name for name in ("train.bin", "val.bin", META_FILE) if not (data_dir / name).is_file()]
+        if missing:
+            problems.append(
+                f"dataset {run.train.dataset} is not prepared: {data_dir} lacks {', '.join(missing)}; "
+                f"run `python data/prepare.py {run.train.dataset}` first (or pass --data_dir=...)."
+            )
+        try:
+            check_wandb(run.train)
+        except ConfigError as e:
+            problems.append(str(e))
+    return list(dict.fromkeys(problems))
 
 
 # -----------------------------------------------------------------------------
@@ -156,6 +183,7 @@ class Layout:
     nnodes: int
     node_rank: int
     rdzv_endpoint: str | None
+    sbatch_args: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -179,11 +207,16 @@ def torchrun_command(run: GridRun, layout: Layout) -> list[str]:
 
 
 def sbatch_command(run: GridRun, layout: Layout, wrapped: list[str] | None = None) -> list[str]:
-    """sbatch of scripts/slurm_train.sh for training, or of `wrapped` (one GPU) for evaluation."""
+    """sbatch of scripts/slurm_train.sh for training, or of `wrapped` (one GPU) for evaluation.
+
+    layout.sbatch_args (partition, account, QOS, time limit, ...) go to sbatch as they are; what
+    they leave out comes from SLURM's own SBATCH_* variables, then from the script's defaults.
+    """
     options = [
         "sbatch",
         f"--job-name=spheretnorm-{run.slug}",
         f"--output={run.out_dir}/slurm-%x-%j.out",
+        *layout.sbatch_args,
     ]
     if wrapped is not None:
         return [*options, "--nodes=1", "--gpus-per-node=1", f"--wrap={shlex.join(wrapped)}"]
@@ -305,12 +338,36 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--stage", choices=STAGES, default="train", help="train, or zero_shot (evaluate finished runs)")
     p.add_argument("--dry_run", action="store_true", help="print the commands instead of running them")
     p.add_argument("--runs_root", default="out", help="the run folders go to RUNS_ROOT/<dataset>_<scale>/<method>; relative to the repository root (default: out)")
-    p.add_argument("--nproc_per_node", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes per run (default 1)")
+    p.add_argument("--nproc_per_node", type=int, default=env_int("SBATCH_GPUS_PER_NODE", 8), help="GPUs per node (default: $SBATCH_GPUS_PER_NODE, else 8)")
+    p.add_argument("--nnodes", type=int, default=env_int("SBATCH_NODES", 1), help="nodes per run (default: $SBATCH_NODES, else 1)")
+    p.add_argument("--sbatch_args", default="", help="options for every sbatch call, as one string: --sbatch_args=\"--partition=gpu --account=lab --qos=high --time=12:00:00 --cpus-per-task=16\"; SLURM's SBATCH_* variables work too")
     p.add_argument("--node_rank", type=int, default=0, help="this node's rank, for a multi-node local launch")
     p.add_argument("--rdzv_endpoint", default=None, help="HOST:PORT where the nodes of a multi-node local launch meet")
     p.add_argument("--eval_args", default="", help="extra arguments for eval/zero_shot.py, as one string")
     return p.parse_known_args(argv)
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer SLURM variable such as SBATCH_GPUS_PER_NODE ('8' or 'a100:8'), else default."""
+    match = re.fullmatch(r"(?:[^:]*:)?(\d+)", os.environ.get(name, "").strip())
+    return int(match.group(1)) if match else default
+
+
+# sbatch options that the launcher derives from its own, so that torchrun and the batch-size
+# checks agree with the allocation.
+LAYOUT_OPTIONS = {"--nodes": "--nnodes", "-N": "--nnodes", "--gpus-per-node": "--nproc_per_node", "--job-name": "nothing (each job is named after its run)", "--output": "nothing (each job logs into its run folder)"}
+
+
+def parse_sbatch_args(text: str) -> list[str]:
+    try:
+        options = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--sbatch_args {text!r} cannot be split into options ({e}).") from None
+    for option in options:
+        name = option.split("=", 1)[0]
+        if name in LAYOUT_OPTIONS:
+            raise UsageError(f"--sbatch_args sets {name}, which the launcher sets from {LAYOUT_OPTIONS[name]}; use that instead.")
+    return options
 
 
 def check_layout(args: argparse.Namespace) -> Layout:
@@ -322,7 +379,7 @@ def check_layout(args: argparse.Namespace) -> Layout:
     multi_node_local = args.nnodes > 1 and args.mode != "slurm" and args.stage == "train"
     if multi_node_local and not args.rdzv_endpoint:
         raise UsageError("--nnodes > 1 outside SLURM needs --rdzv_endpoint HOST:PORT (the address of one of the nodes).")
-    return Layout(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint)
+    return Layout(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, parse_sbatch_args(args.sbatch_args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,13 +393,18 @@ def main(argv: list[str] | None = None) -> int:
             parse_choices(args.datasets, PAPER_DATASETS, "datasets"),
             Path(args.runs_root),
             overrides,
-            layout.world_size,
+            layout.world_size if args.stage == "train" else 1,  # an evaluation job takes one GPU
         )
         todo, skipped = plan(runs, args.stage, args.mode, layout, shlex.split(args.eval_args))
         warn_conflicts(runs)
+        problems = preflight([run for run, _ in todo]) if args.stage == "train" else []
         if args.dry_run or args.mode == "print":
+            for problem in problems:  # a plan may be printed on a machine without the data
+                print(f"warning: {problem}", file=sys.stderr)
             print_plan(todo, skipped, args.stage)
             return 0
+        if problems:
+            raise UsageError(f"nothing was started, {len(problems)} problem(s) would make the jobs fail at start:\n" + "\n".join(problems))
         for reason in skipped:
             print(f"skip {reason}")
         return 1 if execute(todo, args.mode) else 0

@@ -18,12 +18,17 @@
 #    under a small shell that starts it with USR1 ignored and hands USR1 and TERM straight to
 #    its children, the train.py workers.
 # The global batch stays 128 sequences whatever --nodes is (gradient accumulation adapts).
+#
+# Clusters differ: give partition, account, QOS, time limit, CPUs and any other option on the
+# sbatch command line or in SLURM's SBATCH_* variables; both win over the #SBATCH defaults below
+# (which set no time limit or CPU count, so the partition's own defaults apply):
+#   sbatch --partition=gpu --account=lab --qos=high --time=12:00:00 --cpus-per-task=16 scripts/slurm_train.sh ...
+#   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=lab SBATCH_TIMELIMIT=12:00:00 sbatch scripts/slurm_train.sh ...
+#   python scripts/launch.py --mode slurm --sbatch_args "--partition=gpu --account=lab --time=12:00:00"
 #SBATCH --job-name=spheretnorm
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=32
-#SBATCH --time=24:00:00
 #SBATCH --signal=B:USR1@180
 #SBATCH --requeue
 #SBATCH --open-mode=append
@@ -67,7 +72,8 @@ if ! command -v torchrun >/dev/null 2>&1; then
   echo "error: torchrun is not on PATH; activate the environment that has torch before running sbatch." >&2
   exit 2
 fi
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+# GPUs per node: what launch.py exported, else what SLURM allocated on this node, else 8.
+GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=${MASTER_PORT:-29500}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}

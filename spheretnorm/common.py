@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import random
 import re
@@ -195,8 +196,12 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(backend: str | None = None) -> DistInfo:
-    """Join the process group when launched by torchrun (RANK set), else single process."""
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Join the process group when launched by torchrun (RANK set), else single process.
+
+    timeout_s bounds every collective (and NCCL's watchdog): a peer that stopped or died ends
+    the job after that long instead of torch's default 30 minutes.
+    """
     if int(os.environ.get("RANK", -1)) == -1:
         return DistInfo()
     rank = int(os.environ["RANK"])
@@ -206,7 +211,8 @@ def init_distributed(backend: str | None = None) -> DistInfo:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    torch.distributed.init_process_group(backend=backend)
+    timeout = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    torch.distributed.init_process_group(backend=backend, **timeout)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
 
 
@@ -243,14 +249,27 @@ def set_rng_state(state: dict) -> None:
 
 
 def atomic_torch_save(obj: object, path: str | Path) -> None:
-    """torch.save to a temp file beside `path`, then rename: a crash never leaves half a file."""
+    """torch.save to a temp file beside `path`, then rename: a crash never leaves half a file.
+
+    A write that fails (a full disk, a quota, a read-only file system) removes its temp file, so
+    that it does not keep the disk full, leaves `path` as it was, and raises an OSError that
+    names the file: torch reports a full disk as a RuntimeError from its zip writer.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename, so a node crash cannot leave it empty
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename, so a node crash cannot leave it empty
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.strerror:
+            reason = e.strerror
+        else:  # torch's zip writer: "[enforce fail at inline_container.cc:...] unexpected pos ..."
+            reason = f"the file system took less than was written: a full disk or a quota? torch: {str(e).splitlines()[0][:160]}"
+        raise OSError(getattr(e, "errno", None) or 0, f"could not write {path} ({reason})") from None
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

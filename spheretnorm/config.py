@@ -5,9 +5,10 @@ There is one source of truth for every key: the fields of ``TrainConfig`` (below
 
     python train.py [config/NAME.py ...] [--key=value ...]
 
-Config files are plain Python files of ``key = value`` assignments. They are run into a
-private namespace (never into this module's globals), and every public name they define must
-be a field of one of the two dataclasses. ``--key=value`` strings are converted by the field's
+Config files are Python files, mostly ``key = value`` assignments, that run as code (as
+nanoGPT's do: only trusted files belong there). They are run into a private namespace (never
+into this module's globals), and every public name they define must be a field of one of the
+two dataclasses. ``--key=value`` strings are converted by the field's
 type. Any unknown key or badly typed value raises ``ConfigError`` before a run does any work.
 
 The defaults of both dataclasses are the paper's shared hyperparameters (arXiv 2608.02668,
@@ -55,7 +56,7 @@ def _choices(*values: str, forms: tuple[str, ...] = ()) -> dict[str, tuple[str, 
 
 
 def _choice_text(metadata: dict[str, tuple[str, ...]]) -> str:
-    return ", ".join((*metadata["choices"], *metadata.get("forms", ())))
+    return ", ".join(c if c else '""' for c in (*metadata["choices"], *metadata.get("forms", ())))
 
 
 def _is_choice(value: Any, metadata: dict[str, tuple[str, ...]]) -> bool:
@@ -103,13 +104,17 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (the paper trains without it)
     backend: str = ""  # process-group backend; "" means nccl on CUDA, gloo otherwise
     seed: int = 1337  # seeds the weights, the data order and dropout
+    dist_timeout: float = 600.0  # seconds a collective waits for the other processes (one stopped or dead) before the run stops
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look the GPU up
     # -- Weights & Biases
+    # An empty key takes W&B's own environment variable (WANDB_PROJECT, WANDB_ENTITY, WANDB_RUN_GROUP,
+    # WANDB_MODE), then the default named; WANDB_DIR, when set, holds W&B's files instead of out_dir.
     wandb_log: bool = False  # log to W&B (online needs an API key: wandb login or WANDB_API_KEY)
-    wandb_project: str = "spheretnorm"  # W&B project
-    wandb_run_name: str = ""  # "" means <config_name>/<method>
-    wandb_group: str = ""  # "" means <config_name> (a scale and dataset)
-    wandb_mode: str = field(default="online", metadata=_choices(*WANDB_MODES))  # offline: no key needed
+    wandb_project: str = ""  # "" means $WANDB_PROJECT, else spheretnorm
+    wandb_entity: str = ""  # "" means $WANDB_ENTITY, else your W&B account's default
+    wandb_run_name: str = ""  # "" means <config_name>/<the run folder's name>, e.g. openwebtext_s/p_spheret-0.5
+    wandb_group: str = ""  # "" means $WANDB_RUN_GROUP, else <config_name> (a scale and dataset)
+    wandb_mode: str = field(default="", metadata=_choices("", *WANDB_MODES))  # "" means $WANDB_MODE, else online; offline needs no key
     # -- testing only
     debug_nan_at_iter: int = -1  # make the loss NaN in the step that completes this iteration
     debug_crash_at_iter: int = -1  # raise an exception in the step that completes this iteration
@@ -132,6 +137,8 @@ class TrainConfig:
         for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {getattr(self, name)}.")
+        if not (math.isfinite(self.dist_timeout) and self.dist_timeout > 0):
+            raise ConfigError(f"dist_timeout must be a positive number of seconds, got {self.dist_timeout}.")
         if not 0 < self.collapse_cosine <= 1:
             raise ConfigError(f"collapse_cosine must lie in (0, 1], got {self.collapse_cosine}.")
         if self.collapse_evals < 0:
@@ -294,7 +301,12 @@ def read_config_file(path: str) -> dict[str, Any]:
     """The public assignments of a config file (names starting with _ and imports are skipped)."""
     if not Path(path).is_file():
         raise ConfigError(f"Config file {path!r} does not exist.")
-    namespace = runpy.run_path(path)
+    try:
+        namespace = runpy.run_path(path)
+    except SyntaxError as e:
+        raise ConfigError(f"Config file {path!r} is not valid Python (line {e.lineno}: {e.msg}).") from None
+    except Exception as e:  # a config file is Python that runs: any error in it is the file's
+        raise ConfigError(f"Config file {path!r} failed when run ({type(e).__name__}: {e}).") from None
     return {
         k: v
         for k, v in namespace.items()
@@ -410,8 +422,8 @@ def method_dirname(cfg: GPTConfig) -> str:
 RUN_NEUTRAL_KEYS = frozenset({
     "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
     "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
-    "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group",
-    "wandb_mode", "collapse_cosine", "collapse_evals", *EXECUTION_KEYS,
+    "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_entity", "wandb_run_name", "wandb_group",
+    "wandb_mode", "dist_timeout", "collapse_cosine", "collapse_evals", *EXECUTION_KEYS,
 })
 _SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
 _SUFFIX_MAX_CHARS = 60
@@ -455,12 +467,26 @@ def resolve_paths(train: TrainConfig, model_cfg: GPTConfig, overrides: dict[str,
     )
 
 
+WANDB_DEFAULT_PROJECT = "spheretnorm"
+WANDB_DEFAULT_MODE = "online"
+
+
 def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
-    """W&B run name <config_name>/<method> and group <config_name> (a scale and a dataset)."""
+    """The W&B keys a run uses: a key set in a config file or on the command line wins, then W&B's
+    environment variable, then the default. The run's name is its folder's: a smoke run with
+    changed settings never shares a name with the paper run."""
+    env = os.environ.get
+    folder = os.path.basename(os.path.normpath(train.out_dir)) if train.out_dir else method_dirname(model_cfg)
+    mode = train.wandb_mode or env("WANDB_MODE", "") or WANDB_DEFAULT_MODE
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"WANDB_MODE={mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}.")
     return replace(
         train,
-        wandb_run_name=train.wandb_run_name or f"{train.config_name}/{method_key(model_cfg)}",
-        wandb_group=train.wandb_group or train.config_name,
+        wandb_run_name=train.wandb_run_name or f"{train.config_name}/{folder}",
+        wandb_group=train.wandb_group or env("WANDB_RUN_GROUP", "") or train.config_name,
+        wandb_project=train.wandb_project or env("WANDB_PROJECT", "") or WANDB_DEFAULT_PROJECT,
+        wandb_entity=train.wandb_entity or env("WANDB_ENTITY", ""),
+        wandb_mode=mode,
     )
 
 
@@ -492,9 +518,10 @@ _MODEL_HELP_GAPS = {
 }
 TRAIN_USAGE = "usage: python train.py [config/NAME.py ...] [--key=value ...]"
 TRAIN_DESCRIPTION = (
-    "Train a GPT with a chosen deep connection. Config files (plain Python files of key = value)\n"
-    "are read first, in order, then the --key=value options; later ones win. Every key below can\n"
-    "be set either way; the defaults are the paper's shared hyperparameters at the S scale."
+    "Train a GPT with a chosen deep connection. Config files are read first, in order, then the\n"
+    "--key=value options; later ones win. Every key below can be set either way; the defaults are\n"
+    "the paper's shared hyperparameters at the S scale. A config file is Python that runs, as in\n"
+    "nanoGPT (its public names become keys): only trusted files belong there."
 )
 _FIELD_LINE = re.compile(r"^    (\w+)\s*:")
 _SECTION_LINE = re.compile(r"^    #\s*--\s*(.+)$")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 import torch
@@ -22,6 +22,10 @@ from spheretnorm.config import TrainConfig
 from spheretnorm.model import GPT
 from spheretnorm.rundir import SPLITS, CollapseError, NonFiniteLossError
 from spheretnorm.tracking import Progress
+
+
+class EvalAbandoned(Exception):
+    """A stop was requested during an evaluation: it is dropped, so the stop waits for no more batches."""
 
 
 def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
@@ -90,31 +94,42 @@ class Evaluator:
         self.progress = progress
         self.model, self.fwd_model, self.raw_model = model, fwd_model, raw_model
         self.block_size = raw_model.config.block_size
+        # Whether every rank agrees to stop (the trainer sets it): checked before each batch.
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     @torch.no_grad()
     def estimate_loss(self) -> dict[str, float]:
         """Mean loss over eval_iters fixed batches per split, shared among the ranks.
 
         The batches come from their own stream, so they are the same at every evaluation and
-        never move the training sampler or the dropout generators.
+        never move the training sampler or the dropout generators. Rank r takes batches r,
+        r + world_size, ...; every rank checks for a stop before each round, the same number
+        of times, so that a stop abandons the evaluation on all of them together.
         """
         self.model.eval()
         out = {}
         progress = EvalProgress(enabled=self.dist.is_master)
-        for split_id, split in enumerate(SPLITS):
-            tokens = self.data.split(split)
-            total = torch.zeros((), device=self.device)
-            mine = range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size)
-            progress.start(split, len(mine))
-            for done, i in enumerate(mine, start=1):
-                x, y = get_batch(tokens, self._eval_offsets(split_id, i), self.block_size, self.device)
-                with self.autocast:
-                    _, loss = self.fwd_model(x, y)
-                total += loss.float()
-                progress.update(done)
-            out[split] = all_reduce_sum(total, self.dist).item() / self.cfg.eval_iters
-            progress.finish()
-        self.model.train()
+        rounds = math.ceil(self.cfg.eval_iters / self.dist.world_size)
+        try:
+            for split_id, split in enumerate(SPLITS):
+                tokens = self.data.split(split)
+                total = torch.zeros((), device=self.device)
+                progress.start(split, len(range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size)))
+                for done in range(rounds):
+                    if self.stop_requested():
+                        raise EvalAbandoned(split)
+                    i = done * self.dist.world_size + self.dist.rank
+                    if i >= self.cfg.eval_iters:
+                        continue
+                    x, y = get_batch(tokens, self._eval_offsets(split_id, i), self.block_size, self.device)
+                    with self.autocast:
+                        _, loss = self.fwd_model(x, y)
+                    total += loss.float()
+                    progress.update(done + 1)
+                out[split] = all_reduce_sum(total, self.dist).item() / self.cfg.eval_iters
+                progress.finish()
+        finally:
+            self.model.train()
         return out
 
     def _eval_offsets(self, split_id: int, index: int) -> np.ndarray:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
+import time
 import warnings
 from typing import Callable
 
@@ -150,8 +152,16 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
     if torch.compiler.is_compiling() or kernels_disabled() or device_type in _inductor_failed:
         return fn(kind, *args)
     kernel = _compiled(fn)
+    first = (fn.__name__, kind, device_type) not in _announced
+    if first:  # the first call compiles for seconds: say so, rather than look hung
+        _announced.add((fn.__name__, kind, device_type))
+        started = time.perf_counter()
+        _say(f"compiling the fused sphere update ({fn.__name__.removeprefix('sphere_')}, retraction {kind!r}) for {device_type}, once per process ...")
     try:
-        return kernel(kind, *args)
+        out = kernel(kind, *args)
+        if first:
+            _say(f"  ... ready in {time.perf_counter() - started:.1f} s (torch.compile's cache in {_inductor_cache_dir()} serves later processes)")
+        return out
     except Exception:  # most often the recompile limit: retry with a higher one
         pass
     try:
@@ -161,6 +171,24 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
         _inductor_failed.add(device_type)
         _warn_slow_path(f"torch.compile could not build it on {device_type}", e)
         return fn(kind, *args)
+
+
+_announced: set[tuple[str, str, str]] = set()
+
+
+def _say(line: str) -> None:
+    """One console line on rank 0 (stderr, so that stdout stays the program's own output)."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _inductor_cache_dir() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+    except Exception:  # a private helper of torch's; its place may move
+        return "torch's inductor cache"
 
 
 def _warn_slow_path(what: str, error: BaseException) -> None:

@@ -7,6 +7,7 @@ this module imports nothing of the project's heavy parts (no torch, no model).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -24,8 +25,11 @@ SPLITS = ("train", "val")
 
 # Exit statuses of train.py, one per way a run can end (README, "Training"). A stopped or
 # crashed run also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
-EXIT_OK = 0  # finished, or stopped by SIGTERM/SIGUSR1 with a checkpoint to resume from
-EXIT_CRASH = 1  # an unexpected exception (a bug, out of memory, a lost file): traceback on stderr
+EXIT_OK = 0  # finished, or stopped by SIGTERM/SIGUSR1/SIGINT (a checkpoint to resume from, if any step ran)
+# An unexpected exception (a bug, out of memory: traceback on stderr), or a failure of the machine
+# around the run, in one line: a file that could not be written (a full disk), a peer process
+# that stopped answering (dist_timeout). Resumable from the last checkpoint.
+EXIT_CRASH = 1
 EXIT_CONFIG = 2  # a bad config or device, refused before any training
 EXIT_COLLAPSE = 3  # representation collapse: final_cosine above collapse_cosine for collapse_evals evaluations
 EXIT_NON_FINITE = 4  # the loss or gradient norm became nan/inf
@@ -36,6 +40,22 @@ class RunStopped(RuntimeError):
 
     reason = ""
     exit_code = EXIT_CRASH
+
+
+class OutDirError(ValueError):
+    """out_dir cannot hold a run (a file, or not writable): refused before any work."""
+
+
+class WriteFailed(RunStopped):
+    """A run output could not be written (a full disk, a read-only file system)."""
+
+    reason = "write_failed"
+
+
+class PeerTimeout(RunStopped):
+    """A collective waited longer than dist_timeout for another process."""
+
+    reason = "peer_timeout"
 
 
 class NonFiniteLossError(RunStopped):
@@ -97,3 +117,40 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+# What a run folder holds besides user files: removed together when a run is replaced.
+RUN_FILES = (CKPT_NAME, CKPT_NAME + ".tmp", METRICS_NAME, METRICS_NAME + ".tmp", CONFIG_NAME)
+
+
+def remove_run(out_dir: Path) -> list[str]:
+    """Delete the run in out_dir (checkpoint, metrics, config and zero-shot results) as a whole,
+    so that a replacing run never mixes with what it replaces; returns the names removed."""
+    removed = []
+    for path in [*(out_dir / name for name in RUN_FILES), *out_dir.glob("ckpt_zero_shot*.json")]:
+        if path.is_file():
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def check_out_dir(train: TrainConfig) -> None:
+    """out_dir must be a folder this process can write to: found before any work, in one line.
+
+    The probe leaves nothing behind: folders it had to create are removed again.
+    """
+    out = Path(train.out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"out_dir {str(out)!r} is a file; give a folder (it is created if missing).")
+    missing = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write_probe.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise OutDirError(f"out_dir {str(out)!r} cannot be written to ({e.strerror or e}); give a writable folder.") from None
+    finally:
+        for folder in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()

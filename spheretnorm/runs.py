@@ -134,7 +134,7 @@ def method_dirname(key: str) -> str:
 
 
 def run_name(config_name: str, key: str) -> str:
-    """The run's name, also its W&B name: '<config_name>/<method>' (resolve_wandb_names)."""
+    """The run's name, also its W&B name: '<config_name>/<run folder>', e.g. 'openwebtext_s/p_spheret-0.5'."""
     return resolve_wandb_names(TrainConfig(config_name=config_name), method_config(key)).wandb_run_name
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from spheretnorm.config import ConfigError, TrainConfig
 from spheretnorm.model import DIAGNOSTIC_SERIES
-from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog
+from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run
 
 
 def format_duration(seconds: float) -> str:
@@ -38,19 +38,25 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
-# W&B names of the per-layer diagnostics: rms[i] -> diag/rms/layer_03 and so on.
+# The per-layer diagnostics in W&B. The UI makes a section of every key prefix before the first
+# '/': one section per series (diag.rms/layer_03, ...), collapsible, keeps a 36-layer run's ~440
+# panels readable, and the section `diag` holds one summary panel per series (its mean over the
+# layers, its first and last layer) beside final_cosine.
 DIAG_SERIES = {**DIAGNOSTIC_SERIES, "step_sizes": "sublayer"}
 
 
 def wandb_payload(row: dict[str, Any]) -> dict[str, Any]:
-    """A metrics row as flat W&B keys (lists become one series per layer)."""
+    """A metrics row as flat W&B keys (lists become one series per layer, plus summaries)."""
     out: dict[str, Any] = {}
     for key, value in row.items():
         if key in ("kind", "iter"):
             continue
         if key in DIAG_SERIES:
             for i, v in enumerate(value):
-                out[f"diag/{key}/{DIAG_SERIES[key]}_{i:02d}"] = v
+                out[f"diag.{key}/{DIAG_SERIES[key]}_{i:02d}"] = v
+            if value:
+                out[f"diag/{key}_mean"] = sum(value) / len(value)
+                out[f"diag/{key}_first"], out[f"diag/{key}_last"] = value[0], value[-1]
         elif key == "final_cosine":
             out["diag/final_cosine"] = value
         elif value is not None:
@@ -65,11 +71,12 @@ def start_wandb(train: TrainConfig, run_config: dict[str, Any], run_id: str | No
     try:
         return wandb.init(
             project=train.wandb_project,
+            entity=train.wandb_entity or None,
             group=train.wandb_group,
             name=train.wandb_run_name,
             config=run_config,
             mode=train.wandb_mode,
-            dir=train.out_dir,
+            dir=None if os.environ.get("WANDB_DIR") else train.out_dir,  # wandb reads WANDB_DIR itself
             id=run_id,
             resume="allow" if run_id else None,
         )
@@ -110,11 +117,12 @@ def wandb_key_source() -> str | None:
 
 def check_wandb(train: TrainConfig) -> None:
     """Stop before training when W&B logging could not work, instead of a warning lost in a log."""
-    if not train.wandb_log or train.wandb_mode == "disabled":
+    mode = train.wandb_mode or os.environ.get("WANDB_MODE", "") or "online"
+    if not train.wandb_log or mode == "disabled":
         return
     if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=true but the wandb package is not installed; pip install wandb, or pass --wandb_log=false.")
-    if train.wandb_mode == "online" and wandb_key_source() is None:
+    if mode == "online" and wandb_key_source() is None:
         host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
         raise ConfigError(
             f"wandb_log=true with wandb_mode=online needs a W&B API key, and none is configured "
@@ -197,7 +205,10 @@ class RunLog:
         out = Path(self.cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if not resumed and self.progress.checkpoint.is_file():
-            print(f"NOTE: overwrite=true: starting from scratch in {out}; its old checkpoint will be replaced.")
+            # Replaced whole, before anything new is written: never the old checkpoint beside
+            # the new log (a crash before the first save would otherwise resume the old run).
+            removed = remove_run(out)
+            print(f"NOTE: overwrite=true: removed the earlier run in {out} ({', '.join(removed)}) to start from scratch.")
         (out / CONFIG_NAME).write_text(json.dumps(run_config, indent=2) + "\n")
         self.metrics = MetricsLog(out / METRICS_NAME, self.progress.iter_num if resumed else None)
         if self.cfg.wandb_log:

@@ -212,7 +212,7 @@ def test_eval_rows_carry_the_diagnostics_and_their_cost(data_dir: Path, tmp_path
     assert len(row["massive_ratio"]) == len(row["massive_top"]) == 3
     assert row["eval_s"] > 0 and row["diag_s"] > 0
     payload = wandb_payload(row)
-    assert "diag/attn_sink/block_01" in payload and "diag/update_ratio/sublayer_03" in payload
+    assert "diag.attn_sink/block_01" in payload and "diag.update_ratio/sublayer_03" in payload
 
 
 def test_classify_reads_the_collapse_exit_code_and_stop_rows(tmp_path: Path) -> None:

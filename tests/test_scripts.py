@@ -69,7 +69,7 @@ def test_method_keys_round_trip_through_the_config_parser() -> None:
     assert runs.canonical_method("p_spheret:0.50") == "p_spheret:0.5"
     assert runs.method_args("p_spheret:0.5") == ["--connection=p_spheret", "--spheret_p=0.5"]
     assert runs.method_dirname("p_spheret:0.5") == "p_spheret-0.5"
-    assert runs.run_name("openwebtext_s", "p_spheret:0.5") == "openwebtext_s/p_spheret:0.5"
+    assert runs.run_name("openwebtext_s", "p_spheret:0.5") == "openwebtext_s/p_spheret-0.5"
     assert [runs.display_name(m) for m in runs.PAPER_METHODS] == [
         "Pre-LN", "Pre-DyT", "Peri-LN", "Keel", "GeoNorm", "0.5-SpheretNorm",
         "Proj-SpheretNorm (1-SpheretNorm)", "Cay-SpheretNorm (2-SpheretNorm)",
@@ -299,14 +299,14 @@ def test_dry_run_filters_skips_finished_and_resumes(tmp_path: Path, capsys: pyte
     assert launch.main(["--dry_run", *filters]) == 0
     out = capsys.readouterr().out
     assert "# skip openwebtext_s/pre_ln: finished" in out
-    assert "# openwebtext_s/p_spheret:0.5 (train, resume)" in out and "# openwebtext_s/geonorm (train, new)" in out
+    assert "# openwebtext_s/p_spheret-0.5 (train, resume)" in out and "# openwebtext_s/geonorm (train, new)" in out
     # A folder holding a run with other settings is reported and skipped; the others are planned.
     (half / "config.json").write_text(json.dumps({"learning_rate": 1e-3}))
     commands = grid_commands(capsys, *filters)
     assert [method_key(parse_config(train_argv(c, "train.py"), world_size=8).model_config()) for c in commands] == ["geonorm"]
     assert launch.main(["--dry_run", *filters]) == 0
     captured = capsys.readouterr()
-    assert "# skip openwebtext_s/p_spheret:0.5: " in captured.out
+    assert "# skip openwebtext_s/p_spheret-0.5: " in captured.out
     assert "learning_rate: the run has 0.001, asked for 0.0006" in captured.out
     assert "1 of 3 runs skipped" in captured.err
 

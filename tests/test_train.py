@@ -368,9 +368,15 @@ def test_wandb_payload_flattens_diagnostics() -> None:
     row = {"kind": "eval", "iter": 5, "val_loss": 2.0, "rms": [1.0, 2.0], "angle": [0.1], "final_cosine": 0.2, "step_sizes": [], "val_ppl": None}
     assert wandb_payload(row) == {
         "val_loss": 2.0,
-        "diag/rms/layer_00": 1.0,
-        "diag/rms/layer_01": 2.0,
-        "diag/angle/sublayer_00": 0.1,
+        "diag.rms/layer_00": 1.0,  # a section per series: a deep run's layers stay together
+        "diag.rms/layer_01": 2.0,
+        "diag/rms_mean": 1.5,
+        "diag/rms_first": 1.0,
+        "diag/rms_last": 2.0,
+        "diag.angle/sublayer_00": 0.1,
+        "diag/angle_mean": 0.1,
+        "diag/angle_first": 0.1,
+        "diag/angle_last": 0.1,
         "diag/final_cosine": 0.2,
     }
 
@@ -406,7 +412,7 @@ def test_wandb_gets_config_metrics_and_diagnostics(data_dir: Path, tmp_path: Pat
     train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--config_name=tiny_s", "--init_from=resume", *common))
 
     first, second = fake.inits
-    assert first["group"] == "tiny_s" and first["name"] == "tiny_s/p_spheret:0.25"
+    assert first["group"] == "tiny_s" and first["name"] == f"tiny_s/{tmp_path.name}"  # the run folder's name
     assert first["mode"] == "offline" and first["id"] is None
     assert first["config"]["connection"] == "p_spheret" and first["config"]["method"] == "p_spheret:0.25"
     assert first["config"]["n_layer"] == 2 and first["config"]["learning_rate"] == 3e-3
@@ -414,8 +420,39 @@ def test_wandb_gets_config_metrics_and_diagnostics(data_dir: Path, tmp_path: Pat
 
     keys = set().union(*(payload for _, payload in fake.logged))
     assert {"train_loss", "train_loss_avg200", "val_loss", "val_ppl", "lr", "grad_norm", "tokens_per_s"} <= keys
-    assert {"diag/rms/layer_00", "diag/rms/layer_02", "diag/angle/sublayer_03", "diag/final_cosine", "diag/step_sizes/sublayer_03"} <= keys
+    assert {"diag.rms/layer_00", "diag.rms/layer_02", "diag.angle/sublayer_03", "diag/final_cosine", "diag.step_sizes/sublayer_03"} <= keys
     assert [step for step, payload in fake.logged if "val_loss" in payload] == [0, 2, 4]
+
+
+def test_wandb_environment_variables_and_names(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's own variables are honoured (command-line keys still win), and a smoke run's name is
+    its folder's, never the paper run's."""
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))  # no key anywhere: online would be refused
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "theirs")
+    monkeypatch.setenv("WANDB_ENTITY", "lab")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep-7")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_files"))
+    train.main(tiny_args(data_dir, tmp_path / "a", "--max_iters=2", "--eval_interval=2", "--wandb_log=true"))
+    train.main(tiny_args(data_dir, tmp_path / "b", "--max_iters=2", "--eval_interval=2", "--wandb_log=true", "--wandb_project=mine", "--wandb_group=g"))
+    env_run, flag_run = fake.inits
+    assert (env_run["mode"], env_run["project"], env_run["entity"], env_run["group"]) == ("offline", "theirs", "lab", "sweep-7")
+    assert env_run["dir"] is None  # wandb itself puts its files in WANDB_DIR
+    assert (flag_run["project"], flag_run["group"]) == ("mine", "g")
+
+    from spheretnorm.config import parse_config, resolve_paths, resolve_wandb_names
+
+    def wandb_name(*argv: str) -> str:
+        parsed = parse_config([str(REPO / "config" / "openwebtext_s.py"), *argv], world_size=1)
+        train_cfg = resolve_paths(parsed.train, parsed.model_config(), parsed.overrides)
+        return resolve_wandb_names(train_cfg, parsed.model_config()).wandb_run_name
+
+    assert wandb_name("--connection=geonorm") == "openwebtext_s/geonorm"
+    assert wandb_name("--connection=geonorm", "--n_layer=2", "--max_iters=30") == "openwebtext_s/geonorm+max_iters=30+n_layer=2"
 
 
 def test_bench_reports_every_requested_connection(tmp_path: Path) -> None:

@@ -1,0 +1,89 @@
+"""Stopping a run on request: pre-emption signals under any launcher (torchrun, SLURM, Ctrl-C).
+
+train.py enters a StopSignal before any work. SIGTERM, SIGUSR1 and SIGINT then stop the run:
+at once during start-up (nothing written yet), and after the current step, with a checkpoint,
+once training runs. A worker of torchrun also stops when its launcher dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class StartupStopped(Exception):
+    """A stop signal arrived before training began: nothing was written."""
+
+
+class StopSignal:
+    """Records SIGTERM, SIGUSR1 and SIGINT (pre-emption, Ctrl-C); the loop checks it between steps.
+
+    During start-up (loading data, building and compiling the model) a signal interrupts at once:
+    nothing has been written, and a stop must not wait for a compile. Once training runs, it only
+    sets a flag: the loop finishes its step, writes a checkpoint and exits 0.
+
+    A worker of torchrun also stops when its launcher dies (torchrun killed, or its default action
+    for SIGUSR1): the kernel sends SIGTERM on the parent's death (Linux), and the parent's pid is
+    checked as well, so no worker trains on as an orphan holding its GPU.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.launcher_gone = False
+        self.starting = True
+        self._previous: dict[int, Any] = {}
+        self._parent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        if self._parent is not None:
+            _signal_on_parent_death(signal.SIGTERM)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        if self.starting:
+            raise StartupStopped(signal.Signals(signum).name)
+
+    def training_started(self) -> None:
+        self.starting = False
+        if self.signum is not None:  # arrived in a stretch the handler could not interrupt
+            raise StartupStopped(signal.Signals(self.signum).name)
+
+    @property
+    def requested(self) -> bool:
+        if self.signum is None and self._parent is not None and os.getppid() != self._parent:
+            self.launcher_gone = True  # the kernel's SIGTERM may not have come
+        return self.signum is not None or self.launcher_gone
+
+    def cause(self) -> str:
+        """What asked for the stop, for the stop message."""
+        gone = self.launcher_gone or (self._parent is not None and os.getppid() != self._parent)
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            return f"{name} (the launcher exited)" if gone else name
+        return "the launcher's exit" if gone else "a signal on another rank"
+
+
+def _signal_on_parent_death(sig: signal.Signals) -> None:
+    """Ask the kernel to send `sig` when the launcher dies (Linux's PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):  # no prctl: the parent-pid check above still notices
+        pass

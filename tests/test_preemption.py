@@ -1,0 +1,219 @@
+"""Faults on the training path: pre-emption under torchrun, stuck peers, stops at any moment,
+full disks, bad out_dirs, replaced runs, eval_only, broken config files.
+
+The torchrun cases run two CPU ranks (gloo) of a tiny model, as a cluster job would, and check
+what a user relies on: a checkpoint that loads, no worker left running, and a resume that
+continues exactly as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train
+from spheretnorm.config import ConfigError
+from spheretnorm.model import load_checkpoint
+from test_train import REPO, SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_losses  # noqa: F401 (data_dir: a fixture)
+
+STOP_WITHIN_S = 30  # the issue's bound for a stop at any moment
+MAX_ITERS = 400  # far more than a test waits for: every run here is stopped
+
+
+def torchrun_cmd(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    args = tiny_args(data_dir, out, f"--max_iters={MAX_ITERS}", "--eval_interval=200", "--backend=gloo", *extra)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    # Its own session: the test signals torchrun alone, as a scheduler does, never its workers too.
+    return subprocess.Popen(cmd, cwd=REPO, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 240) -> list[str]:
+    """Read the output up to a line starting with prefix (the run has reached that point)."""
+    lines, deadline = [], time.time() + timeout_s
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return lines
+        assert time.time() < deadline, "".join(lines[-20:])
+    raise AssertionError(f"the run ended before {prefix!r}:\n" + "".join(lines[-30:]))
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_all_gone(pids: list[int], timeout_s: float) -> None:
+    """Every pid gone within timeout_s; survivors are killed (so no test leaves one) and reported."""
+    deadline = time.time() + timeout_s
+    while any(running(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    survivors = [p for p in pids if running(p)]
+    for p in survivors:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    assert not survivors, f"processes {survivors} still ran {timeout_s} s after the stop"
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """Train losses of an uninterrupted two-rank run, the yardstick of every resume."""
+    out = tmp_path_factory.mktemp("reference")
+    result = subprocess.run(torchrun_cmd(data_dir, out, "--max_iters=60"), cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return train_losses(out)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL])
+def test_a_signal_to_torchrun_stops_every_worker_with_a_checkpoint(sig: signal.Signals, data_dir: Path, tmp_path: Path, reference: dict[int, float]) -> None:
+    proc = start(torchrun_cmd(data_dir, tmp_path))
+    wait_for_line(proc, "iter 20/")
+    workers = children(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(proc.pid, sig)
+    proc.communicate(timeout=STOP_WITHIN_S + 10)
+    wait_all_gone(workers, STOP_WITHIN_S)
+    # SIGTERM: torchrun forwards it; SIGUSR1 and SIGKILL end torchrun itself, and the workers
+    # notice their launcher is gone.
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    stop = read_metrics(tmp_path, "stop")[-1]
+    assert stop["reason"] == "signal" and stop["exit_code"] == 0 and stop["checkpoint_iter"] == ckpt["iter_num"] >= 20
+    # The resume continues exactly where the uninterrupted run went.
+    result = subprocess.run(torchrun_cmd(data_dir, tmp_path, "--max_iters=60", "--init_from=auto"), cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resumed = train_losses(tmp_path)
+    for it in range(ckpt["iter_num"] + 1, 61):
+        assert resumed[it] == pytest.approx(reference[it], abs=1e-6), it
+
+
+def test_a_stopped_peer_ends_the_job_within_dist_timeout(data_dir: Path, tmp_path: Path) -> None:
+    timeout_s = 5
+    proc = start(torchrun_cmd(data_dir, tmp_path, "--checkpoint_interval=10", f"--dist_timeout={timeout_s}"))
+    wait_for_line(proc, "iter 20/")
+    workers = children(proc.pid)
+    os.kill(workers[1], signal.SIGSTOP)  # rank 1 freezes, as a hung node would
+    started = time.time()
+    out, _ = proc.communicate(timeout=timeout_s + 90)
+    wait_all_gone(workers, 30)
+    # torchrun takes up to 30 s to kill a frozen worker after the other has left.
+    assert time.time() - started < timeout_s + 60
+    assert proc.returncode != 0
+    assert f"a collective waited longer than dist_timeout={timeout_s} s" in out, out[-3000:]
+    stop = read_metrics(tmp_path, "stop")[-1]
+    assert stop["reason"] == "peer_timeout" and stop["exit_code"] == 1
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == stop["checkpoint_iter"] >= 20
+
+
+def test_sigterm_during_a_long_evaluation_stops_at_once(data_dir: Path, tmp_path: Path) -> None:
+    args = tiny_args(data_dir, tmp_path, "--max_iters=100", "--eval_interval=10")
+    train.main([*args, "--max_iters=10"])  # a checkpoint at iter 10
+    proc = start([sys.executable, "train.py", *args, "--init_from=auto", "--eval_iters=100000"])
+    wait_for_line(proc, "iter 20/")  # the evaluation of iter 20 starts now, and would take minutes
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    started = time.time()
+    out, _ = proc.communicate(timeout=STOP_WITHIN_S)
+    assert proc.returncode == 0 and time.time() - started < STOP_WITHIN_S, out[-2000:]
+    assert "Stopped by SIGTERM at iter 20" in out
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 20
+
+
+def test_a_stop_during_start_up_writes_nothing(data_dir: Path, tmp_path: Path) -> None:
+    proc = start([sys.executable, "train.py", *tiny_args(data_dir, tmp_path / "run", "--max_iters=100")])
+    time.sleep(1.5)  # importing torch, parsing, loading: no training step yet
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=STOP_WITHIN_S)
+    # Before train.py installs its handler the default action ends it (-SIGTERM); after, it exits 0.
+    assert proc.returncode in (0, -signal.SIGTERM), out[-2000:]
+    assert "Traceback" not in out
+    assert not (tmp_path / "run" / "ckpt.pt").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def _limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+
+
+def test_a_full_disk_keeps_the_last_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint write that fails (a file-size limit stands in for a full disk) is one line; the
+    previous checkpoint stays as it was, and no temporary file is left to keep the disk full."""
+    args = tiny_args(data_dir, tmp_path, "--eval_interval=2")
+    train.main([*args, "--max_iters=2"])
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    result = subprocess.run([sys.executable, "train.py", *args, "--max_iters=4", "--init_from=auto"], cwd=REPO, env=SUBPROCESS_ENV,
+                            capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: could not write") and str(tmp_path / "ckpt.pt") in last and "(iter 2) is untouched" in last
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_a_bad_out_dir_is_one_line(data_dir: Path, tmp_path: Path, kind: str) -> None:
+    if kind == "file":
+        out = tmp_path / "taken"
+        out.write_text("not a folder")
+        expected = "is a file"
+    else:
+        out = Path("/proc/spheretnorm-test")  # refused even to root, unlike a chmod
+        expected = "cannot be written to"
+    result = subprocess.run([sys.executable, "train.py", *tiny_args(data_dir, out, "--max_iters=2")], cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert expected in result.stderr.strip().splitlines()[-1] and str(out) in result.stderr
+
+
+def test_overwrite_replaces_the_whole_run(data_dir: Path, tmp_path: Path) -> None:
+    """The old checkpoint goes with the old log: a crash before the new run's first save must not
+    let init_from=auto resume the replaced run."""
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2"))
+    with pytest.raises(RuntimeError, match="deliberate crash"):
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2", "--overwrite=true", "--debug_crash_at_iter=1"))
+    assert not (tmp_path / "ckpt.pt").exists()
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=2", "--eval_interval=2", "--init_from=auto"))
+    assert [r["iter"] for r in read_metrics(tmp_path, "train")] == [1, 2]  # a fresh run, nothing mixed in
+
+
+def test_eval_only_evaluates_the_checkpoint_or_refuses(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(ConfigError, match="eval_only=true evaluates the checkpoint in out_dir, and there is none"):
+        train.main(tiny_args(data_dir, tmp_path, "--eval_only=true"))
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=4"))
+    saved = read_metrics(tmp_path, "eval")[-1]["val_loss"]
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, tmp_path, "--eval_only=true"))  # no init_from: still the checkpoint
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["iter"] == 4 and row["val_loss"] == pytest.approx(saved, abs=1e-6)
+
+
+def test_a_broken_config_file_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("n_layer = 2\nlearning_rate = = 3\n")
+    result = subprocess.run([sys.executable, "train.py", str(bad)], cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"Config file '{bad}' is not valid Python (line 2" in result.stderr
+    raising = tmp_path / "raising.py"
+    raising.write_text("import os\nn_layer = int(os.environ['NO_SUCH_VARIABLE'])\n")
+    result = subprocess.run([sys.executable, "train.py", str(raising)], cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "failed when run (KeyError" in result.stderr
