@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import sys
 import time
 import traceback
@@ -71,7 +70,7 @@ from spheretnorm.config import (
     run_suffix,
     wants_help,
 )
-from spheretnorm.evaluation import EvalAbandoned, Evaluator, all_reduce_sum
+from spheretnorm.evaluation import EvalAbandoned, Evaluator, all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
 from spheretnorm.model import EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
 from spheretnorm.stopping import StartupStopped, StopSignal
@@ -82,11 +81,10 @@ from spheretnorm.rundir import (
     SPLITS,
     NonFiniteLossError,
     OutDirError,
-    PeerTimeout,
     RunStopped,
-    WriteFailed,
     check_out_dir,
     checkpoint_path,
+    machine_failure,
 )
 from spheretnorm.tracking import Progress, RunLog, check_wandb
 
@@ -361,30 +359,15 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                 "train_config": asdict(self.cfg),
-                "iter_num": progress.iter_num,
-                "best_val_loss": progress.best_val_loss,
-                "collapse_streak": progress.collapse_streak,
+                **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
                 "rng": rng,
-                # The sampler is stateless: step k's batch is drawn from (seed, k) alone.
-                "sampler": {"seed": self.cfg.seed, "next_step": progress.iter_num, "global_batch_size": self.cfg.global_batch_size},
-                "recent_losses": list(progress.recent_losses),
-                "elapsed_s": progress.elapsed(),
                 "world_size": self.dist.world_size,
                 "data_meta": self.data.meta,
-                "wandb_run_id": progress.wandb_run_id,
             }
             atomic_torch_save(state, progress.checkpoint)
         progress.saved_iter = progress.iter_num
 
     # -- the loop ------------------------------------------------------------------------------
-
-    def print_summary(self) -> None:
-        print0(
-            f"{method_key(self.model_cfg)} | {self.raw_model.get_num_params() / 1e6:.2f}M params | "
-            f"{self.dist.world_size} process(es) x {self.cfg.batch_size} seqs x {self.accum} micro-steps = "
-            f"{self.cfg.global_batch_size} seqs ({self.tokens_per_step:,} tokens) per step | "
-            f"{self.device} {self.dtype} | compile={self.cfg.compile} | out_dir {self.cfg.out_dir}"
-        )
 
     def eval_and_maybe_save(self) -> None:
         progress = self.progress
@@ -408,18 +391,11 @@ class Trainer:
         try:
             try:
                 self._run(stop)
-            except OSError as e:  # a full disk, a quota, a read-only file system: one line, resumable
-                text = e.strerror or str(e)
-                raise WriteFailed(f"{text}{f': {e.filename}' if e.filename else ''}; {self.progress.kept_checkpoint_text()}.") from None
-            except RuntimeError as e:  # a peer stopped or died: a collective timed out
-                if not collective_timed_out(e):
+            except (OSError, RuntimeError) as e:  # a full disk, a stopped peer: one line, resumable
+                failure = machine_failure(e, self.cfg.dist_timeout, self.progress.kept_checkpoint_text())
+                if failure is None:
                     raise
-                detail = re.sub(r"^\[[^]]*\]\s*", "", str(e).splitlines()[0])[:200]  # no C++ source location
-                raise PeerTimeout(
-                    f"a collective waited longer than dist_timeout={self.cfg.dist_timeout:g} s for another process "
-                    f"(stopped, dead or unreachable: {detail}); "
-                    f"{self.progress.kept_checkpoint_text()}; resume with --init_from=auto."
-                ) from None
+                raise failure from None
         except RunStopped as e:
             with contextlib.suppress(OSError):  # the stop row may not fit on a full disk either
                 self.outputs.log_stop(e.reason, str(e), e.exit_code)
@@ -428,19 +404,13 @@ class Trainer:
             self.outputs.log_stop("crash", f"{type(e).__name__}: {e}", EXIT_CRASH)
             raise
 
-    def stop_agreed(self, stop: StopSignal) -> bool:
-        """Whether any rank has a stop request (every rank must call this together)."""
-        if not self.dist.enabled:
-            return stop.requested
-        return all_reduce_sum(torch.tensor(float(stop.requested), device=self.device), self.dist).item() > 0
-
     def _run(self, stop: StopSignal) -> None:
         cfg, progress = self.cfg, self.progress
         resumed = cfg.init_from == "resume"
         stop.training_started()
-        self.evaluator.stop_requested = lambda: self.stop_agreed(stop)
+        self.evaluator.stop_requested = lambda: any_rank(stop.requested, self.dist, self.device)
         progress.start()
-        self.print_summary()
+        print0(summary_line(self))
         if cfg.eval_only:
             try:
                 row = self.evaluator.evaluate()
@@ -461,13 +431,10 @@ class Trainer:
         progress = self.progress
         if progress.iter_num > 0 and progress.saved_iter != progress.iter_num and not progress.collapse_streak:
             self.save_checkpoint()
-        if self.dist.enabled:
-            # No rank may exit before rank 0 has written: a launcher that sees one
-            # worker leave (torchrun >= 2.10 after a forwarded signal, srun
-            # --kill-on-bad-exit) may kill the others mid-write.
-            torch_dist.barrier()
-        saved = f"checkpoint saved to {progress.checkpoint}" if progress.saved_iter == progress.iter_num and progress.iter_num > 0 else progress.kept_checkpoint_text()
-        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; {saved}."
+        if self.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
+            torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
+        saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
+        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (f"checkpoint saved to {progress.checkpoint}." if saved else f"{progress.kept_checkpoint_text()}.")
         self.outputs.log_stop("signal", message, EXIT_OK)
         print0(message)
 
@@ -500,10 +467,14 @@ class Trainer:
         self.outputs.close()
 
 
-def collective_timed_out(error: RuntimeError) -> bool:
-    """Whether `error` is a collective giving up after dist_timeout (gloo raises a plain RuntimeError)."""
-    dist_error = getattr(torch_dist, "DistError", ())
-    return isinstance(error, dist_error) or "timed out" in str(error).lower()
+def summary_line(t: Trainer) -> str:
+    """The run at a glance, printed when training starts."""
+    return (
+        f"{method_key(t.model_cfg)} | {t.raw_model.get_num_params() / 1e6:.2f}M params | "
+        f"{t.dist.world_size} process(es) x {t.cfg.batch_size} seqs x {t.accum} micro-steps = "
+        f"{t.cfg.global_batch_size} seqs ({t.tokens_per_step:,} tokens) per step | "
+        f"{t.device} {t.dtype} | compile={t.cfg.compile} | out_dir {t.cfg.out_dir}"
+    )
 
 
 def pick_device(train: TrainConfig, dist: DistInfo) -> str:

@@ -35,6 +35,13 @@ def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
     return t
 
 
+def any_rank(flag: bool, dist: DistInfo, device: str) -> bool:
+    """Whether `flag` holds on any rank (every rank must call this together)."""
+    if not dist.enabled:
+        return flag
+    return all_reduce_sum(torch.tensor(float(flag), device=device), dist).item() > 0
+
+
 class EvalProgress:
     """The console progress of an evaluation, one split at a time.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,3 +155,32 @@ def check_out_dir(train: TrainConfig) -> None:
         for folder in missing:  # deepest first
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def collective_timed_out(error: BaseException) -> bool:
+    """Whether `error` is a collective giving up after dist_timeout (gloo raises a plain RuntimeError)."""
+    import torch.distributed as torch_dist
+
+    dist_error = getattr(torch_dist, "DistError", ())
+    return isinstance(error, RuntimeError) and (isinstance(error, dist_error) or "timed out" in str(error).lower())
+
+
+def machine_failure(error: BaseException, dist_timeout: float, kept: str) -> RunStopped | None:
+    """The one-line stop for a failure of the machine around a run, None for anything else.
+
+    A file that could not be written (a full disk, a quota, a read-only file system) is
+    WriteFailed; a collective that gave up waiting for a stopped or dead peer is PeerTimeout.
+    kept says which checkpoint a resume would start from.
+    """
+    if isinstance(error, RunStopped):
+        return None
+    if isinstance(error, OSError):
+        text = error.strerror or str(error)
+        return WriteFailed(f"{text}{f': {error.filename}' if error.filename else ''}; {kept}.")
+    if collective_timed_out(error):
+        detail = re.sub(r"^\[[^]]*\]\s*", "", str(error).splitlines()[0])[:200]  # no C++ source location
+        return PeerTimeout(
+            f"a collective waited longer than dist_timeout={dist_timeout:g} s for another process "
+            f"(stopped, dead or unreachable: {detail}); {kept}; resume with --init_from=auto."
+        )
+    return None

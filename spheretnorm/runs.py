@@ -29,7 +29,7 @@ import numpy as np
 
 from spheretnorm.common import REPO_ROOT, HelpFormatter  # noqa: F401  (the scripts import HelpFormatter from here)
 from spheretnorm.data.common import load_meta, open_split
-from spheretnorm.eval.zero_shot import results_limit
+from spheretnorm.eval.zero_shot import incomplete_reason, results_limit
 from spheretnorm.model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.rundir import CKPT_NAME, CONFIG_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
 from spheretnorm.config import (
@@ -394,7 +394,8 @@ def load_run(path: Path) -> Run:
 
 
 def is_evaluated(out_dir: Path) -> bool:
-    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run.
+    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run
+    and with no task skipped (--skip_missing).
 
     A limited file there (written before limited results got their own name) does not count.
     """
@@ -405,7 +406,7 @@ def is_evaluated(out_dir: Path) -> bool:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         return False  # cut short by a crash: evaluate again
-    return "paper_table" in results and results_limit(results) is None
+    return "paper_table" in results and incomplete_reason(results) is None
 
 
 def find_runs(root: Path) -> list[Run]:

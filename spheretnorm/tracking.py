@@ -158,6 +158,19 @@ class Progress:
         self.wandb_run_id = ckpt.get("wandb_run_id")
         self.saved_iter = self.iter_num
 
+    def checkpoint_fields(self, seed: int, global_batch_size: int) -> dict[str, Any]:
+        """What a checkpoint keeps of these counters (restore reads them back)."""
+        return {
+            "iter_num": self.iter_num,
+            "best_val_loss": self.best_val_loss,
+            "collapse_streak": self.collapse_streak,
+            # The sampler is stateless: step k's batch is drawn from (seed, k) alone.
+            "sampler": {"seed": seed, "next_step": self.iter_num, "global_batch_size": global_batch_size},
+            "recent_losses": list(self.recent_losses),
+            "elapsed_s": self.elapsed(),
+            "wandb_run_id": self.wandb_run_id,
+        }
+
     def start(self) -> None:
         self.start_time = time.time()
         self.start_iter = self.iter_num
