@@ -15,6 +15,10 @@ TensorBoard does; --smooth 0 plots the raw values) and the val loss of every eva
 unsmoothed. Curves come from metrics.jsonl only. Sphere methods are drawn solid, the others
 dashed; a method keeps its colour in every figure. In W&B the same runs share the group
 <config_name> (e.g. openwebtext_s), so these curves can be compared there as well.
+
+Only the runs of --dataset at --scale are read (beyond each run's config.json), so other
+experiments under the same --runs_root do not stop the plot; two runs of one method among
+them are refused. A damaged run file is one error line naming it.
 """
 
 from __future__ import annotations
@@ -28,23 +32,26 @@ import argparse
 import matplotlib
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
+from matplotlib.ticker import MaxNLocator
 
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
 import matplotlib.pyplot as plt
 
+from spheretnorm.eval.errors import NUMBER
 from spheretnorm.model import DIAGNOSTIC_SERIES
+from spheretnorm.rundir import METRICS_NAME
 from spheretnorm.runs import HelpFormatter
 from spheretnorm.runs import (
     PAPER_METHODS,
     Run,
     UsageError,
     display_name,
-    find_runs,
     group_label,
     index_runs,
     is_sphere_method,
     sort_methods,
 )
+from spheretnorm.tables import check_value, groups_text, load_checked_run, scan_runs
 
 # The per-layer diagnostics drawn as heatmaps: eval-row key -> (what it is, log colour scale).
 # The two ratios span decades between the first and the last layers, the other two do not.
@@ -152,8 +159,21 @@ def run_label(run: Run) -> str:
 
 
 def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
-    """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run."""
+    """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run.
+
+    Each eval row's list must hold numbers, as many as the first row's; a damaged row is one
+    UsageError naming the run's metrics.jsonl.
+    """
     evals = [r for r in run.of_kind("eval") if r.get(key)]
+    path = run.path / METRICS_NAME
+    for row in evals:
+        subject = f"{path}, eval row of iteration {row['iter']}"
+        check_value(row, {key: [NUMBER]}, subject, f"a list of numbers, one per {DIAGNOSTIC_SERIES[key]}, as train.py writes")
+        if len(row[key]) != len(evals[0][key]):
+            raise UsageError(
+                f"{subject}: {key} has {len(row[key])} values but the row of iteration {evals[0]['iter']} has "
+                f"{len(evals[0][key])}; one run's rows must all have one value per {DIAGNOSTIC_SERIES[key]}."
+            )
     return [r["iter"] for r in evals], np.array([r[key] for r in evals], dtype=float).T
 
 
@@ -174,6 +194,7 @@ def plot_diagnostic(runs: list[Run], key: str, title: str, out: Path) -> list[Pa
         image = ax.imshow(np.clip(m, positive.min(), None) if log else m, aspect="auto", origin="lower", norm=norm, cmap="viridis", interpolation="nearest")
         ticks = np.linspace(0, len(iters) - 1, min(len(iters), 5)).round().astype(int)
         ax.set_xticks(ticks, [str(iters[i]) for i in ticks])
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # rows are layer indices: no tick between two
         ax.set_title(run_label(run), fontsize=9)
         ax.set_xlabel("iteration")
         ax.set_ylabel(DIAGNOSTIC_SERIES[key])
@@ -194,14 +215,16 @@ def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
     return paths
 
 
-def select_runs(runs: list[Run], dataset: str, scale: str) -> list[Run]:
-    """The runs of one dataset and scale; the error names the (dataset, scale) pairs there are."""
-    index = index_runs(runs)
-    chosen = [r for (d, s, _), r in index.items() if d == dataset and s == scale]
+def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:
+    """The runs of one dataset and scale under runs_root, their files checked; the error names the pairs there are.
+
+    Only these runs' metrics are read, and two runs of one method are refused among them only.
+    """
+    folders = scan_runs(runs_root)
+    chosen = [f for f in folders if f.dataset == dataset and f.scale == scale]
     if not chosen:
-        there = sorted({f"--dataset {d} --scale {s}" for d, s, _ in index})
-        raise UsageError(f"No runs of dataset {dataset!r} at scale {scale!r}; the runs root has: {'; '.join(there) or 'no runs'}.")
-    return chosen
+        raise UsageError(f"No runs of dataset {dataset!r} at scale {scale!r}; the runs root has: {groups_text(folders, '--dataset {} --scale {}')}.")
+    return list(index_runs(load_checked_run(f) for f in chosen).values())
 
 
 def plot_group(
@@ -210,7 +233,7 @@ def plot_group(
     """Find the runs of (dataset, scale) under runs_root and plot them (and their diagnostics); returns the files written."""
     if not 0 <= smooth < 1:
         raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
-    chosen = select_runs(find_runs(runs_root), dataset, scale)
+    chosen = select_runs(runs_root, dataset, scale)
     out = out or Path(runs_root) / "figures" / f"{dataset}_{scale}"
     title = f"{group_label(dataset, scale)}: loss per method"
     paths = plot_runs(chosen, title, Path(out), smooth)

@@ -17,7 +17,14 @@ run that has not reached max_iters (still training, stopped, or diverged). A '�
 zero-shot numbers from a --limit evaluation (a subset of each benchmark): they are partial,
 never ranked, and a note under the table says so. eval/zero_shot.py writes such results to
 ckpt_zero_shot_limit<N>.json, which tables do not read; only an older or copied limited file
-named ckpt_zero_shot.json gets here.
+named ckpt_zero_shot.json gets here; a table that is left out for want of results says why on
+stderr. A '‡' marks a benchmark that a --skip_missing evaluation left out for lack of its files:
+that run's zero-shot row is not a complete paper evaluation, and a note under the table says so.
+
+--datasets and --scales restrict the tables to some runs; only those are read, so another
+experiment's folders under the same --runs_root (two runs of one method elsewhere, say) do not
+stop them. A damaged run file (config.json, metrics.jsonl, ckpt_zero_shot.json) is one error
+line naming it.
 """
 
 from __future__ import annotations
@@ -27,26 +34,28 @@ from pathlib import Path
 
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
-from spheretnorm.eval.zero_shot import PAPER_COLUMNS
+from spheretnorm.eval.errors import NUMBER, Schema, UnreadableFile, problem_sentence, read_text_file, schema_problem, schema_text
+from spheretnorm.eval.zero_shot import PAPER_COLUMNS, results_limit, results_skipped
 from spheretnorm.runs import HelpFormatter
 from spheretnorm.runs import (
     REFERENCE_PATH,
+    ZERO_SHOT_NAME,
     Run,
     UsageError,
     dataset_display,
     display_name,
-    find_runs,
     group_label,
     index_runs,
     load_reference,
     sort_groups,
     sort_methods,
 )
-from spheretnorm.rundir import AVG_WINDOW
+from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
 TABLE_NUMBERS = ("2", "3", "4", "5")
 # The reference tables in paper_results.json, and the dataset of each zero-shot table.
@@ -82,11 +91,149 @@ class Table:
     paper: dict[str, dict[str, float | None]] = field(default_factory=dict)
     unfinished: set[tuple[str, str]] = field(default_factory=set)  # (method, column key)
     limited: dict[tuple[str, str], int | float] = field(default_factory=dict)  # (method, column key) -> --limit
+    skipped: set[tuple[str, str]] = field(default_factory=set)  # (method, column key) of benchmarks --skip_missing left out
     scale: str | None = None  # the models' scale, for a zero-shot table (one dataset and scale)
 
     @property
     def methods(self) -> list[str]:
         return sort_methods(self.values)
+
+
+# -----------------------------------------------------------------------------
+# Reading run folders, every file checked
+#
+# runs.find_runs reads every run under a root and trusts its files. Here config.json is read
+# for every run (it says the dataset and scale), the other files only for the runs asked
+# about, and each value the tables and plots use is checked, so that a damaged file is one
+# error naming it rather than a traceback, or a run silently filed under the wrong column.
+
+CONFIG_SCHEMA: Schema = {"dataset": str, "method": str, "max_iters": int, "n_layer": int, "n_head": int, "n_embd": int}
+ROW_SCHEMA: Schema = {"kind": str}
+ROW_SCHEMAS: dict[str, Schema] = {  # the fields of each kind of row that tables and plots read
+    "train": {"iter": int, "train_loss": NUMBER, "train_loss_avg200": NUMBER},
+    "eval": {"iter": int, "val_loss": NUMBER},
+}
+
+
+@dataclass
+class CheckedRun(Run):
+    """A Run whose files were checked, with the benchmarks its zero-shot evaluation skipped."""
+
+    zero_shot_skipped: dict[str, str] = field(default_factory=dict)  # task -> why (eval/zero_shot.py --skip_missing)
+
+
+def read_checked_text(path: Path, what: str) -> str:
+    try:
+        return read_text_file(path)
+    except UnreadableFile as exc:
+        raise UsageError(f"{path} {exc}; expected {what}.") from None
+
+
+def read_checked_json(path: Path, what: str) -> Any:
+    """The JSON value in path; binary content or broken JSON is one UsageError naming the file."""
+    text = read_checked_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); expected {what}.") from None
+
+
+def check_value(value: Any, schema: Schema, subject: str, what: str) -> Any:
+    """value, or one UsageError saying what in it does not match schema."""
+    problem = schema_problem(value, schema)
+    if problem:
+        raise UsageError(f"{problem_sentence(subject, problem)}; expected {what}.")
+    return value
+
+
+def read_checked_config(path: Path) -> dict[str, Any]:
+    what = f"train.py's run config, an object with {schema_text(CONFIG_SCHEMA)}"
+    return check_value(read_checked_json(path, what), CONFIG_SCHEMA, str(path), what)
+
+
+def read_checked_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl, each checked; only a last line cut short by a crash is skipped."""
+    lines = read_checked_text(path, "train.py's metrics, one JSON object per line").split("\n")
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            # train.py writes each row as one line with its newline: a crash mid-write leaves at
+            # most the last line cut short, and with no newline after it. Anything else is damage.
+            if number == len(lines) and line.lstrip().startswith("{"):
+                continue
+            raise UsageError(f"Line {number} of {path} is not valid JSON ({exc.msg}); train.py writes one JSON object per line.") from None
+        subject = f"Line {number} of {path}"
+        check_value(row, ROW_SCHEMA, subject, "an object with a 'kind', as train.py writes")
+        schema = ROW_SCHEMAS.get(row["kind"])
+        if schema:
+            check_value(row, schema, subject, f"{row['kind']} rows with {schema_text(schema)} as numbers, as train.py writes them")
+        rows.append(row)
+    return rows
+
+
+def check_each(values: dict[str, Any], schema: Schema, subject: str, what: str) -> None:
+    """Every value of a mapping against one schema (e.g. each score of a paper_table is a number)."""
+    check_value(values, {key: schema for key in values}, subject, what)
+
+
+def read_checked_zero_shot(path: Path) -> tuple[dict[str, float | None], int | float | None, dict[str, str]]:
+    """(paper_table, --limit or None, skipped tasks) of eval/zero_shot.py's results JSON, checked."""
+    what = "eval/zero_shot.py's results, an object with a 'paper_table' of numbers or nulls"
+    results = check_value(read_checked_json(path, what), {"paper_table": dict}, str(path), what)
+    check_each({k: results[k] for k in ("limited", "config", "skipped") if k in results}, dict, str(path), what)
+    check_each({f"paper_table.{k}": v for k, v in results["paper_table"].items() if v is not None}, NUMBER, str(path), what)
+    limit = results_limit(results)
+    check_each({"limit": limit} if limit is not None else {}, NUMBER, str(path), "a --limit that is a number of examples")
+    skipped = results_skipped(results)
+    check_each({f"skipped.{task}": reason for task, reason in skipped.items()}, str, str(path), "a reason (a string) for each skipped task")
+    return results["paper_table"], limit, skipped
+
+
+def scan_runs(root: Path) -> list[Run]:
+    """Every run folder under root (a config.json beside a metrics.jsonl), sorted by path.
+
+    Only config.json is read (and checked): the Runs have no rows yet; load_checked_run reads them.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"--runs_root {str(root)!r} is not a folder; point it at the out_dir root of your runs (default out/).")
+    configs = sorted(p for p in root.rglob(CONFIG_NAME) if (p.parent / METRICS_NAME).is_file())
+    return [Run(p.parent, read_checked_config(p), [], None) for p in configs]
+
+
+def load_checked_run(folder: Run) -> CheckedRun:
+    """The run of a folder, its metrics.jsonl and ckpt_zero_shot.json (when present) checked."""
+    rows = read_checked_metrics(folder.path / METRICS_NAME)
+    zero_shot, limit, skipped = None, None, {}
+    if (folder.path / ZERO_SHOT_NAME).is_file():
+        zero_shot, limit, skipped = read_checked_zero_shot(folder.path / ZERO_SHOT_NAME)
+    return CheckedRun(folder.path, folder.config, rows, zero_shot, limit, skipped)
+
+
+def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:
+    """'openwebtext S; fineweb_edu 24x128': the (dataset, scale) pairs of some run folders, each written as form."""
+    return "; ".join(form.format(d, s) for d, s in sort_groups((f.dataset, f.scale) for f in folders)) or "no runs"
+
+
+def load_runs(root: Path, datasets: Collection[str] | None = None, scales: Collection[str] | None = None) -> list[CheckedRun]:
+    """The runs under root of the given datasets and scales (None: all), every file of theirs checked.
+
+    Two runs of one (dataset, scale, method) are refused among these runs only (runs.index_runs).
+    """
+    folders = scan_runs(root)
+    if not folders:
+        raise UsageError(f"No runs under {str(root)!r} (a run folder holds config.json and metrics.jsonl).")
+    kept = [f for f in folders if (datasets is None or f.dataset in datasets) and (scales is None or f.scale in scales)]
+    if not kept:
+        asked = " ".join(f"--{name} {','.join(sorted(v))}" for name, v in (("datasets", datasets), ("scales", scales)) if v is not None)
+        raise UsageError(f"No runs of {asked} under {str(root)!r}; it has runs of: {groups_text(folders)}.")
+    runs = [load_checked_run(f) for f in kept]
+    index_runs(runs)
+    return runs
 
 
 # -----------------------------------------------------------------------------
@@ -177,6 +324,8 @@ def run_tables(runs: list[Run]) -> list[Table]:
                 table.unfinished |= {(method, c.key) for c in table.columns}
             if run.zero_shot_limit is not None:
                 table.limited.update({(method, c.key): run.zero_shot_limit for c in table.columns})
+            skipped = getattr(run, "zero_shot_skipped", {})  # only a CheckedRun knows them
+            table.skipped |= {(method, c.key) for c in table.columns if c.key.split("/")[0] in skipped}
     return [loss, ppl] + [zero_shot[g] for g in sort_groups(zero_shot)]
 
 
@@ -239,6 +388,12 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
             f"† LIMITED: from a --limit evaluation (at most {limits} examples per task): partial numbers, "
             "not final and not ranked; rerun eval/zero_shot.py without --limit."
         )
+    if table.skipped:
+        by_method: dict[str, list[str]] = {}
+        for method, key in sorted(table.skipped):
+            by_method.setdefault(display_name(method), []).append(next(c.header for c in table.columns if c.key == key))
+        which = "; ".join(f"{m}: {', '.join(headers)}" for m, headers in by_method.items())
+        notes.append(f"‡ NOT EVALUATED: the benchmark's files were absent (eval/zero_shot.py --skip_missing), so these rows are not a complete paper evaluation ({which}).")
     return notes
 
 
@@ -252,8 +407,9 @@ def _cell(
     unfinished_mark: str,
     with_paper: bool,
     limited_mark: str = "†",
+    skipped_mark: str = "‡",
 ) -> str:
-    """One formatted cell: the value, its rank mark, the unfinished and limited marks, the paper's value."""
+    """One formatted cell: the value, its rank mark, the unfinished, limited and skipped marks, the paper's value."""
     key = (method, column.key)
     text = _number(table.values[method].get(column.key), column.decimals, missing)
     if key in marks:
@@ -262,6 +418,8 @@ def _cell(
         text += unfinished_mark
     if key in table.limited:
         text += limited_mark
+    if key in table.skipped:
+        text += skipped_mark
     if with_paper and table.paper:
         paper_value = table.paper.get(method, {}).get(column.key)
         text += f" ({_number(paper_value, column.decimals, missing)})"
@@ -317,7 +475,7 @@ def to_latex(table: Table, with_paper: bool = False) -> str:
     lines.append("Method & " + " & ".join(latex_escape(c.header) for c in table.columns) + r" \\")
     lines.append(r"\midrule")
     for m in table.methods:
-        cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper, r"$^\dagger$") for c in table.columns]
+        cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper, r"$^\dagger$", r"$^\ddagger$") for c in table.columns]
         lines.append(latex_escape(display_name(m)) + " & " + " & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% {note}" for note in _notes(table, with_paper)]
@@ -341,18 +499,51 @@ def select(tables: list[Table], numbers: list[str]) -> list[Table]:
     return [t for t in tables if t.number in wanted]
 
 
-def build_tables(runs_root: Path | None, numbers: list[str], with_paper: bool, reference_path: Path = REFERENCE_PATH) -> list[Table]:
-    """The selected tables from the runs under runs_root, or the paper's own when runs_root is None."""
-    reference = load_reference(Path(reference_path))
-    if runs_root is None:
-        return select(paper_tables(reference), numbers)
-    runs = find_runs(Path(runs_root))
-    if not runs:
-        raise UsageError(f"No runs under {str(runs_root)!r} (a run folder holds config.json and metrics.jsonl).")
+def left_out_reasons(runs: list[Run], tables: list[Table], numbers: list[str], datasets: Collection[str] | None) -> dict[str, str]:
+    """{table number: why it is not among the tables} for each requested zero-shot table (4, 5) left out."""
+    reasons = {}
+    for dataset, number in ZERO_SHOT_TABLE.items():
+        if number not in numbers or any(t.number == number for t in tables):
+            continue
+        if datasets is not None and dataset not in datasets:
+            reasons[number] = f"--datasets leaves out {dataset}"
+            continue
+        of_dataset = [r for r in runs if r.dataset == dataset]
+        if not of_dataset:
+            reasons[number] = f"no {dataset} run among the runs read"
+            continue
+        limited = [p for r in of_dataset for p in sorted(r.path.glob("ckpt_zero_shot_limit*.json"))]
+        reasons[number] = (
+            f"no {dataset} run has {ZERO_SHOT_NAME} ({len(of_dataset)} read)"
+            + (f"; there are only --limit results ({len(limited)} files, e.g. {limited[0]}), partial numbers that tables do not read"
+               if limited else "")
+            + "; run eval/zero_shot.py without --limit (scripts/launch.py --stage zero_shot) to write it"
+        )
+    return reasons
+
+
+def tables_of_runs(runs: list[Run], numbers: list[str], with_paper: bool, reference: dict[str, Any]) -> list[Table]:
+    """The selected tables of some runs, with the paper's values beside ours when with_paper."""
     tables = select(run_tables(runs), numbers)
     if with_paper:
         attach_paper(tables, reference)
     return tables
+
+
+def build_tables(
+    runs_root: Path | None,
+    numbers: list[str],
+    with_paper: bool,
+    reference_path: Path = REFERENCE_PATH,
+    datasets: Collection[str] | None = None,
+    scales: Collection[str] | None = None,
+) -> list[Table]:
+    """The selected tables from the runs under runs_root of the given datasets and scales (None:
+    all), or the paper's own when runs_root is None."""
+    reference = load_reference(Path(reference_path))
+    if runs_root is None:
+        return select(paper_tables(reference), numbers)
+    return tables_of_runs(load_runs(Path(runs_root), datasets, scales), numbers, with_paper, reference)
 
 
 def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) -> list[Path]:
@@ -371,11 +562,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs_root", default="out", help="folder holding the run folders (default: out)")
     p.add_argument("--source", choices=("runs", "paper"), default="runs", help="our runs, or the paper's own numbers")
     p.add_argument("--tables", default="2,3,4,5", help="comma-separated table numbers (default: 2,3,4,5)")
+    p.add_argument("--datasets", default=None, help="comma-separated datasets whose runs are tabled, e.g. openwebtext (default: every dataset found)")
+    p.add_argument("--scales", default=None, help="comma-separated scales whose runs are tabled: S, M, L or <layers>x<width> (default: every scale found)")
     p.add_argument("--format", choices=tuple(RENDERERS), default="markdown", help="output format")
     p.add_argument("--paper", action="store_true", help="show the paper's value in parentheses beside ours")
     p.add_argument("--reference", default=str(REFERENCE_PATH), help="the paper's numbers (default: reference/paper_results.json)")
     p.add_argument("--out", default=None, help="also write the tables to OUT.md and OUT.tex")
     return p.parse_args(argv)
+
+
+def _filter(spec: str | None, what: str) -> set[str] | None:
+    """--datasets / --scales: a set of names, or None (no filter) when not given."""
+    if spec is None:
+        return None
+    items = {s.strip() for s in spec.split(",") if s.strip()}
+    if not items:
+        raise UsageError(f"--{what} {spec!r} names nothing; give a comma-separated list, or leave the option out for all.")
+    return items
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,8 +588,15 @@ def main(argv: list[str] | None = None) -> int:
         bad = [n for n in numbers if n not in TABLE_NUMBERS]
         if bad or not numbers:
             raise UsageError(f"--tables {args.tables!r} is not valid; choose from: {', '.join(TABLE_NUMBERS)}.")
-        runs_root = None if args.source == "paper" else Path(args.runs_root)
-        tables = build_tables(runs_root, numbers, args.paper, Path(args.reference))
+        datasets = _filter(args.datasets, "datasets")
+        if args.source == "paper":
+            tables = build_tables(None, numbers, False, Path(args.reference))
+        else:
+            # Built here rather than by build_tables, because the runs also say which tables are missing and why.
+            runs = load_runs(Path(args.runs_root), datasets, _filter(args.scales, "scales"))
+            tables = tables_of_runs(runs, numbers, args.paper, load_reference(Path(args.reference)))
+            for number, why in left_out_reasons(runs, tables, numbers, datasets).items():
+                print(f"Table {number} left out: {why}.", file=sys.stderr)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -394,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         print("No table has data: zero-shot tables need ckpt_zero_shot.json files (eval/zero_shot.py).", file=sys.stderr)
     if any(t.limited for t in tables):
         print("warning: some zero-shot results come from --limit evaluations; they are marked † and are not final.", file=sys.stderr)
+    if any(t.skipped for t in tables):
+        print("warning: some zero-shot evaluations skipped benchmarks whose files were absent; they are marked ‡ and are not complete.", file=sys.stderr)
     print(render(tables, args.format, args.paper), end="")
     if args.out:
         for path in write_tables(tables, Path(args.out), args.paper):

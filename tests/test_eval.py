@@ -523,3 +523,56 @@ def test_tables_mark_limited_zero_shot_results_and_do_not_rank_them(tmp_path: Pa
     assert "**60.00**" in text and "<u>55.00</u>" in text  # ranked among the full results only
     assert "† LIMITED: from a --limit evaluation (at most 100 examples per task)" in text
     assert "not final" in captured.err
+
+
+# -----------------------------------------------------------------------------
+# --help, and where the local-data layout is documented
+
+
+HELP_COMMANDS = [[f"eval/{p.name}"] for p in sorted((REPO_ROOT / "eval").glob("*.py"))] + [
+    ["-m", "eval.lm_eval_cli"],
+    ["-m", "eval.lm_eval_cli", "run"],
+]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=" ".join)
+def test_help_of_every_eval_command_exits_0_without_side_effects(command: list[str], tmp_path: Path) -> None:
+    # Every place a command could write to: a fresh home, caches and temp folder, and eval/ itself.
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf"), "TMPDIR": str(tmp_path / "tmp"), "PYTHONDONTWRITEBYTECODE": "1"}
+    (tmp_path / "tmp").mkdir()
+    before = sorted((REPO_ROOT / "eval").rglob("*"))
+    proc = subprocess.run([sys.executable, *command, "--help"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert sorted(tmp_path.rglob("*")) == [tmp_path / "tmp"], "a --help wrote files"
+    assert sorted((REPO_ROOT / "eval").rglob("*")) == before
+
+
+def test_local_data_layout_is_documented_in_eval_readme(capsys: pytest.CaptureFixture) -> None:
+    from spheretnorm.eval import lm_eval_cli
+    from spheretnorm.eval.local_tasks import LAYOUT_DOC, LOCAL_TASK_SPECS
+
+    assert LAYOUT_DOC == "eval/README.md"
+    readme = (REPO_ROOT / LAYOUT_DOC).read_text()
+    section = readme.split("### 2. The benchmarks' original release files")[1].split("\n### ")[0]
+    for spec in LOCAL_TASK_SPECS:  # every file a local task reads is in the README's table, on the task's row
+        row = next(line for line in section.splitlines() if line.startswith(f"| {spec.name} |"))
+        assert all(f"`{f}`" in row for f in (*spec.files, *spec.optional)), row
+    with pytest.raises(SystemExit):
+        zero_shot.parse_args(["--help"])
+    for text in (capsys.readouterr().out, lm_eval_cli.own_options().format_help()):
+        assert "(layout in eval/README.md)" in " ".join(text.split())  # --help wraps lines anywhere
+
+
+def test_incomplete_reason_names_limits_and_skipped_tasks() -> None:
+    assert zero_shot.incomplete_reason({"paper_table": {}}) is None
+    assert zero_shot.incomplete_reason({"limited": {"limit": 0.1}}) == "partial results of a --limit 0.1 evaluation"
+    assert zero_shot.incomplete_reason({"skipped": {"wikitext": "files absent", "piqa": "files absent"}}) == "tasks skipped for lack of their files: wikitext, piqa"
+
+
+def test_is_evaluated_not_for_results_with_skipped_tasks(tmp_path: Path) -> None:
+    from spheretnorm import runs
+
+    results = {"paper_table": {"piqa/acc_norm": 60.0, "wikitext/word_perplexity": None}, "skipped": {"wikitext": "files absent"}}
+    (tmp_path / runs.ZERO_SHOT_NAME).write_text(json.dumps(results))
+    assert not runs.is_evaluated(tmp_path)

@@ -17,6 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import yaml
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 
-from spheretnorm.eval import prefetch, zero_shot
+from spheretnorm.eval import lm_eval_cli, prefetch, zero_shot
 from spheretnorm.eval.errors import EvalError
 from spheretnorm.eval.harness import NanoGPTLM
 from spheretnorm.eval.local_tasks import LOCAL_TASKS, convert_task, data_source_note, social_iqa_records, winogrande_records, write_local_tasks
@@ -289,7 +290,7 @@ def test_winogrande_reads_answers_or_the_labels_file() -> None:
         winogrande_records(unlabelled, None)
     with pytest.raises(EvalError, match="answer 1 but winogrande/dev-labels.lst says 2"):
         winogrande_records(jsonl(WINOGRANDE), "2\n2\n2\n")
-    with pytest.raises(EvalError, match="3 records but 2 labels"):
+    with pytest.raises(EvalError, match="dev.jsonl has 3 records but winogrande/dev-labels.lst has 2 labels"):
         winogrande_records(unlabelled, "1\n2\n")
 
 
@@ -421,3 +422,95 @@ def test_prefetch_cli_reports_an_unknown_task(monkeypatch: pytest.MonkeyPatch, b
     monkeypatch.setattr(prefetch, "make_task_manager", lambda paths: builtin_manager)
     assert prefetch.main(["--tasks", "sciq,hellaswagg"]) == 2
     assert capsys.readouterr().err.strip() == "error: Unknown task 'hellaswagg' (did you mean hellaswag?); `python -m eval.lm_eval_cli ls tasks` lists the known tasks."
+
+
+# -----------------------------------------------------------------------------
+# --skip_missing, and lm-eval's own CLI with --local_data
+
+
+@pytest.fixture
+def tiny_ckpt(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304))
+    path = tmp_path / "ckpt.pt"
+    torch.save({**model.checkpoint_state(), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
+    return path
+
+
+@pytest.fixture
+def sciq_only(release_dir: Path, tmp_path: Path) -> Path:
+    """A --local_data folder with SciQ's file and no other benchmark's."""
+    data = tmp_path / "data"
+    (data / "sciq").mkdir(parents=True)
+    (data / "sciq" / "test.json").write_text((release_dir / "sciq" / "test.json").read_text())
+    return data
+
+
+def fast_task_manager(*builtin: str) -> Any:
+    """lm-eval's TaskManager indexing only the given built-in folders and the include paths (the full index takes long)."""
+
+    def make(include_path: Any = None, **kwargs: Any) -> TaskManager:
+        paths = include_path if isinstance(include_path, list) else [include_path] if include_path else []
+        return TaskManager(include_path=[*(str(BUILTIN / b) for b in builtin), *paths], include_defaults=False, **kwargs)
+
+    return make
+
+
+def test_skip_missing_leaves_out_absent_tasks_and_says_so(
+    sciq_only: Path, tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: fast_task_manager()(paths))
+    out = tmp_path / "results.json"
+    argv = ["--ckpt", str(tiny_ckpt), "--tasks", "sciq,boolq", "--local_data", str(sciq_only), "--bootstrap_iters", "0", "--out", str(out)]
+    assert zero_shot.main([*argv, "--skip_missing"]) == 0
+    results = json.loads(out.read_text())
+    assert set(results["results"]) == {"sciq"}
+    assert results["skipped"] == {"boolq": f"files absent under --local_data: {sciq_only / 'boolq' / 'dev.jsonl'}"}
+    assert results["paper_table"]["sciq/acc"] is not None and results["paper_table"]["boolq/acc"] is None
+    assert zero_shot.incomplete_reason(results) == "tasks skipped for lack of their files: boolq"
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    header = next(i for i, line in enumerate(lines) if "| ARC-C |" in line)  # the paper's table
+    cells = dict(zip(*([c.strip() for c in lines[i].strip("|").split("|")] for i in (header, header + 2))))
+    assert cells["BoolQ"] == "skipped" and cells["ARC-C"] == "-" and float(cells["SciQ"]) >= 0
+    assert f"SKIPPED: boolq (files absent under --local_data: {sciq_only / 'boolq' / 'dev.jsonl'}); not a complete paper evaluation." in printed
+    # Without the flag, boolq goes to the hub, which is offline here: the one-line refusal stays, and names the flag.
+    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: fast_task_manager("super_glue/boolq")(paths))
+    assert zero_shot.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: lm-eval could not load a dataset") and "--skip_missing" in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tasks", "boolq,piqa", "--skip_missing"], r"Every requested task lacks its files under .*boolq: boolq/dev.jsonl; piqa: piqa/valid.jsonl, piqa/valid-labels.lst"),
+        (["--tasks", "sciq", "--skip_missing", "--local_data", ""], r"--skip_missing leaves out tasks whose files are absent under --local_data DIR; give --local_data too"),
+    ],
+    ids=["every task's files absent", "without --local_data"],
+)
+def test_skip_missing_refuses_what_leaves_nothing_to_do(
+    sciq_only: Path, tiny_ckpt: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert zero_shot.main(["--ckpt", str(tiny_ckpt), "--local_data", str(sciq_only), *extra]) == 2
+    assert re.fullmatch(f"error: {message}.*", capsys.readouterr().err.strip())
+
+
+def test_lm_eval_cli_scores_local_data_offline(
+    sciq_only: Path, tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", fast_task_manager())  # what lm-eval's CLI builds
+    out = tmp_path / "out"
+    argv = ["run", "--model", "nanogpt", "--model_args", f"ckpt={tiny_ckpt},device=cpu", "--tasks", "sciq,boolq", "--limit", "2"]
+    assert lm_eval_cli.main([*argv, "--output_path", str(out), "--local_data", str(sciq_only), "--skip_missing"]) == 0
+    (results_file,) = out.rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert set(results["results"]) == {"sciq"} and results["n-samples"]["sciq"]["effective"] == 2
+    assert results["configs"]["sciq"]["dataset_path"] == "json"  # read from the release file, not the hub
+    assert f"skipped: boolq (files absent under --local_data: {sciq_only / 'boolq' / 'dev.jsonl'})" in capsys.readouterr().err
+    # Without --skip_missing, boolq needs the hub: offline, one line, no traceback.
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", fast_task_manager("super_glue/boolq"))
+    assert lm_eval_cli.main([*argv, "--local_data", str(sciq_only)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: lm-eval could not load a dataset (ConnectionError: Couldn't reach")
+    assert f"supplied sciq from local files; boolq ({sciq_only / 'boolq' / 'dev.jsonl'}) need the hub" in err

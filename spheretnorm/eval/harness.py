@@ -252,6 +252,17 @@ class NanoGPTLM(TemplateLM):
         self.model, self._device, self._dtype = _place(model, device, dtype)
         self.encoding = get_gpt2_encoding()
 
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> NanoGPTLM:
+        """The model from --model_args; a model argument wins over lm-eval's --device / --batch_size, which its
+        CLI always passes (with defaults) and which lm-eval's base class would pass twice (a TypeError)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> NanoGPTLM:
+        return cls.create_from_arg_obj(lm_utils.simple_parse_args_string(arg_string), additional_config)
+
     # -- what lm-eval asks of a model -------------------------------------------
 
     @property

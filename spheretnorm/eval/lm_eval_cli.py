@@ -5,25 +5,94 @@ so run lm-eval through this module (from the repository root):
 
     python -m eval.lm_eval_cli run --model nanogpt --model_args ckpt=out/ckpt.pt \
         --tasks piqa,lambada_openai --batch_size 16
+    python -m eval.lm_eval_cli run --model nanogpt --model_args ckpt=out/ckpt.pt \
+        --tasks piqa,lambada_openai --local_data ../shared/evaldata          # offline
     python -m eval.lm_eval_cli ls tasks
 
-Every lm-eval option works as documented by lm-eval. For the paper's table, use eval/zero_shot.py.
+Every lm-eval option works as documented by lm-eval. Two options are this module's own, with the
+meaning they have in eval/zero_shot.py: --local_data DIR reads the benchmarks from their original
+release files (layout in eval/README.md) instead of the hub, and --skip_missing (with
+--local_data) leaves out the requested tasks whose files are absent there. For the paper's
+table, use eval/zero_shot.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-
+import tempfile
+from typing import Any
 
 import spheretnorm.eval.harness  # noqa: F401,E402  (registers "nanogpt")
 from spheretnorm.eval.errors import EvalError
+from spheretnorm.eval.local_tasks import check_skip_missing
 
 
-def main() -> int:
-    from lm_eval.__main__ import cli_evaluate
+def own_options() -> argparse.ArgumentParser:
+    """The options this module adds to lm-eval's; they are taken out before lm-eval parses the rest."""
+    # allow_abbrev=False: a prefix of one of lm-eval's options must stay lm-eval's.
+    p = argparse.ArgumentParser(prog="python -m eval.lm_eval_cli", add_help=False, allow_abbrev=False)
+    group = p.add_argument_group("spheretnorm options (besides lm-eval's, below)")
+    group.add_argument("--local_data", default=None, metavar="DIR", help="folder with the benchmarks' original release files, read instead of the hub (layout in eval/README.md)")
+    group.add_argument("--skip_missing", action="store_true", help="with --local_data: leave out the requested tasks whose files are absent there")
+    return p
 
+
+def use_local_data(args: argparse.Namespace, data_dir: str, skip_missing: bool, out_dir: str) -> str:
+    """Point lm-eval's parsed arguments at local task YAMLs written into out_dir; returns the source note.
+
+    The YAMLs go on lm-eval's include path beside any --include_path of the user (lm-eval's
+    TaskManager takes a list), and --skip_missing takes the skipped tasks out of --tasks.
+    """
+    from spheretnorm.eval.local_tasks import LOCAL_TASKS, prepare_local_tasks
+
+    if not hasattr(args, "include_path"):
+        raise EvalError(f"--local_data works with lm-eval's run, validate and ls commands, not with {getattr(args, 'command', None)!r}.")
+    # ls has no --tasks: then every benchmark found under data_dir is written.
+    tasks = list(getattr(args, "tasks", None) or LOCAL_TASKS)
+    plan = prepare_local_tasks(data_dir, out_dir, tasks, skip_missing)
+    for task, reason in plan.skipped.items():
+        print(f"skipped: {task} ({reason})", file=sys.stderr)
+    if getattr(args, "tasks", None):
+        args.tasks = [t for t in tasks if t not in plan.skipped]
+    args.include_path = [p for p in (args.include_path, out_dir) if p]
+    return plan.source_note
+
+
+def run_lm_eval_cli(argv: list[str], local_data: str | None, skip_missing: bool) -> None:
+    """What lm-eval's `cli_evaluate` does, with the local task YAMLs put on the include path."""
+    from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, in 0.4.10 to 0.4.x
+    from lm_eval.utils import setup_logging
+
+    from spheretnorm.eval.zero_shot import hub_errors_as_eval_error
+
+    setup_logging()
+    parser = HarnessCLI()
+    args = _parse(parser, argv)
+    with tempfile.TemporaryDirectory(prefix="spheretnorm-local-tasks-") as out_dir:
+        source_note = use_local_data(args, local_data, skip_missing, out_dir) if local_data else ""
+        with hub_errors_as_eval_error(source_note):
+            parser.execute(args)
+
+
+def _parse(parser: Any, argv: list[str]) -> argparse.Namespace:
+    """lm-eval's parse of argv: its parser reads sys.argv (and inserts `run` when no command is given)."""
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "lm_eval_cli", *argv]
     try:
-        cli_evaluate()  # reads sys.argv, exactly like the `lm_eval` command
+        return parser.parse_args()
+    finally:
+        sys.argv = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, rest = own_options().parse_known_args(argv)
+    if "-h" in argv or "--help" in argv:
+        print(own_options().format_help())  # then lm-eval's own help, which exits
+    try:
+        check_skip_missing(ours.local_data, ours.skip_missing)
+        run_lm_eval_cli(rest, ours.local_data, ours.skip_missing)
     except EvalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

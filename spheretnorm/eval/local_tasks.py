@@ -11,29 +11,15 @@ out_dir with one task YAML per benchmark, and returns the task names. Each YAML 
 lm-eval's own built-in YAML, so the prompt, target, metrics and any ``process_docs`` are
 lm-eval's and only the data source changes. The tasks keep the built-in names, so with out_dir
 on lm-eval's include path they replace the hub versions and the paper's table reads them.
+``prepare_local_tasks`` adds what the commands need on top: with ``skip_missing``, tasks whose
+files are absent are left out and reported instead of being left to the hub.
 
-data_dir layout (each benchmark is optional; a benchmark whose files are all absent is left to
-the hub or a filled HF cache):
-
-    task             files under data_dir                         original record fields
-    lambada_openai   lambada_openai/lambada_test.jsonl            text (target = last word)
-    wikitext         wikitext2/wiki.test.raw                      WikiText-2 raw test split
-    piqa             piqa/valid.jsonl + piqa/valid-labels.lst     goal, sol1, sol2; labels 0/1
-    arc_challenge    arc/ARC-Challenge-Test.jsonl                 id, question{stem, choices[{text, label}]}, answerKey
-    arc_easy         arc/ARC-Easy-Test.jsonl                      as ARC-Challenge
-    openbookqa       openbookqa/test.jsonl                        as ARC (Main/test.jsonl of the release)
-    boolq            boolq/dev.jsonl                              question, title, answer (bool), passage
-    social_iqa       socialiqa/dev.jsonl [+ socialiqa/dev-labels.lst]
-                                                                  context, question, answerA/B/C, correct (A/B/C)
-                                                                  when present, else labels 1-3 from the .lst
-    winogrande       winogrande/dev.jsonl [+ winogrande/dev-labels.lst]
-                                                                  qID, sentence (with _), option1, option2, answer
-                                                                  when present, else labels 1-2 from the .lst
-    hellaswag        hellaswag/hellaswag_val.jsonl                ind, activity_label, ctx_a, ctx_b, ctx, endings, label, ...
-    sciq             sciq/test.json (one JSON array)              question, distractor1-3, correct_answer, support
-
-Each task reads the split that the built-in task evaluates (test for LAMBADA, WikiText, ARC,
-OpenBookQA and SciQ; validation, i.e. the released dev file, for the others).
+The layout of data_dir (which file each benchmark is read from, and the record fields each
+needs) is documented in eval/README.md; ``LOCAL_TASK_SPECS`` below is its source. Each record
+is checked against its benchmark's fields before any conversion, so a renamed or null field is
+one error naming the file, the record and the field. Each task reads the split that the
+built-in task evaluates (test for LAMBADA, WikiText, ARC, OpenBookQA and SciQ; validation,
+i.e. the released dev file, for the others).
 
 WikiText-2 is split into documents at its top-level ``= Title =`` headings (62 articles),
 approximating the hub's EleutherAI/wikitext_document_level; word perplexity can differ from
@@ -51,7 +37,8 @@ from typing import Any, Callable
 import lm_eval.tasks
 import yaml
 
-from spheretnorm.eval.errors import EvalError
+from spheretnorm.eval import errors
+from spheretnorm.eval.errors import EvalError, Schema, kind_of, problem_sentence, schema_problem, schema_text
 
 Record = dict[str, Any]
 
@@ -73,13 +60,53 @@ SCIQ_FILE = "sciq/test.json"
 # A top-level WikiText heading line: " = Title = " (sections are " = = Title = = ").
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 
+LAYOUT_DOC = "eval/README.md"  # where users read the layout; every error about the files points there
+
+
+def _name(data_dir: str | Path, relative: str) -> str:
+    """How errors name a benchmark file: its path under data_dir ('' keeps the relative name)."""
+    return str(Path(data_dir) / relative)
+
+
+# -----------------------------------------------------------------------------
+# The fields of each benchmark's release records (schemas as in spheretnorm/eval/errors.py)
+#
+# Each record is checked before any conversion: lm-eval would otherwise meet a renamed or null
+# field deep inside its prompt templates, as a traceback far from the file that caused it.
+
+PIQA_FIELDS: Schema = {"goal": str, "sol1": str, "sol2": str}
+LAMBADA_FIELDS: Schema = {"text": str}
+ARC_FIELDS: Schema = {"id": str, "question": {"stem": str, "choices": [{"text": str, "label": str}]}, "answerKey": str}
+BOOLQ_FIELDS: Schema = {"question": str, "passage": str, "answer": bool}
+SOCIAL_IQA_FIELDS: Schema = {"context": str, "question": str, "answerA": str, "answerB": str, "answerC": str}
+WINOGRANDE_FIELDS: Schema = {"sentence": str, "option1": str, "option2": str}
+# The fields of the hub's Rowan/hellaswag, in its order; label is a string there.
+HELLASWAG_FIELDS = ("ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split", "split_type", "label")
+HELLASWAG_SCHEMA: Schema = {**{k: str for k in HELLASWAG_FIELDS}, "ind": int, "endings": [str], "label": (int, str)}
+SCIQ_FIELDS = ("question", "distractor3", "distractor1", "distractor2", "correct_answer", "support")
+SCIQ_SCHEMA: Schema = {k: str for k in SCIQ_FIELDS}
+
+
+def check_records(records: list[Any], schema: Schema, source: str) -> list[Record]:
+    """The records, each checked against schema; the first bad one is an EvalError naming it."""
+    for index, record in enumerate(records):
+        problem = schema_problem(record, schema)
+        if problem:
+            fields = schema_text(schema)
+            need = f"its records need the fields {fields}" if fields else "each record must be a JSON object"
+            raise EvalError(f"{problem_sentence(f'Record {index + 1} of {source}', problem)}; {need} (see {LAYOUT_DOC}).")
+    return records
+
 
 # -----------------------------------------------------------------------------
 # Reading the original files
 
 
-def read_jsonl(text: str, source: str) -> list[Record]:
-    """The JSON objects of a jsonl text, one per non-empty line; a bad line names its number."""
+def read_jsonl(text: str, source: str, schema: Schema | None = None) -> list[Record]:
+    """The JSON objects of a jsonl text, one per non-empty line, checked against schema when given.
+
+    A bad line names its number; source is the file's name in errors.
+    """
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -88,7 +115,7 @@ def read_jsonl(text: str, source: str) -> list[Record]:
             records.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise EvalError(f"Line {number} of {source} is not valid JSON ({exc.msg}); expected one JSON object per line.") from None
-    return records
+    return check_records(records, schema if schema is not None else {}, source)
 
 
 def read_labels(text: str, valid: tuple[str, ...], source: str) -> list[str]:
@@ -100,16 +127,9 @@ def read_labels(text: str, valid: tuple[str, ...], source: str) -> list[str]:
     return labels
 
 
-def _check_same_length(records: list[Record], labels: list[str], what: str) -> None:
+def _check_same_length(records: list[Record], labels: list[str], records_file: str, labels_file: str) -> None:
     if len(records) != len(labels):
-        raise EvalError(f"{what} has {len(records)} records but {len(labels)} labels; the two files do not match.")
-
-
-def _field(record: Record, key: str, index: int, source: str) -> Any:
-    """record[key], or one clear error naming the record and the missing field."""
-    if key not in record:
-        raise EvalError(f"Record {index + 1} of {source} has no field {key!r}; fields found: {', '.join(record) or 'none'}.")
-    return record[key]
+        raise EvalError(f"{records_file} has {len(records)} records but {labels_file} has {len(labels)} labels; the two files do not match.")
 
 
 # -----------------------------------------------------------------------------
@@ -131,11 +151,15 @@ def wikitext_documents(raw: str) -> list[str]:
     return docs
 
 
-def piqa_records(questions_jsonl: str, labels_lst: str) -> list[Record]:
-    """PIQA items with their label merged in, the fields lm-eval's piqa task reads."""
-    questions = read_jsonl(questions_jsonl, PIQA_FILE)
-    labels = [int(label) for label in read_labels(labels_lst, ("0", "1"), PIQA_LABELS_FILE)]
-    _check_same_length(questions, [str(l) for l in labels], "PIQA")
+def piqa_records(questions_jsonl: str, labels_lst: str, data_dir: str | Path = "") -> list[Record]:
+    """PIQA items with their label merged in, the fields lm-eval's piqa task reads.
+
+    data_dir only names the files in errors.
+    """
+    questions_file, labels_file = _name(data_dir, PIQA_FILE), _name(data_dir, PIQA_LABELS_FILE)
+    questions = read_jsonl(questions_jsonl, questions_file, PIQA_FIELDS)
+    labels = [int(label) for label in read_labels(labels_lst, ("0", "1"), labels_file)]
+    _check_same_length(questions, [str(l) for l in labels], questions_file, labels_file)
     return [{**q, "label": label} for q, label in zip(questions, labels)]
 
 
@@ -155,13 +179,8 @@ def arc_record(original: Record) -> Record:
 
 def openbookqa_record(original: Record) -> Record:
     """OpenBookQA release (Main/test.jsonl) -> allenai/openbookqa 'main': the stem is `question_stem`."""
-    choices = original["question"]["choices"]
-    return {
-        "id": original["id"],
-        "question_stem": original["question"]["stem"],
-        "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]},
-        "answerKey": original["answerKey"],
-    }
+    record = arc_record(original)
+    return {"id": record["id"], "question_stem": record["question"], "choices": record["choices"], "answerKey": record["answerKey"]}
 
 
 def boolq_record(original: Record, idx: int) -> Record:
@@ -177,72 +196,76 @@ def boolq_record(original: Record, idx: int) -> Record:
 SOCIAL_IQA_LETTERS = {"A": "1", "B": "2", "C": "3"}
 
 
-def social_iqa_records(dev_jsonl: str, labels_lst: str | None) -> list[Record]:
-    """Social IQa release -> the hub's social_i_qa: label '1'-'3' from `correct` (A-C) or the .lst."""
-    originals = read_jsonl(dev_jsonl, SOCIAL_IQA_FILE)
-    labels = read_labels(labels_lst, ("1", "2", "3"), SOCIAL_IQA_LABELS_FILE) if labels_lst is not None else None
+def social_iqa_records(dev_jsonl: str, labels_lst: str | None, data_dir: str | Path = "") -> list[Record]:
+    """Social IQa release -> the hub's social_i_qa: label '1'-'3' from `correct` (A-C) or the .lst.
+
+    data_dir only names the files in errors.
+    """
+    names = (_name(data_dir, SOCIAL_IQA_FILE), _name(data_dir, SOCIAL_IQA_LABELS_FILE))
+    originals = read_jsonl(dev_jsonl, names[0], SOCIAL_IQA_FIELDS)
+    labels = read_labels(labels_lst, ("1", "2", "3"), names[1]) if labels_lst is not None else None
     if labels is not None:
-        _check_same_length(originals, labels, "Social IQa")
+        _check_same_length(originals, labels, *names)
     records = []
     for i, original in enumerate(originals):
-        label = _social_iqa_label(original, labels[i] if labels is not None else None, i)
-        fields = ("context", "question", "answerA", "answerB", "answerC")
-        records.append({**{k: _field(original, k, i, SOCIAL_IQA_FILE) for k in fields}, "label": label})
+        label = _social_iqa_label(original, labels[i] if labels is not None else None, i, names)
+        records.append({**{k: original[k] for k in SOCIAL_IQA_FIELDS}, "label": label})
     return records
 
 
-def _social_iqa_label(original: Record, from_lst: str | None, index: int) -> str:
+def _social_iqa_label(original: Record, from_lst: str | None, index: int, names: tuple[str, str]) -> str:
     """The hub label of one item; `correct` and the .lst must agree where both are given."""
     correct = original.get("correct")
+    records_file, labels_file = names
     if correct is None and from_lst is None:
         raise EvalError(
-            f"Record {index + 1} of {SOCIAL_IQA_FILE} has no 'correct' answer and {SOCIAL_IQA_LABELS_FILE} is absent; "
+            f"Record {index + 1} of {records_file} has no 'correct' answer and {labels_file} is absent; "
             "give the labels file or records with 'correct'."
         )
     if correct is None:
         return from_lst  # type: ignore[return-value]
-    if correct not in SOCIAL_IQA_LETTERS:
-        raise EvalError(f"Record {index + 1} of {SOCIAL_IQA_FILE} has correct={correct!r}; valid values are A, B, C.")
+    if not isinstance(correct, str) or correct not in SOCIAL_IQA_LETTERS:
+        raise EvalError(f"Record {index + 1} of {records_file} has correct={correct!r}; valid values are A, B, C.")
     label = SOCIAL_IQA_LETTERS[correct]
     if from_lst is not None and from_lst != label:
-        raise EvalError(f"Record {index + 1} of {SOCIAL_IQA_FILE} has correct={correct!r} but {SOCIAL_IQA_LABELS_FILE} says {from_lst}.")
+        raise EvalError(f"Record {index + 1} of {records_file} has correct={correct!r} but {labels_file} says {from_lst}.")
     return label
 
 
-def winogrande_records(dev_jsonl: str, labels_lst: str | None) -> list[Record]:
-    """WinoGrande release -> the hub's winogrande: answer '1'/'2' (a string), from the record or the .lst."""
-    originals = read_jsonl(dev_jsonl, WINOGRANDE_FILE)
-    labels = read_labels(labels_lst, ("1", "2"), WINOGRANDE_LABELS_FILE) if labels_lst is not None else None
+def winogrande_records(dev_jsonl: str, labels_lst: str | None, data_dir: str | Path = "") -> list[Record]:
+    """WinoGrande release -> the hub's winogrande: answer '1'/'2' (a string), from the record or the .lst.
+
+    data_dir only names the files in errors.
+    """
+    names = (_name(data_dir, WINOGRANDE_FILE), _name(data_dir, WINOGRANDE_LABELS_FILE))
+    originals = read_jsonl(dev_jsonl, names[0], WINOGRANDE_FIELDS)
+    labels = read_labels(labels_lst, ("1", "2"), names[1]) if labels_lst is not None else None
     if labels is not None:
-        _check_same_length(originals, labels, "WinoGrande")
+        _check_same_length(originals, labels, *names)
     records = []
     for i, original in enumerate(originals):
-        answer = _winogrande_answer(original, labels[i] if labels is not None else None, i)
-        fields = ("sentence", "option1", "option2")
-        records.append({**{k: _field(original, k, i, WINOGRANDE_FILE) for k in fields}, "answer": answer})
+        answer = _winogrande_answer(original, labels[i] if labels is not None else None, i, names)
+        records.append({**{k: original[k] for k in WINOGRANDE_FIELDS}, "answer": answer})
     return records
 
 
-def _winogrande_answer(original: Record, from_lst: str | None, index: int) -> str:
+def _winogrande_answer(original: Record, from_lst: str | None, index: int, names: tuple[str, str]) -> str:
     """The hub answer of one item; the record's answer and the .lst must agree where both are given."""
     answer = original.get("answer")
+    records_file, labels_file = names
     if answer in (None, ""):  # the release's unlabelled files have no (or an empty) answer
         if from_lst is None:
             raise EvalError(
-                f"Record {index + 1} of {WINOGRANDE_FILE} has no answer and {WINOGRANDE_LABELS_FILE} is absent; "
+                f"Record {index + 1} of {records_file} has no answer and {labels_file} is absent; "
                 "give the labels file or records with 'answer'."
             )
         return from_lst
     answer = str(answer)
     if answer not in ("1", "2"):
-        raise EvalError(f"Record {index + 1} of {WINOGRANDE_FILE} has answer={answer!r}; valid answers are 1, 2.")
+        raise EvalError(f"Record {index + 1} of {records_file} has answer={answer!r}; valid answers are 1, 2.")
     if from_lst is not None and from_lst != answer:
-        raise EvalError(f"Record {index + 1} of {WINOGRANDE_FILE} has answer {answer} but {WINOGRANDE_LABELS_FILE} says {from_lst}.")
+        raise EvalError(f"Record {index + 1} of {records_file} has answer {answer} but {labels_file} says {from_lst}.")
     return answer
-
-
-# The fields of the hub's Rowan/hellaswag, in its order; label is a string there.
-HELLASWAG_FIELDS = ("ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split", "split_type", "label")
 
 
 def hellaswag_record(original: Record) -> Record:
@@ -256,9 +279,6 @@ def hellaswag_record(original: Record) -> Record:
     return record
 
 
-SCIQ_FIELDS = ("question", "distractor3", "distractor1", "distractor2", "correct_answer", "support")
-
-
 def sciq_record(original: Record) -> Record:
     """SciQ release -> allenai/sciq: the same six fields."""
     return {k: original[k] for k in SCIQ_FIELDS}
@@ -266,6 +286,8 @@ def sciq_record(original: Record) -> Record:
 
 # -----------------------------------------------------------------------------
 # One spec per benchmark
+
+Texts = dict[str, str | None]  # {relative path: text, or None for an absent optional file}
 
 
 @dataclass(frozen=True)
@@ -277,55 +299,50 @@ class LocalTask:
     split: str  # the split the built-in task evaluates: "test" or "validation"
     files: tuple[str, ...]  # under data_dir; the task is local when any of them is there
     optional: tuple[str, ...]  # files read when present (labels the records may carry themselves)
-    convert: Callable[[dict[str, str | None]], list[Record]]  # {relative path: text or None} -> hub records
+    convert: Callable[[Texts, Path], list[Record]]  # ({relative path: text}, data_dir) -> hub records
 
 
-def _map_jsonl(path: str, record: Callable[[Record], Record]) -> Callable[[dict[str, str | None]], list[Record]]:
-    def convert(texts: dict[str, str | None]) -> list[Record]:
-        return [_converted(record, r, i, path) for i, r in enumerate(read_jsonl(texts[path] or "", path))]
+def _map_jsonl(path: str, schema: Schema, record: Callable[[Record], Record]) -> Callable[[Texts, Path], list[Record]]:
+    """The conversion of a benchmark stored as one jsonl file whose records convert one by one."""
+
+    def convert(texts: Texts, data_dir: Path) -> list[Record]:
+        return [record(r) for r in read_jsonl(texts[path] or "", _name(data_dir, path), schema)]
 
     return convert
 
 
-def _converted(record: Callable[[Record], Record], original: Record, index: int, source: str) -> Record:
-    """record(original), with a missing field reported as one clear error."""
-    try:
-        return record(original)
-    except (KeyError, TypeError) as exc:
-        raise EvalError(f"Record {index + 1} of {source} lacks a field the conversion needs ({type(exc).__name__}: {exc}); see spheretnorm/eval/local_tasks.py for the expected fields.") from None
+def _boolq(texts: Texts, data_dir: Path) -> list[Record]:
+    originals = read_jsonl(texts[BOOLQ_FILE] or "", _name(data_dir, BOOLQ_FILE), BOOLQ_FIELDS)
+    return [boolq_record(r, i) for i, r in enumerate(originals)]
 
 
-def _boolq(texts: dict[str, str | None]) -> list[Record]:
-    originals = read_jsonl(texts[BOOLQ_FILE] or "", BOOLQ_FILE)
-    return [_converted(lambda r, i=i: boolq_record(r, i), r, i, BOOLQ_FILE) for i, r in enumerate(originals)]
-
-
-def _sciq(texts: dict[str, str | None]) -> list[Record]:
+def _sciq(texts: Texts, data_dir: Path) -> list[Record]:
+    source = _name(data_dir, SCIQ_FILE)
     try:
         originals = json.loads(texts[SCIQ_FILE] or "")
     except json.JSONDecodeError as exc:
-        raise EvalError(f"{SCIQ_FILE} is not valid JSON ({exc.msg}); the SciQ release stores each split as one JSON array.") from None
+        raise EvalError(f"{source} is not valid JSON ({exc.msg}); the SciQ release stores each split as one JSON array.") from None
     if not isinstance(originals, list):
-        raise EvalError(f"{SCIQ_FILE} holds a JSON {type(originals).__name__}; the SciQ release stores each split as one JSON array.")
-    return [_converted(sciq_record, r, i, SCIQ_FILE) for i, r in enumerate(originals)]
+        raise EvalError(f"{source} holds {kind_of(originals)}; the SciQ release stores each split as one JSON array.")
+    return [sciq_record(r) for r in check_records(originals, SCIQ_SCHEMA, source)]
 
 
 LOCAL_TASK_SPECS = (
     LocalTask("lambada_openai", "lambada/lambada_openai.yaml", "test", (LAMBADA_FILE,), (),
-              lambda t: read_jsonl(t[LAMBADA_FILE] or "", LAMBADA_FILE)),
+              lambda t, d: read_jsonl(t[LAMBADA_FILE] or "", _name(d, LAMBADA_FILE), LAMBADA_FIELDS)),
     LocalTask("wikitext", "wikitext/wikitext.yaml", "test", (WIKITEXT_FILE,), (),
-              lambda t: [{"page": d} for d in wikitext_documents(t[WIKITEXT_FILE] or "")]),
+              lambda t, d: [{"page": doc} for doc in wikitext_documents(t[WIKITEXT_FILE] or "")]),
     LocalTask("piqa", "piqa/piqa.yaml", "validation", (PIQA_FILE, PIQA_LABELS_FILE), (),
-              lambda t: piqa_records(t[PIQA_FILE] or "", t[PIQA_LABELS_FILE] or "")),
-    LocalTask("arc_challenge", "arc/arc_challenge.yaml", "test", (ARC_CHALLENGE_FILE,), (), _map_jsonl(ARC_CHALLENGE_FILE, arc_record)),
-    LocalTask("arc_easy", "arc/arc_easy.yaml", "test", (ARC_EASY_FILE,), (), _map_jsonl(ARC_EASY_FILE, arc_record)),
-    LocalTask("openbookqa", "openbookqa/openbookqa.yaml", "test", (OPENBOOKQA_FILE,), (), _map_jsonl(OPENBOOKQA_FILE, openbookqa_record)),
+              lambda t, d: piqa_records(t[PIQA_FILE] or "", t[PIQA_LABELS_FILE] or "", d)),
+    LocalTask("arc_challenge", "arc/arc_challenge.yaml", "test", (ARC_CHALLENGE_FILE,), (), _map_jsonl(ARC_CHALLENGE_FILE, ARC_FIELDS, arc_record)),
+    LocalTask("arc_easy", "arc/arc_easy.yaml", "test", (ARC_EASY_FILE,), (), _map_jsonl(ARC_EASY_FILE, ARC_FIELDS, arc_record)),
+    LocalTask("openbookqa", "openbookqa/openbookqa.yaml", "test", (OPENBOOKQA_FILE,), (), _map_jsonl(OPENBOOKQA_FILE, ARC_FIELDS, openbookqa_record)),
     LocalTask("boolq", "super_glue/boolq/default.yaml", "validation", (BOOLQ_FILE,), (), _boolq),
     LocalTask("social_iqa", "siqa/siqa.yaml", "validation", (SOCIAL_IQA_FILE,), (SOCIAL_IQA_LABELS_FILE,),
-              lambda t: social_iqa_records(t[SOCIAL_IQA_FILE] or "", t[SOCIAL_IQA_LABELS_FILE])),
+              lambda t, d: social_iqa_records(t[SOCIAL_IQA_FILE] or "", t[SOCIAL_IQA_LABELS_FILE], d)),
     LocalTask("winogrande", "winogrande/default.yaml", "validation", (WINOGRANDE_FILE,), (WINOGRANDE_LABELS_FILE,),
-              lambda t: winogrande_records(t[WINOGRANDE_FILE] or "", t[WINOGRANDE_LABELS_FILE])),
-    LocalTask("hellaswag", "hellaswag/hellaswag.yaml", "validation", (HELLASWAG_FILE,), (), _map_jsonl(HELLASWAG_FILE, hellaswag_record)),
+              lambda t, d: winogrande_records(t[WINOGRANDE_FILE] or "", t[WINOGRANDE_LABELS_FILE], d)),
+    LocalTask("hellaswag", "hellaswag/hellaswag.yaml", "validation", (HELLASWAG_FILE,), (), _map_jsonl(HELLASWAG_FILE, HELLASWAG_SCHEMA, hellaswag_record)),
     LocalTask("sciq", "sciq/sciq.yaml", "test", (SCIQ_FILE,), (), _sciq),
 )
 LOCAL_TASKS = tuple(spec.name for spec in LOCAL_TASK_SPECS)
@@ -339,7 +356,7 @@ def local_task_spec(name: str) -> LocalTask:
 
 
 # -----------------------------------------------------------------------------
-# Finding files and writing the task YAMLs
+# Finding and reading the files
 
 
 def expected_paths(data_dir: str | Path, task: str) -> list[Path]:
@@ -352,30 +369,48 @@ def is_present(data_dir: Path, spec: LocalTask) -> bool:
     return any((data_dir / f).is_file() for f in spec.files)
 
 
-def _read_files(data_dir: Path, spec: LocalTask) -> dict[str, str | None]:
+def missing_files(data_dir: str | Path, tasks: list[str] | tuple[str, ...]) -> dict[str, list[Path]]:
+    """{task: its required files absent under data_dir}, for those of `tasks` with a local version that lack any."""
+    missing = {t: [p for p in expected_paths(data_dir, t) if not p.is_file()] for t in tasks if t in _SPECS}
+    return {t: paths for t, paths in missing.items() if paths}
+
+
+def read_text_file(path: Path) -> str:
+    """A benchmark file's text; binary content or an unreadable file is one EvalError naming it."""
+    try:
+        return errors.read_text_file(path)
+    except errors.UnreadableFile as exc:
+        raise EvalError(f"Local benchmark file {str(path)!r} {exc}; expected the release's text file, laid out as {LAYOUT_DOC} says.") from None
+
+
+def _read_files(data_dir: Path, spec: LocalTask) -> Texts:
     """{relative path: text} of the task's files; a missing required file is one clear error."""
-    texts: dict[str, str | None] = {}
+    texts: Texts = {}
     for relative in spec.files:
         path = data_dir / relative
         if not path.is_file():
             raise EvalError(
                 f"Local benchmark file {str(path)!r} is missing (needed for {spec.name}); "
-                "see spheretnorm/eval/local_tasks.py for the expected layout."
+                f"see {LAYOUT_DOC} for the expected layout, or pass --skip_missing to leave the task out."
             )
-        texts[relative] = path.read_text(encoding="utf-8")
+        texts[relative] = read_text_file(path)
     for relative in spec.optional:
         path = data_dir / relative
-        texts[relative] = path.read_text(encoding="utf-8") if path.is_file() else None
+        texts[relative] = read_text_file(path) if path.is_file() else None
     return texts
 
 
 def convert_task(data_dir: str | Path, task: str) -> list[Record]:
     """A task's records from its original files under data_dir, in the hub dataset's schema."""
     spec = local_task_spec(task)
-    records = spec.convert(_read_files(Path(data_dir), spec))
+    records = spec.convert(_read_files(Path(data_dir), spec), Path(data_dir))
     if not records:
         raise EvalError(f"The local files of {task} under {str(data_dir)!r} hold no records.")
     return records
+
+
+# -----------------------------------------------------------------------------
+# Writing the task YAMLs
 
 
 def _builtin_yaml(spec: LocalTask) -> Path:
@@ -409,6 +444,11 @@ def _layout_hint(tasks: list[str]) -> str:
     return "; ".join(f"{t}: {', '.join(local_task_spec(t).files)}" for t in tasks)
 
 
+def _check_data_dir(data_dir: Path) -> None:
+    if not data_dir.is_dir():
+        raise EvalError(f"--local_data {str(data_dir)!r} is not a folder; it should hold the benchmark files laid out as {LAYOUT_DOC} says.")
+
+
 def write_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str] | tuple[str, ...] | None = None) -> list[str]:
     """Write lm-eval task YAMLs for those of `tasks` (default: all 11) whose files are under data_dir.
 
@@ -418,8 +458,7 @@ def write_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str
     lm-eval's include_path (TaskManager(include_path=...)).
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    if not data_dir.is_dir():
-        raise EvalError(f"--local_data {str(data_dir)!r} is not a folder; it should hold the benchmark files laid out as in spheretnorm/eval/local_tasks.py.")
+    _check_data_dir(data_dir)
     wanted = [t for t in LOCAL_TASKS if tasks is None or t in tasks]
     present = [t for t in wanted if is_present(data_dir, _SPECS[t])]
     if wanted and not present:
@@ -436,7 +475,49 @@ def write_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str
 def data_source_note(data_dir: str | Path, local: list[str], hub: list[str]) -> str:
     """Which tasks --local_data supplied and which need the hub, with the files that were absent."""
     absent = [f"{t} ({', '.join(str(p) for p in expected_paths(data_dir, t))})" if t in _SPECS else t for t in hub]
+    skippable = " (or --skip_missing to leave them out)" if any(t in _SPECS for t in hub) else ""
     return (
         f"--local_data {str(data_dir)!r} supplied {', '.join(local) or 'no task'} from local files; "
-        f"{', '.join(absent)} need the hub or a filled HF cache, since their files are absent"
+        f"{', '.join(absent)} need the hub or a filled HF cache{skippable}, since their files are absent"
     )
+
+
+# -----------------------------------------------------------------------------
+# What the commands do with --local_data and --skip_missing
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """Where each requested task's data comes from."""
+
+    local: list[str]  # read from the release files under data_dir
+    hub: list[str]  # left to the hub or a filled HF cache
+    skipped: dict[str, str]  # task -> why it is not evaluated (--skip_missing)
+    source_note: str  # for the error when a hub task cannot be loaded ("" when none needs the hub)
+
+
+def check_skip_missing(local_data: str | Path | None, skip_missing: bool) -> None:
+    """--skip_missing only means something with --local_data: refuse it alone rather than ignore it."""
+    if skip_missing and not local_data:
+        raise EvalError("--skip_missing leaves out tasks whose files are absent under --local_data DIR; give --local_data too.")
+
+
+def prepare_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str], skip_missing: bool = False) -> LocalPlan:
+    """Write the local task YAMLs of `tasks` into out_dir (an include path for lm-eval) and say where each task's data comes from.
+
+    With skip_missing, a task that has a local version but lacks any of its files is left out
+    (with the reason) instead of going to the hub; if that leaves nothing to evaluate, it is an
+    EvalError naming the expected files.
+    """
+    data_dir = Path(data_dir)
+    _check_data_dir(data_dir)
+    skipped: dict[str, str] = {}
+    if skip_missing:
+        absent = missing_files(data_dir, tasks)
+        skipped = {t: f"files absent under --local_data: {', '.join(map(str, paths))}" for t, paths in absent.items()}
+        if skipped and all(t in skipped for t in tasks):
+            raise EvalError(f"Every requested task lacks its files under {str(data_dir)!r}, so nothing is left to evaluate; expected {_layout_hint(list(skipped))}.")
+    kept = [t for t in tasks if t not in skipped]
+    local = write_local_tasks(data_dir, out_dir, kept)
+    hub = [t for t in kept if t not in local]
+    return LocalPlan(local, hub, skipped, data_source_note(data_dir, local, hub) if hub else "")

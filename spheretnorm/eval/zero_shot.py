@@ -16,11 +16,16 @@ SocialIQa, WinoGrande (in percent); LAMBADA perplexity and WikiText word perplex
 file itself, and carry a "limited" entry, so the launcher does not count the run as evaluated
 and scripts/tables.py marks them.
 
+--skip_missing (with --local_data) leaves out the tasks whose files are absent under DIR instead
+of loading them from the hub: they show as "skipped" in the printed table and under "skipped"
+({task: reason}) in the results JSON, and such results are not a complete paper evaluation
+(incomplete_reason says why).
+
 Offline machines: lm-eval's built-in tasks download from the Hugging Face hub. Fill the HF cache
 on a machine with network (python -m eval.prefetch --tasks paper) and set HF_DATASETS_OFFLINE=1,
-read the benchmarks from their original release files with --local_data DIR
-(spheretnorm/eval/local_tasks.py), or give --include_path DIR with your own task YAMLs. Bad inputs print one
-line "error: ..." and exit with status 2.
+read the benchmarks from their original release files with --local_data DIR (layout in
+eval/README.md), or give --include_path DIR with your own task YAMLs. Bad inputs (a damaged
+benchmark file among them) print one line "error: ..." and exit with status 2.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from pathlib import Path
 
 
 import argparse
+import contextlib
 import difflib
 import json
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from spheretnorm.common import HelpFormatter
 from spheretnorm.eval.errors import EvalError
@@ -135,21 +141,29 @@ def _hub_unreachable_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, source_note: str = "", **kwargs: Any) -> dict[str, Any]:
-    """lm_eval.simple_evaluate, zero-shot, with unreachable hub datasets turned into an EvalError.
+@contextlib.contextmanager
+def hub_errors_as_eval_error(source_note: str = "") -> Iterator[None]:
+    """Turn a hub dataset that cannot be loaded (offline, no cache) into one EvalError with the offline hint.
 
     source_note (which tasks came from --local_data and which need the hub) goes into that error.
     """
+    try:
+        yield
+    except _hub_unreachable_types() as exc:
+        note = f" {source_note};" if source_note else ""
+        reason = " ".join(str(exc).split())  # one line, whatever datasets put in its message
+        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {reason});{note} {OFFLINE_HINT}.") from None
+
+
+def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, source_note: str = "", **kwargs: Any) -> dict[str, Any]:
+    """lm_eval.simple_evaluate, zero-shot, with unreachable hub datasets turned into an EvalError."""
     import lm_eval
 
     # Per-sample outputs stay out of the results (as in lm-eval's own results JSON): they can be
     # tens of MB for the paper's tasks. Pass log_samples=True to keep them.
     kwargs = {"num_fewshot": 0, "log_samples": False, **kwargs}
-    try:
+    with hub_errors_as_eval_error(source_note):
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, **kwargs)
-    except _hub_unreachable_types() as exc:
-        note = f" {source_note};" if source_note else ""
-        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {exc});{note} {OFFLINE_HINT}.") from None
 
 
 # -----------------------------------------------------------------------------
@@ -210,10 +224,36 @@ def results_limit(results: dict[str, Any]) -> int | float | None:
     return config.get("limit") if isinstance(config, dict) else None
 
 
-def format_paper_table(row: dict[str, float | None], label: str) -> str:
-    """A markdown table in the layout of the paper's Tables 4 and 5 (accuracies in %)."""
+def results_skipped(results: dict[str, Any]) -> dict[str, str]:
+    """{task: reason} of the tasks a --skip_missing evaluation left out ({} for none)."""
+    skipped = results.get("skipped")
+    return dict(skipped) if isinstance(skipped, dict) else {}
+
+
+def incomplete_reason(results: dict[str, Any]) -> str | None:
+    """Why a results JSON is not a final evaluation (--limit, tasks skipped), or None when it is.
+
+    What decides whether a run is evaluated (spheretnorm/runs.py's is_evaluated) should ask this.
+    """
+    limit = results_limit(results)
+    if limit is not None:
+        return f"partial results of a --limit {limit_text(limit)} evaluation"
+    skipped = results_skipped(results)
+    if skipped:
+        return f"tasks skipped for lack of their files: {', '.join(skipped)}"
+    return None
+
+
+def format_paper_table(row: dict[str, float | None], label: str, skipped: dict[str, str] | None = None) -> str:
+    """A markdown table in the layout of the paper's Tables 4 and 5 (accuracies in %); skipped tasks say so."""
+    skipped = skipped or {}
+
+    def cell(col: PaperColumn) -> str:
+        value = row[col.key]
+        return "skipped" if col.task in skipped else "-" if value is None else f"{value:.2f}"
+
     headers = ["model"] + [c.header for c in PAPER_COLUMNS]
-    cells = [label] + ["-" if row[c.key] is None else f"{row[c.key]:.2f}" for c in PAPER_COLUMNS]
+    cells = [label] + [cell(c) for c in PAPER_COLUMNS]
     widths = [max(len(h), len(v)) for h, v in zip(headers, cells)]
 
     def line(items: list[str]) -> str:
@@ -254,7 +294,7 @@ def log_to_wandb(results: dict[str, Any], label: str, args: argparse.Namespace) 
         project=args.wandb_project,
         name=args.wandb_run_name or f"zero-shot-{label}{suffix}",
         job_type="zero_shot" if limit is None else "zero_shot_limited",  # partial numbers stay apart
-        config={"ckpt": str(args.ckpt), "tasks": args.tasks, "limit": args.limit, **results.get("config", {})},
+        config={"ckpt": str(args.ckpt), "tasks": args.tasks, "limit": args.limit, "skipped": results_skipped(results), **results.get("config", {})},
     )
     row = results["paper_table"]
     values = {f"zero_shot/{k}": v for k, v in row.items() if v is not None}
@@ -278,7 +318,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 elsewhere), float32, bfloat16, float16")
     p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable)")
-    p.add_argument("--local_data", default=None, help="folder with the benchmarks' original release files, read instead of the hub (layout in spheretnorm/eval/local_tasks.py)")
+    p.add_argument("--local_data", default=None, help="folder with the benchmarks' original release files, read instead of the hub (layout in eval/README.md)")
+    p.add_argument("--skip_missing", action="store_true", help="with --local_data: leave out the tasks whose files are absent (listed as skipped in the table and the results JSON) instead of loading them from the hub")
     p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint; with --limit, _limit<N> is appended)")
     p.add_argument("--bootstrap_iters", type=int, default=100000, help="lm-eval's bootstrap samples for standard errors (0: none)")
     p.add_argument("--wandb", action="store_true", help="log the table and results to Weights & Biases")
@@ -295,26 +336,30 @@ def _limit(value: float | None) -> int | float | None:
 def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Run lm-eval as the arguments say; returns (results with "paper_table" added, model label)."""
     from spheretnorm.eval.harness import NanoGPTLM, resolve_checkpoint_path
-    from spheretnorm.eval.local_tasks import data_source_note, write_local_tasks
+    from spheretnorm.eval.local_tasks import check_skip_missing, prepare_local_tasks
 
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before the slow task index
     tasks = split_task_list(args.tasks)
     for path in args.include_path:
         if not Path(path).is_dir():
             raise EvalError(f"--include_path {path!r} is not a folder of task YAMLs.")
+    check_skip_missing(args.local_data, args.skip_missing)
     with tempfile.TemporaryDirectory(prefix="spheretnorm-local-tasks-") as local_dir:
-        include_paths, source_note = list(args.include_path), ""
+        include_paths, source_note, skipped = list(args.include_path), "", {}
         if args.local_data:
-            local = write_local_tasks(args.local_data, local_dir, tasks)
+            # The release files are read and checked here, before the slow task index and the model.
+            plan = prepare_local_tasks(args.local_data, local_dir, tasks, args.skip_missing)
             include_paths.append(local_dir)
-            hub = [t for t in tasks if t not in local]
-            source_note = data_source_note(args.local_data, local, hub) if hub else ""
+            tasks = [t for t in tasks if t not in plan.skipped]
+            source_note, skipped = plan.source_note, plan.skipped
         task_manager = make_task_manager(include_paths)
         check_tasks_known(tasks, task_manager.all_tasks)
         lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
         limit = _limit(args.limit)
         results = run_lm_eval(lm, tasks, task_manager, source_note, limit=limit, bootstrap_iters=args.bootstrap_iters)
     results["paper_table"] = paper_row(results)
+    if skipped:
+        results["skipped"] = skipped
     if limit is not None:
         results["limited"] = limited_marker(limit, results)
     return results, model_label(asdict(lm.model.config))
@@ -332,10 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     limit = results_limit(results)
     out = results_path(args.ckpt, args.out, limit)
     write_results(results, out)
+    skipped = results_skipped(results)
     print(make_table(results))
-    print(format_paper_table(results["paper_table"], label if limit is None else f"{label} (limit {limit_text(limit)})"))
+    print(format_paper_table(results["paper_table"], label if limit is None else f"{label} (limit {limit_text(limit)})", skipped))
     if limit is not None:
         print(f"LIMITED: at most {limit_text(limit)} examples per task; partial numbers, not final.")
+    for task, reason in skipped.items():
+        print(f"SKIPPED: {task} ({reason}); not a complete paper evaluation.")
     print(f"results written to {out}")
     if args.wandb:
         log_to_wandb(results, label, args)
