@@ -15,8 +15,6 @@ dashes.
 from __future__ import annotations
 
 import argparse
-import json
-import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from typing import Any
 import torch
 
 from spheretnorm.common import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
-from spheretnorm.data.common import META_FILE, PrepareError, decode_char, load_meta
+from spheretnorm.data.common import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
 from spheretnorm.data.tokenizer import EOT_TOKEN, TokenizerUnavailableError, get_gpt2_encoding
 from spheretnorm.model import GPT, load_checkpoint
 
@@ -130,36 +128,32 @@ def checkpoint_file(path: Path) -> Path:
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The checkpoint dict, through model.load_checkpoint (which checks that it is one of ours)."""
+    """The checkpoint dict, through model.load_checkpoint, which checks that it is one of ours
+    and that its model can be built (a CheckpointError, a ValueError, naming the file if not)."""
     try:
         return load_checkpoint(path, map_location="cpu")
     except ValueError as e:
         raise SampleError(str(e)) from None
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise SampleError(f"Cannot read the checkpoint {str(path)!r}: {e}") from None
 
 
 def load_meta_file(path: str) -> dict[str, Any]:
-    """A meta.json given by path, or the one in a dataset directory."""
+    """A meta.json given by path, or the one in a dataset directory (PrepareError naming it if damaged)."""
     p = Path(path)
     if p.is_dir():
-        try:
-            return load_meta(p)
-        except PrepareError as e:
-            raise SampleError(str(e)) from None
+        return load_meta(p)
     if not p.is_file():
         raise SampleError(f"--meta={path!r} does not exist; give a meta.json file or the dataset directory holding one.")
-    return json.loads(p.read_text(encoding="utf-8"))
+    return read_meta(p)
 
 
-def find_meta(ckpt: dict[str, Any], override: str | None) -> tuple[dict[str, Any], str]:
+def find_meta(ckpt: dict[str, Any], override: str | None, ckpt_path: Path) -> tuple[dict[str, Any], str]:
     """(the dataset meta.json the model was trained on, where it came from)."""
     if override is not None:
         return load_meta_file(override), override
     if ckpt.get("data_meta"):
-        return ckpt["data_meta"], "the checkpoint"
+        return ckpt["data_meta"], f"the checkpoint {str(ckpt_path)!r}"
     data_dir = (ckpt.get("train_config") or {}).get("data_dir")
-    if data_dir and (Path(data_dir) / META_FILE).is_file():
+    if isinstance(data_dir, str) and data_dir and (Path(data_dir) / META_FILE).is_file():
         return load_meta(data_dir), str(Path(data_dir) / META_FILE)
     raise SampleError(
         "The checkpoint records no dataset meta.json and its data_dir has none; pass --meta=path/to/meta.json."
@@ -187,9 +181,12 @@ def gpt2_tokenizer() -> Tokenizer:
 
 
 def char_tokenizer(meta: dict[str, Any], source: str) -> Tokenizer:
-    itos = meta.get("itos")
-    if not isinstance(itos, list) or not itos:
-        raise SampleError(f"The char-level meta.json from {source} has no 'itos' vocabulary; re-run data/prepare.py.")
+    itos = char_vocabulary(meta)
+    if itos is None:
+        raise SampleError(
+            f"The char-level meta.json from {source} has no 'itos' vocabulary (a list of the characters of the ids); "
+            "re-run data/prepare.py."
+        )
     stoi = {ch: i for i, ch in enumerate(itos)}
 
     def encode(text: str) -> list[int]:
@@ -248,7 +245,7 @@ def generate(args: SampleArgs) -> list[str]:
     """Draw args.num_samples texts; each is the start text followed by its continuation."""
     ckpt_path = checkpoint_file(args.checkpoint)
     ckpt = read_checkpoint(ckpt_path)
-    meta, source = find_meta(ckpt, args.meta)
+    meta, source = find_meta(ckpt, args.meta, ckpt_path)
     tokenizer = tokenizer_for(meta, source)
     ids = prompt_ids(tokenizer, args.start)
     device = get_device(args.device)

@@ -31,6 +31,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,6 +93,10 @@ from spheretnorm.tracking import Progress, RunLog, check_wandb
 # Set-up: the model configuration, from the command line or the checkpoint
 
 
+# What a resume reads besides the model (Trainer._restore, Progress.restore).
+RESUME_KEYS = ("optimizer", "rng", "train_config", "iter_num", "best_val_loss", "recent_losses", "elapsed_s")
+
+
 def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
     path = checkpoint_path(train)
     if not path.is_file():
@@ -102,7 +107,7 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
         )
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
     try:
-        return load_checkpoint(path, map_location="cpu")
+        return load_checkpoint(path, map_location="cpu", require=RESUME_KEYS)
     except ValueError as e:  # not a checkpoint of this project, or one with disallowed objects
         raise ConfigError(str(e)) from None
 
@@ -265,7 +270,7 @@ class Trainer:
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         self.raw_model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(self.optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)
@@ -465,6 +470,14 @@ class Trainer:
 
     def close(self) -> None:
         self.outputs.close()
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path) -> None:
+    """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
 
 
 def summary_line(t: Trainer) -> str:

@@ -12,6 +12,10 @@ A pre_ln model loads as a plain GPT-2; the others carry their own code:
 --format safetensors writes OUT/ckpt.safetensors: the weights and model config only (no pickle,
 no optimizer), which GPT.from_checkpoint, sample.py and eval/ read like a ckpt.pt. The hf folder
 can start a fine-tune: python train.py ... --init_from=hf:hf/geonorm-s
+
+In every format OUT must be a new or empty folder (an earlier export is never replaced), and the
+files get the permissions the umask gives any new file. A damaged or foreign checkpoint is one
+error line and exit status 2.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import importlib.resources
 import json
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import tiktoken
 
+from spheretnorm.data import common
 from spheretnorm.data.common import (
     PrepareError,
     decode_char,
@@ -290,6 +292,74 @@ def test_open_split_refuses_mismatched_files(tmp_path, docs_jsonl):
     (tmp_path / "meta.json").unlink()
     with pytest.raises(PrepareError, match="No meta.json"):
         load_meta(tmp_path)
+
+
+def test_prepare_records_the_largest_token_id_of_each_split(tmp_path, docs_jsonl):
+    meta = prepare_quiet("openwebtext", input=[str(docs_jsonl)], out_dir=str(tmp_path), val_fraction=0.2)
+    for split in ("train", "val"):
+        assert meta[f"{split}_max_token"] == int(read_bin(tmp_path, split).max()) == EOT_TOKEN
+    assert json.loads((tmp_path / "meta.json").read_text()) == meta  # what prepare returns is what the file holds
+
+
+def write_tokens(root: Path, train: list[int], **meta) -> Path:
+    """A hand-made dataset, as tests and older prepares write them: no recorded maxima."""
+    root.mkdir(parents=True, exist_ok=True)
+    np.array(train, dtype=np.uint16).tofile(root / "train.bin")
+    np.array([0, 1], dtype=np.uint16).tofile(root / "val.bin")
+    (root / "meta.json").write_text(json.dumps({"vocab_size": 10, "train_tokens": len(train), "val_tokens": 2, **meta}))
+    return root
+
+
+def test_open_split_refuses_token_ids_beyond_the_vocabulary(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "SCAN_CHUNK", 3)  # several chunks, the bad id in the last one
+    good = write_tokens(tmp_path / "good", [0, 9, 3, 4, 5, 6, 7])
+    assert open_split(good, "train").max() == 9
+    bad = write_tokens(tmp_path / "bad", [0, 9, 3, 4, 5, 6, 12])
+    message = f"{bad / 'train.bin'} holds token id 12, beyond the 10 tokens of the vocabulary its meta.json declares"
+    with pytest.raises(PrepareError, match=re.escape(message)):
+        open_split(bad, "train")
+    # With the maximum recorded (every prepare since it exists), nothing is read to find it.
+    recorded = write_tokens(tmp_path / "recorded", [0, 1, 2], train_max_token=11)
+    with pytest.raises(PrepareError, match="holds token id 11, beyond the 10 tokens"):
+        open_split(recorded, "train")
+
+
+def test_a_scan_for_the_largest_id_runs_once_per_file_version(tmp_path, monkeypatch):
+    """train.py opens a split afresh for every batch: the scan of a file must not run each time."""
+    scanned = {}
+    monkeypatch.setattr(common, "_SCANNED_MAX", scanned)
+    data = write_tokens(tmp_path, [0, 9, 3])
+    open_split(data, "train")
+    assert list(scanned.values()) == [9]
+    scanned[next(iter(scanned))] = 99  # the cached value is what a second open uses
+    with pytest.raises(PrepareError, match="holds token id 99"):
+        open_split(data, "train")
+    write_tokens(tmp_path, [0, 9, 3, 1])  # a new version of the file is scanned anew
+    open_split(data, "train")
+    assert sorted(scanned.values()) == [9, 99]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"vocab_size": 10,', "is not valid JSON"),
+        ('["train.bin"]', "holds a JSON list, not an object of keys; re-run data/prepare.py"),
+        ('{"vocab_size": "10"}', "has vocab_size='10', which must be an integer >= 0"),
+        ('{"train_tokens": -3}', "has train_tokens=-3, which must be an integer >= 0"),
+    ],
+)
+def test_a_damaged_meta_json_is_one_error_naming_it(tmp_path, text, message):
+    (tmp_path / "meta.json").write_text(text)
+    with pytest.raises(PrepareError, match=re.escape(f"{str(tmp_path / 'meta.json')!r} ") + ".*" + re.escape(message)) as info:
+        load_meta(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_open_split_names_a_missing_token_count(tmp_path):
+    data = write_tokens(tmp_path, [0, 1, 2])
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 10, "val_tokens": 2}))
+    with pytest.raises(PrepareError, match=re.escape(f"{data / 'meta.json'} has no train_tokens count")):
+        open_split(data, "train")
 
 
 # ------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 from spheretnorm.hf import folder as hf_folder
 import train
 from spheretnorm.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
+from spheretnorm.hf.export import FORMATS
 from spheretnorm.hf.folder import HFFolderError, export_hf, load_folder_model
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, load_checkpoint
 from scripts import export_hf as export_cli
@@ -250,8 +251,8 @@ def test_char_level_checkpoint_exports_with_its_characters(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "meta, vocab_size, message",
     [
-        ({"tokenizer": "sentencepiece"}, 50304, r"tokenizer is 'sentencepiece'.*supports the tokenizers gpt2, char"),
-        ({}, 65, r"tokenizer is None \(vocab_size 65"),
+        ({"tokenizer": "sentencepiece"}, 50304, r"tokenizer of the checkpoint is 'sentencepiece'.*supports the tokenizers gpt2, char"),
+        ({}, 65, r"tokenizer of the checkpoint is None \(vocab_size 65"),
         ({"tokenizer": "char"}, 65, r"no 'itos' vocabulary"),
         ({"tokenizer": "gpt2"}, 1000, r"vocab_size 1000, smaller than GPT-2's 50257"),
     ],
@@ -477,6 +478,32 @@ def test_weights_only_safetensors_export_is_read_by_from_checkpoint(tmp_path: Pa
     ckpt = load_checkpoint(path)
     assert (ckpt["iter_num"], ckpt["data_meta"]["itos"]) == (7, CHARS)
     assert back.transformer.wte.weight is back.lm_head.weight
+
+
+@pytest.mark.parametrize(("fmt", "connection"), [("safetensors", "geonorm"), ("hf", "geonorm"), ("hf", "pre_ln")])
+def test_every_exported_file_respects_the_umask(tmp_path: Path, fmt: str, connection: str) -> None:
+    """safetensors writes its files 0600 whatever the umask; an export is readable like any output."""
+    torch.save(char_checkpoint(tiny_model(vocab_size=len(CHARS), connection=connection)), tmp_path / "ckpt.pt")
+    previous = os.umask(0o022)
+    try:
+        export_cli.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "out"), "--format", fmt])
+    finally:
+        os.umask(previous)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "out").iterdir()}
+    assert ("model.safetensors" if fmt == "hf" else "ckpt.safetensors") in modes
+    assert set(modes.values()) == {"0o644"}, modes
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_format_writes_over_an_earlier_export(tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture) -> None:
+    torch.save(char_checkpoint(tiny_model(vocab_size=len(CHARS), connection="geonorm")), tmp_path / "ckpt.pt")
+    earlier = tmp_path / "out" / "ckpt.safetensors"
+    earlier.parent.mkdir()
+    earlier.write_text("an earlier export")
+    with pytest.raises(SystemExit) as info:
+        export_cli.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--out", str(earlier.parent), "--format", fmt])
+    assert info.value.code == 2 and earlier.read_text() == "an earlier export"
+    assert capsys.readouterr().err == f"error: --out {str(earlier.parent)!r} is a file or a folder with files in it; give a new or empty folder.\n"
 
 
 def test_a_foreign_safetensors_file_is_refused_with_a_hint(exported: dict[str, tuple[GPT, Path]], tmp_path: Path) -> None:

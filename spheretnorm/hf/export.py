@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.config import method_key
-from spheretnorm.hf.folder import export_hf
+from spheretnorm.hf.folder import check_new_folder, export_hf
 from spheretnorm.model import GPT, config_from_dict, load_checkpoint, save_safetensors_checkpoint
 from spheretnorm.rundir import METRICS_NAME
 from spheretnorm.runs import display_name, read_metrics, scale_of
@@ -68,11 +68,12 @@ tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER"{load_args})
 
 
 def export(ckpt_path: Path, out: Path, fmt: str) -> Path:
-    """Write the export; returns the folder or file written."""
+    """Write the export into `out`, a new or empty folder in every format; returns the folder or file written."""
+    check_new_folder(out)
     ckpt = load_checkpoint(ckpt_path)
     if fmt == "safetensors":
         out.mkdir(parents=True, exist_ok=True)
         return save_safetensors_checkpoint(ckpt, out / NATIVE_NAME)
-    export_hf(ckpt, out)
+    export_hf(ckpt, out, source=f"the checkpoint {str(ckpt_path)!r}")
     (out / "README.md").write_text(model_card(ckpt, ckpt_path), encoding="utf-8")
     return out

@@ -18,6 +18,7 @@ import pprint
 import re
 import shutil
 import textwrap
+import zipfile
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -27,16 +28,29 @@ import torch
 import spheretnorm.model as model_module
 from spheretnorm import mup
 from spheretnorm import kernels, retractions
+from spheretnorm.data.common import char_vocabulary, read_json_object
 from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
-from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig, config_from_dict
+from spheretnorm.model import (
+    CONNECTIONS,
+    EXECUTION_KEYS,
+    GPT,
+    TIED_HEAD,
+    Connection,
+    GPTConfig,
+    apply_umask,
+    check_weights,
+    config_from_dict,
+    is_state_dict,
+    read_safetensors,
+    read_torch_file,
+    tie_head,
+)
 REMOTE_DIR = Path(__file__).with_name("remote")
 CONFIG_MODULE = "configuration_spheretnorm"
 MODELING_MODULE = "modeling_spheretnorm"
 REMOTE_MODEL_TYPE = "spheretnorm"
 WEIGHTS_FILE = "model.safetensors"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # how older GPT-2 folders (and nanoGPT's users) hold weights
-TIED_HEAD = "lm_head.weight"  # tied to transformer.wte.weight, stored once
-GPT2_TIE = "transformer.wte.weight"
 
 # GELU in any of GPT-2's forms (our MLP runs the exact one), and GPT2Config keys whose other values
 # would compute something our pre_ln block does not.
@@ -150,8 +164,9 @@ REMOTE_MODEL_CLASS = "SpheretNormForCausalLM"
 TOKENIZERS = ("gpt2", "char")
 
 
-def tokenizer_kind(ckpt: dict[str, Any]) -> str:
-    """'gpt2' or 'char': the tokenizer the checkpoint's dataset was prepared with."""
+def tokenizer_kind(ckpt: dict[str, Any], source: str = "the checkpoint") -> str:
+    """'gpt2' or 'char': the tokenizer the checkpoint's dataset was prepared with (`source`
+    names the checkpoint in the errors)."""
     from spheretnorm.data.tokenizer import GPT2_VOCAB_SIZE
 
     meta = ckpt.get("data_meta") or {}
@@ -159,13 +174,19 @@ def tokenizer_kind(ckpt: dict[str, Any]) -> str:
     kind = meta.get("tokenizer") or ("gpt2" if vocab_size >= GPT2_VOCAB_SIZE else None)
     if kind not in TOKENIZERS:
         raise HFFolderError(
-            f"The checkpoint's tokenizer is {kind!r} (vocab_size {vocab_size}, no dataset meta.json recorded); "
+            f"The tokenizer of {source} is {kind!r} (vocab_size {vocab_size}, no dataset meta.json recorded); "
             f"export supports the tokenizers {', '.join(TOKENIZERS)}."
         )
-    if kind == "char" and not (isinstance(meta.get("itos"), list) and meta["itos"]):
-        raise HFFolderError("The checkpoint's char-level dataset meta.json has no 'itos' vocabulary, so no tokenizer can be written; re-run data/prepare.py.")
+    if kind == "char" and char_vocabulary(meta) is None:
+        raise HFFolderError(
+            f"The char-level dataset meta.json of {source} has no 'itos' vocabulary (a list of the characters of the ids), "
+            "so no tokenizer can be written; re-run data/prepare.py."
+        )
     if kind == "gpt2" and vocab_size < GPT2_VOCAB_SIZE:
-        raise HFFolderError(f"The checkpoint has vocab_size {vocab_size}, smaller than GPT-2's {GPT2_VOCAB_SIZE}, so the GPT-2 tokenizer cannot be exported with it.")
+        raise HFFolderError(
+            f"The model of {source} has vocab_size {vocab_size}, smaller than GPT-2's {GPT2_VOCAB_SIZE}, "
+            "so the GPT-2 tokenizer cannot be exported with it."
+        )
     return kind
 
 
@@ -249,17 +270,22 @@ def write_generation_config(out: Path, special: dict[str, int]) -> None:
     GenerationConfig(**special).save_pretrained(str(out))
 
 
-def export_hf(ckpt: dict[str, Any], out_dir: str | Path) -> Path:
+def check_new_folder(out: Path) -> None:
+    """Refuse an output folder that is a file or holds files: older files in it could mix two
+    exports (say a stale modeling file), and an earlier export would be silently replaced."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise HFFolderError(f"--out {str(out)!r} is a file or a folder with files in it; give a new or empty folder.")
+
+
+def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the checkpoint") -> Path:
     """Write a checkpoint (as load_checkpoint returns it) as a Hugging Face model folder.
 
     The folder holds config.json, model.safetensors, generation_config.json and the tokenizer;
-    scripts/export_hf.py adds the README model card.
+    scripts/export_hf.py adds the README model card. `source` names the checkpoint in errors.
     """
     out = Path(out_dir)
-    # A folder with older files in it could mix two exports (say a stale modeling file).
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise HFFolderError(f"--out {str(out)!r} is a file or a folder with files in it; give a new or empty folder.")
-    kind = tokenizer_kind(ckpt)
+    check_new_folder(out)
+    kind = tokenizer_kind(ckpt, source)
     model = GPT.from_checkpoint(ckpt).eval()
     special = special_token_ids(kind)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,6 +295,8 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path) -> Path:
         write_remote_model(model, out, special)
     write_generation_config(out, special)
     write_tokenizer(out, kind, ckpt)
+    for path in out.iterdir():  # the safetensors files come out 0600 (apply_umask says why)
+        apply_umask(path)
     return out
 
 
@@ -277,13 +305,13 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path) -> Path:
 
 
 def read_folder_config(folder: str | Path) -> dict[str, Any]:
-    """config.json of a model folder, or an HFFolderError naming what is missing."""
+    """config.json of a model folder, or an HFFolderError naming what is missing or damaged."""
     path = Path(folder) / "config.json"
     if not str(folder) or not Path(folder).is_dir():
         raise HFFolderError(f"init_from=hf:{folder} is not a folder; give a folder exported by scripts/export_hf.py or a GPT-2 model folder.")
     if not path.is_file():
         raise HFFolderError(f"{str(folder)!r} has no config.json, so it is no Hugging Face model folder.")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json_object(path, HFFolderError, "the folder is damaged: export it again, or save the model with save_pretrained.")
 
 
 def gpt2_model_config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -305,26 +333,47 @@ def gpt2_model_config(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def folder_model_config(folder: str | Path) -> dict[str, Any]:
-    """The GPTConfig keys of an exported folder or a GPT-2 folder."""
+    """The GPTConfig keys of an exported folder or a GPT-2 folder, whose weights fit them.
+
+    Everything that can be wrong with the folder is found here, before a run builds anything:
+    its config.json's values, and the names and shapes of its weights (read from the files'
+    headers, or memory-mapped: no tensor is loaded). Every failure is a ValueError naming the
+    file: an HFFolderError, or a CheckpointError from the checks the checkpoints share.
+    """
     hf = read_folder_config(folder)
+    config_path = Path(folder) / "config.json"
     model_type = hf.get("model_type")
     if model_type == "gpt2":
-        return gpt2_model_config(hf)
-    if model_type == REMOTE_MODEL_TYPE:
-        cfg = config_from_dict({k: hf[k] for k in model_defaults() if k in hf})  # validates the values
-        return {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
-    raise HFFolderError(
-        f"{str(folder)!r} holds a {model_type!r} model; init_from=hf: reads model types gpt2 and {REMOTE_MODEL_TYPE}."
-    )
+        keys = gpt2_model_config(hf)
+    elif model_type == REMOTE_MODEL_TYPE:
+        keys = {k: hf[k] for k in model_defaults() if k in hf}
+    else:
+        raise HFFolderError(
+            f"{str(folder)!r} holds a {model_type!r} model; init_from=hf: reads model types gpt2 and {REMOTE_MODEL_TYPE}."
+        )
+    try:
+        cfg = config_from_dict(keys)
+    except ValueError as exc:
+        raise HFFolderError(f"{str(config_path)!r} does not describe a model this project can build: {exc}") from None
+    weights_path, shapes = folder_weights(folder, shapes_only=True)
+    check_weights(shapes, cfg, repr(str(weights_path)), repr(str(config_path)))
+    # A GPT-2 folder gives the keys it sets (the rest are GPTConfig's defaults), an exported one all of them.
+    return keys if model_type == "gpt2" else {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / WEIGHTS_FILE).is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(folder / WEIGHTS_FILE))
-    if (folder / LEGACY_WEIGHTS_FILE).is_file():
-        return torch.load(folder / LEGACY_WEIGHTS_FILE, map_location="cpu", weights_only=True)
+def _read_weights(folder: Path, shapes_only: bool) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(the weights file, its tensors by its own names); shapes_only: tensors on the meta device
+    (safetensors) or memory-mapped (a pickle), which read nothing but the names and shapes."""
+    path = folder / WEIGHTS_FILE
+    if path.is_file():
+        return path, read_safetensors(path, shapes_only)[1]
+    path = folder / LEGACY_WEIGHTS_FILE
+    if path.is_file():
+        # torch.load maps only its own zip archives; an old-style pickle is read whole.
+        state = read_torch_file(path, "cpu", mmap=shapes_only and zipfile.is_zipfile(path))
+        if not is_state_dict(state):
+            raise HFFolderError(f"{str(path)!r} does not hold a dict of weight tensors by name (found a {type(state).__name__}); it is damaged.")
+        return path, state
     raise HFFolderError(f"{str(folder)!r} has neither {WEIGHTS_FILE} nor {LEGACY_WEIGHTS_FILE}.")
 
 
@@ -338,14 +387,14 @@ def _gpt2_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return state
 
 
-def folder_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
-    """Our state dict (GPT's parameter names, LM head tied) of an exported or GPT-2 folder."""
+def folder_weights(folder: str | Path, shapes_only: bool = False) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(the weights file, our state dict of it: GPT's parameter names, LM head tied) of an
+    exported or GPT-2 folder; shapes_only as _read_weights."""
     folder = Path(folder)
-    hf_state = _read_weights(folder)
+    path, hf_state = _read_weights(folder, shapes_only)
     if read_folder_config(folder).get("model_type") == "gpt2":
         hf_state = _gpt2_state_dict(hf_state)
-    hf_state[TIED_HEAD] = hf_state[GPT2_TIE]
-    return hf_state
+    return path, tie_head(hf_state)
 
 
 def load_folder_weights(model: GPT, folder: str | Path) -> None:
@@ -353,7 +402,7 @@ def load_folder_weights(model: GPT, folder: str | Path) -> None:
 
     A smaller block_size than the folder's keeps the first positions (nanoGPT's crop).
     """
-    state = folder_state_dict(folder)
+    state = folder_weights(folder)[1]
     state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.block_size]
     model.load_state_dict(state)
 
