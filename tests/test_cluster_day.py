@@ -103,3 +103,10 @@ def test_zero_shot_jobs_check_batches_against_one_gpu(cluster: dict, tmp_path: P
     """An evaluation job takes one GPU: a training batch size that suits 8 GPUs must not matter."""
     result = launch(cluster, "--stage", "zero_shot", "--methods", "pre_ln", "--datasets", "openwebtext", "--batch_size=24", "--global_batch_size=120")
     assert result.returncode == 0, result.stderr
+
+
+def test_gpu_check_help_runs_nothing(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--help"], cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out")},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "One GPU check of the fused sphere update" in result.stdout
+    assert "nvidia-smi" not in result.stdout + result.stderr and not (tmp_path / "out").exists()
