@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.common import REPO_ROOT
-from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params
+from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params, value_fits
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
@@ -272,13 +272,9 @@ def parse_value(key: str, raw: str) -> Any:
 
 def check_value(key: str, value: Any, where: str) -> Any:
     """Check a Python value from a config file against the field type (int -> float allowed)."""
-    tp, optional = _optional_inner(_key_type(key))
-    if value is None and optional:
-        return value
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
-        return value
+    if value_fits(value, _key_type(key)):  # the model's own check of values read from files
+        tp, _ = _optional_inner(_key_type(key))
+        return float(value) if tp is float and value is not None else value
     raise ConfigError(
         f"{key} = {value!r} ({where}): expected a value of type {_type_name(_key_type(key))}, "
         f"got {type(value).__name__}."
@@ -471,15 +467,21 @@ WANDB_DEFAULT_PROJECT = "spheretnorm"
 WANDB_DEFAULT_MODE = "online"
 
 
+def wandb_mode(train: TrainConfig) -> str:
+    """The W&B mode a run uses: its key, else $WANDB_MODE, else online."""
+    mode = train.wandb_mode or os.environ.get("WANDB_MODE", "") or WANDB_DEFAULT_MODE
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"WANDB_MODE={mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}.")
+    return mode
+
+
 def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
     """The W&B keys a run uses: a key set in a config file or on the command line wins, then W&B's
     environment variable, then the default. The run's name is its folder's: a smoke run with
     changed settings never shares a name with the paper run."""
     env = os.environ.get
     folder = os.path.basename(os.path.normpath(train.out_dir)) if train.out_dir else method_dirname(model_cfg)
-    mode = train.wandb_mode or env("WANDB_MODE", "") or WANDB_DEFAULT_MODE
-    if mode not in WANDB_MODES:
-        raise ConfigError(f"WANDB_MODE={mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}.")
+    mode = wandb_mode(train)
     return replace(
         train,
         wandb_run_name=train.wandb_run_name or f"{train.config_name}/{folder}",

@@ -158,7 +158,7 @@ def _type_options(hint: Any) -> tuple[type, ...]:
     return tuple(typing.get_origin(option) or option for option in options)
 
 
-def _is_of_type(value: Any, hint: Any) -> bool:
+def value_fits(value: Any, hint: Any) -> bool:
     """isinstance as a config means it: an int is a float too, a bool is no number."""
     options = _type_options(hint)
     if isinstance(value, bool):
@@ -190,7 +190,7 @@ def config_from_dict(d: dict[str, Any]) -> GPTConfig:
             f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}."
         )
     for key, value in d.items():
-        if not _is_of_type(value, _FIELD_TYPES[key]):
+        if not value_fits(value, _FIELD_TYPES[key]):
             raise ValueError(f"{key} must be {_type_text(_FIELD_TYPES[key])}, got {value!r:.80}.")
     return GPTConfig(**d)
 
@@ -337,7 +337,6 @@ def register_connection(name: str) -> Callable[[type], type]:
             other = declared_params().get(param.key)
             if other is not None and other != param:
                 raise ValueError(f"{cls.__name__} declares parameter {param.key!r} unlike another connection does ({other}).")
-        cls.name = name
         CONNECTIONS[name] = cls
         return cls
 
@@ -397,7 +396,6 @@ class Connection(nn.Module):
     """Base of every deep connection: built as cls(config, layer_idx, slot), called as
     conn(h, sublayer) -> new h. What a connection needs beyond that, it declares here."""
 
-    name = ""  # set by register_connection
     title = ""  # the paper's name of the method, a format string over params ('{spheret_p:g}-SpheretNorm')
     params: tuple[MethodParam, ...] = ()  # model keys that make variants of this connection
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from spheretnorm.config import ConfigError, TrainConfig
+from spheretnorm.config import ConfigError, TrainConfig, wandb_mode
 from spheretnorm.model import DIAGNOSTIC_SERIES
 from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run
 
@@ -117,8 +117,10 @@ def wandb_key_source() -> str | None:
 
 def check_wandb(train: TrainConfig) -> None:
     """Stop before training when W&B logging could not work, instead of a warning lost in a log."""
-    mode = train.wandb_mode or os.environ.get("WANDB_MODE", "") or "online"
-    if not train.wandb_log or mode == "disabled":
+    if not train.wandb_log:
+        return
+    mode = wandb_mode(train)
+    if mode == "disabled":
         return
     if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=true but the wandb package is not installed; pip install wandb, or pass --wandb_log=false.")

@@ -196,21 +196,34 @@ def boolq_record(original: Record, idx: int) -> Record:
 SOCIAL_IQA_LETTERS = {"A": "1", "B": "2", "C": "3"}
 
 
+def _labelled_records(
+    dev_jsonl: str,
+    labels_lst: str | None,
+    names: tuple[str, str],
+    fields: Schema,
+    valid_labels: tuple[str, ...],
+    label_key: str,
+    label_of: Callable[[Record, str | None, int, tuple[str, str]], str],
+) -> list[Record]:
+    """Records of a release whose labels come from each record or from a separate .lst file
+    (Social IQa, WinoGrande): the hub's fields plus label_key, from label_of."""
+    originals = read_jsonl(dev_jsonl, names[0], fields)
+    labels = read_labels(labels_lst, valid_labels, names[1]) if labels_lst is not None else None
+    if labels is not None:
+        _check_same_length(originals, labels, *names)
+    return [
+        {**{k: original[k] for k in fields}, label_key: label_of(original, labels[i] if labels is not None else None, i, names)}
+        for i, original in enumerate(originals)
+    ]
+
+
 def social_iqa_records(dev_jsonl: str, labels_lst: str | None, data_dir: str | Path = "") -> list[Record]:
     """Social IQa release -> the hub's social_i_qa: label '1'-'3' from `correct` (A-C) or the .lst.
 
     data_dir only names the files in errors.
     """
     names = (_name(data_dir, SOCIAL_IQA_FILE), _name(data_dir, SOCIAL_IQA_LABELS_FILE))
-    originals = read_jsonl(dev_jsonl, names[0], SOCIAL_IQA_FIELDS)
-    labels = read_labels(labels_lst, ("1", "2", "3"), names[1]) if labels_lst is not None else None
-    if labels is not None:
-        _check_same_length(originals, labels, *names)
-    records = []
-    for i, original in enumerate(originals):
-        label = _social_iqa_label(original, labels[i] if labels is not None else None, i, names)
-        records.append({**{k: original[k] for k in SOCIAL_IQA_FIELDS}, "label": label})
-    return records
+    return _labelled_records(dev_jsonl, labels_lst, names, SOCIAL_IQA_FIELDS, ("1", "2", "3"), "label", _social_iqa_label)
 
 
 def _social_iqa_label(original: Record, from_lst: str | None, index: int, names: tuple[str, str]) -> str:
@@ -238,15 +251,7 @@ def winogrande_records(dev_jsonl: str, labels_lst: str | None, data_dir: str | P
     data_dir only names the files in errors.
     """
     names = (_name(data_dir, WINOGRANDE_FILE), _name(data_dir, WINOGRANDE_LABELS_FILE))
-    originals = read_jsonl(dev_jsonl, names[0], WINOGRANDE_FIELDS)
-    labels = read_labels(labels_lst, ("1", "2"), names[1]) if labels_lst is not None else None
-    if labels is not None:
-        _check_same_length(originals, labels, *names)
-    records = []
-    for i, original in enumerate(originals):
-        answer = _winogrande_answer(original, labels[i] if labels is not None else None, i, names)
-        records.append({**{k: original[k] for k in WINOGRANDE_FIELDS}, "answer": answer})
-    return records
+    return _labelled_records(dev_jsonl, labels_lst, names, WINOGRANDE_FIELDS, ("1", "2"), "answer", _winogrande_answer)
 
 
 def _winogrande_answer(original: Record, from_lst: str | None, index: int, names: tuple[str, str]) -> str:
