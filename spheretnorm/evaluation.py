@@ -24,6 +24,9 @@ from spheretnorm.rundir import SPLITS, CollapseError, NonFiniteLossError
 from spheretnorm.tracking import Progress
 
 
+STOP_CHECK_ROUNDS = 8  # an evaluation checks for a stop request once per this many batches a rank
+
+
 class EvalAbandoned(Exception):
     """A stop was requested during an evaluation: it is dropped, so the stop waits for no more batches."""
 
@@ -110,8 +113,9 @@ class Evaluator:
 
         The batches come from their own stream, so they are the same at every evaluation and
         never move the training sampler or the dropout generators. Rank r takes batches r,
-        r + world_size, ...; every rank checks for a stop before each round, the same number
-        of times, so that a stop abandons the evaluation on all of them together.
+        r + world_size, ...; every rank checks for a stop at the start of a round, the same number
+        of times (every STOP_CHECK_ROUNDS rounds), so that a stop abandons the evaluation on all of
+        them together.
         """
         self.model.eval()
         out = {}
@@ -123,7 +127,8 @@ class Evaluator:
                 total = torch.zeros((), device=self.device)
                 progress.start(split, len(range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size)))
                 for done in range(rounds):
-                    if self.stop_requested():
+                    # Every few rounds: across ranks the check is an all-reduce that waits for the GPU.
+                    if done % STOP_CHECK_ROUNDS == 0 and self.stop_requested():
                         raise EvalAbandoned(split)
                     i = done * self.dist.world_size + self.dist.rank
                     if i >= self.cfg.eval_iters:
