@@ -55,6 +55,15 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def rank_pid(pids: list[int], rank: int) -> int:
+    """The worker of that rank (torchrun starts them in no order that pgrep keeps)."""
+    for pid in pids:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no worker of rank {rank} among {pids}")
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie."""
     try:
@@ -112,7 +121,7 @@ def test_a_stopped_peer_ends_the_job_within_dist_timeout(data_dir: Path, tmp_pat
     proc = start(torchrun_cmd(data_dir, tmp_path, "--checkpoint_interval=10", f"--dist_timeout={timeout_s}"))
     wait_for_line(proc, "iter 20/")
     workers = children(proc.pid)
-    os.kill(workers[1], signal.SIGSTOP)  # rank 1 freezes, as a hung node would
+    os.kill(rank_pid(workers, 1), signal.SIGSTOP)  # rank 1 freezes, as a hung node would; rank 0 reports
     started = time.time()
     out, _ = proc.communicate(timeout=timeout_s + 90)
     wait_all_gone(workers, 30)
