@@ -51,6 +51,9 @@ ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 # evaluation may change them, and they are not part of a run's identity.
 EXECUTION_KEYS = ("sphere_impl",)
 ALPHA_INDICES = ("block", "sublayer")
+BLOCKS = ("gpt2", "llama")
+ROPE_BASE = 10000.0  # theta of the rotary embedding (RoPE paper, LLaMA 1-2)
+RMS_NORM_EPS = 1e-6  # LLaMA's
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
 
@@ -67,8 +70,11 @@ class GPTConfig:
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    bias: bool = True  # bias in Linear and LayerNorm layers, as GPT-2 (paper Table 6)
+    # Bias in Linear and LayerNorm layers; None means the block's own choice: on in GPT-2's
+    # (paper Table 6), off in LLaMA's and for connections without biases (nGPT).
+    bias: bool | None = None
     connection: str = "pre_ln"  # a key of CONNECTIONS
+    block: str = "gpt2"  # a key of BLOCKS: GPT-2's block (the paper's) or LLaMA's
     spheret_p: float = 0.5  # p of p-SpheretNorm: angle = p * arctan(beta / p)
     angle_max: float = math.pi / 4  # largest rotation of one sphere update (paper 4.2)
     alpha_decay: str = "sqrt"  # depth decay lambda_l of the sphere step size
@@ -90,6 +96,10 @@ class GPTConfig:
                 f"{', '.join(CONNECTIONS)}."
             )
         self.connection_params = resolve_connection_params(self.connection, self.connection_params)
+        if self.block not in BLOCKS:
+            raise ValueError(f"Unknown block {self.block!r}; valid blocks are: {', '.join(BLOCKS)}.")
+        self.bias = self._resolve_bias()
+        CONNECTIONS[self.connection].check_config(self)
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
@@ -125,6 +135,22 @@ class GPTConfig:
             raise ValueError(
                 f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}."
             )
+
+    def _resolve_bias(self) -> bool:
+        allowed = CONNECTIONS[self.connection].biases
+        if self.bias is None:
+            return self.block == "gpt2" and allowed
+        if self.bias and not allowed:
+            raise ValueError(f"Connection {self.connection!r} has no biases; set bias=False (or leave it unset).")
+        return bool(self.bias)
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Width of the MLP's hidden layer: 4d in GPT-2; in LLaMA 2/3 of 4d (so that SwiGLU's three
+        matrices cost what GELU's two do) rounded up to a multiple of 64, as Meta's code rounds it."""
+        if self.block == "gpt2":
+            return 4 * self.n_embd
+        return 64 * ((8 * self.n_embd // 3 + 63) // 64)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names that are not fields: a connection's declared parameters.
@@ -249,8 +275,50 @@ class ScaleNorm(nn.Module):
         return scale_to_radius(x, self.radius())
 
 
+class RMSNorm(nn.Module):
+    """RMSNorm (LLaMA's): g * x / sqrt(mean(x^2) + eps), computed in fp32 and cast back."""
+
+    def __init__(self, ndim: int, eps: float = RMS_NORM_EPS):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def block_norm(config: GPTConfig) -> nn.Module:
+    """The normalisation layer of the block: LayerNorm in GPT-2's, RMSNorm in LLaMA's."""
+    if config.block == "llama":
+        return RMSNorm(config.n_embd)
+    return LayerNorm(config.n_embd, bias=config.bias)
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """x / ||x|| along the last dimension (nGPT's Norm)."""
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(EPS)
+
+
 # -----------------------------------------------------------------------------
-# Sublayers (nanoGPT's, unchanged)
+# Sublayers: nanoGPT's attention and MLP, and LLaMA's rotary positions and SwiGLU
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (B, nh, T, hs) at positions pos (T,) or (B, T).
+
+    Half-split layout, as LLaMA's Hugging Face port: dimension i and i + hs/2 form one plane,
+    turned by the angle pos * ROPE_BASE^(-2i/hs). The angles are computed in fp32 whatever x's
+    dtype (in bf16 a position of a few hundred would lose its last digits).
+    """
+    hs = x.size(-1)
+    inv_freq = ROPE_BASE ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)
+    angles = pos.to(torch.float32)[..., None] * inv_freq  # (T, hs/2) or (B, T, hs/2)
+    if angles.dim() == 3:
+        angles = angles[:, None]  # one set of angles for all heads
+    cos, sin = torch.cat((angles.cos(),) * 2, dim=-1), torch.cat((angles.sin(),) * 2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -263,18 +331,33 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.rotary = config.block == "llama"  # LLaMA's block has no position table: RoPE on q, k
+        # A connection may normalise q and k (nGPT); it then says the softmax scale.
+        self.qk_norm = CONNECTIONS[config.connection].qk_norm(config)
+        self.softmax_scale = getattr(self.qk_norm, "softmax_scale", None)  # None: SDPA's 1 / sqrt(hs)
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of x (B, T, C), each (B, nh, T, hs)."""
+    def heads(
+        self, x: torch.Tensor, pos: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x (B, T, C), each (B, nh, T, hs), with positions and the connection's q/k norm applied."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.rotary:
+            pos = torch.arange(T, device=x.device) if pos is None else pos
+            q, k = rotate(q, pos), rotate(k, pos)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        return q, k, v
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Causal self-attention; attn_mask (B, T, T), True where a query may attend, replaces
-        the causal mask (packed zero-shot rows, see GPT.final_hidden)."""
+        the causal mask and pos (B, T) the positions 0..T-1 (packed zero-shot rows, see
+        GPT.final_hidden)."""
         B, T, C = x.size()
-        q, k, v = self.heads(x)
+        q, k, v = self.heads(x, pos)
         y = F.scaled_dot_product_attention(
             q,
             k,
@@ -282,6 +365,7 @@ class CausalSelfAttention(nn.Module):
             attn_mask=None if attn_mask is None else attn_mask[:, None],  # one mask for all heads
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=attn_mask is None,
+            scale=self.softmax_scale,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return self.resid_dropout(self.c_proj(y))
@@ -289,26 +373,48 @@ class CausalSelfAttention(nn.Module):
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
         """The softmax matrix (B, nh, T, T) that forward's fused attention never materialises.
 
-        For diagnostics only (an attention sink is read off it): the same scores as
-        scaled_dot_product_attention's default 1 / sqrt(hs) scale and causal mask, in fp32.
+        For diagnostics only (an attention sink is read off it): the same scores as forward's
+        (scale, positions, causal mask), in fp32.
         """
         q, k, _ = self.heads(x)
         T = x.size(1)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        scale = self.softmax_scale or 1.0 / math.sqrt(q.size(-1))
+        scores = (q.float() @ k.float().transpose(-2, -1)) * scale
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
 
 class MLP(nn.Module):
+    """GPT-2's MLP: c_proj(GELU(c_fc(x))), 4d wide."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.scale = CONNECTIONS[config.connection].mlp_scale(config, config.mlp_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.gelu(self.scale(self.c_fc(x)))))
+
+
+class SwiGLU(nn.Module):
+    """LLaMA's MLP: c_proj(SiLU(gate) * up), [gate; up] = c_fc(x), each mlp_hidden wide."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=config.bias)  # gate, then up
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.scale = CONNECTIONS[config.connection].mlp_scale(config, 2 * config.mlp_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.scale(self.c_fc(x)).chunk(2, dim=-1)
+        return self.dropout(self.c_proj(F.silu(gate) * up))
+
+
+BLOCK_MLPS: dict[str, Callable[[GPTConfig], nn.Module]] = {"gpt2": MLP, "llama": SwiGLU}
 
 
 # -----------------------------------------------------------------------------
@@ -398,6 +504,8 @@ class Connection(nn.Module):
 
     title = ""  # the paper's name of the method, a format string over params ('{spheret_p:g}-SpheretNorm')
     params: tuple[MethodParam, ...] = ()  # model keys that make variants of this connection
+    biases = True  # whether the model's Linear layers may have biases (bias=None: the block decides)
+    tie_embeddings = True  # the LM head shares the token embedding's matrix (GPT-2)
 
     @classmethod
     def optimizer_rule(cls, name: str, p: nn.Parameter) -> OptimRule:
@@ -408,6 +516,33 @@ class Connection(nn.Module):
     @classmethod
     def after_optimizer_step(cls, model: nn.Module) -> None:
         """Runs once after every optimizer step (e.g. to renormalise weights); nothing by default."""
+
+    @classmethod
+    def after_init(cls, model: nn.Module) -> None:
+        """Runs once at the end of GPT.__init__, after the weights' init; nothing by default."""
+
+    @classmethod
+    def check_config(cls, config: GPTConfig) -> None:
+        """Raise a ValueError naming the key if this connection cannot run `config`; any is fine by default."""
+
+    # What a connection may change inside the sublayers and the head. The defaults are the
+    # plain GPT-2 / LLaMA model; nGPT overrides all three.
+
+    @staticmethod
+    def qk_norm(config: GPTConfig) -> nn.Module | None:
+        """A module (q, k) -> (q, k) applied per head before the scores, with an attribute
+        softmax_scale; None for plain attention."""
+        return None
+
+    @staticmethod
+    def mlp_scale(config: GPTConfig, width: int) -> nn.Module:
+        """A module applied to the MLP's pre-activations (width of them) before the nonlinearity."""
+        return nn.Identity()
+
+    @staticmethod
+    def lm_head(config: GPTConfig) -> nn.Linear:
+        """The LM head: logits = lm_head(final hidden state)."""
+        return nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__()
@@ -424,7 +559,7 @@ class Connection(nn.Module):
 
     @staticmethod
     def final_norm(config: GPTConfig) -> nn.Module:
-        return LayerNorm(config.n_embd, bias=config.bias)
+        return block_norm(config)
 
 
 @register_connection("pre_ln")
@@ -435,7 +570,7 @@ class PreLN(Connection):
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
-        self.ln = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln = block_norm(config)
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         return h + sublayer(self.ln(h))
@@ -449,7 +584,7 @@ class PostLN(Connection):
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
-        self.ln = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln = block_norm(config)
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         return self.ln(h + sublayer(h))
@@ -481,12 +616,12 @@ class PeriLN(Connection):
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
-        self.ln_in = LayerNorm(config.n_embd, bias=config.bias)
-        self.ln_out = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_in = block_norm(config)
+        self.ln_out = block_norm(config)
 
     @staticmethod
     def embed_norm(config: GPTConfig) -> nn.Module:
-        return LayerNorm(config.n_embd, bias=config.bias) if config.peri_embed_ln else nn.Identity()
+        return block_norm(config) if config.peri_embed_ln else nn.Identity()
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         return h + self.ln_out(sublayer(self.ln_in(h)))
@@ -501,8 +636,8 @@ class Keel(Connection):
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
         self.alpha = config.keel_scale
-        self.ln_in = LayerNorm(config.n_embd, bias=config.bias)
-        self.ln_post = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_in = block_norm(config)
+        self.ln_post = block_norm(config)
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         return self.ln_post(self.alpha * h + sublayer(self.ln_in(h)))
@@ -516,7 +651,7 @@ class LNS(Connection):
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
-        self.ln = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln = block_norm(config)
         self.scale = 1.0 / math.sqrt(layer_idx)
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
@@ -629,6 +764,162 @@ class PSpheretNorm(SphereConnection):
         self.p = config.spheret_p
 
 
+# nGPT (Loshchilov et al. 2024, "nGPT: Normalized Transformer with Representation Learning on
+# the Hypersphere", arXiv 2410.01131; reference code NVIDIA/ngpt). Its learnable scales use the
+# paper's parametrisation: a vector s stored at s_scale and used as s * (s_init / s_scale), so it
+# starts at s_init and Adam, whose steps ignore a parameter's scale, moves the used value
+# s_init / s_scale times as fast as the stored one. docs/CONNECTIONS.md lists where this
+# implementation departs from the reference.
+
+NGPT_ALPHA_INIT = 0.05  # alpha_A and alpha_M at init (the paper's 0.05; its s_scale is 1 / sqrt(d))
+
+
+def ngpt_scaling(config: GPTConfig) -> float:
+    """The paper's s_scale of alpha, s_qk and s_z: 1 / sqrt(d) (NVIDIA/ngpt's base_scale)."""
+    return 1.0 / math.sqrt(config.n_embd)
+
+
+def scaled_vector(size: int, scaling: float) -> nn.Parameter:
+    """A learnable vector stored at s_scale (nGPT's parametrisation, see above)."""
+    return nn.Parameter(torch.full((size,), float(scaling)))
+
+
+class NormalizedQK(nn.Module):
+    """nGPT's attention scores: q and k unit per head, then times s_qk (init 1); the softmax
+    scale sqrt(hs) restores the spread that 1 / sqrt(hs) assumes of unnormalised q, k."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        scaling = ngpt_scaling(config)
+        self.n_head = config.n_head
+        self.s_qk = scaled_vector(config.n_embd, scaling)  # one entry per head dimension, all heads
+        self.factor = 1.0 / scaling  # s_init = 1
+        self.softmax_scale = math.sqrt(config.n_embd // config.n_head)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = (self.s_qk * self.factor).view(self.n_head, 1, -1)  # (nh, 1, hs) against (B, nh, T, hs)
+        return (s * unit(q)).to(q.dtype), (s * unit(k)).to(k.dtype)
+
+
+class ScaledHidden(nn.Module):
+    """nGPT's s_u, s_v: the MLP's pre-activations times s * sqrt(d) (s stored at 1, init 1).
+
+    The paper puts sqrt(d) on v (the gate) only; here it is on u as well, as in NVIDIA/ngpt. The
+    two agree exactly: u enters the output linearly, and Norm(F(h)) removes a positive factor.
+    """
+
+    def __init__(self, config: GPTConfig, width: int):
+        super().__init__()
+        self.s_uv = scaled_vector(width, 1.0)
+        self.factor = math.sqrt(config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (self.s_uv * self.factor).to(x.dtype)
+
+
+class ScaledHead(nn.Linear):
+    """nGPT's LM head: logits = s_z * (E_out h), s_z per vocabulary entry (init 1)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config.n_embd, config.vocab_size, bias=False)
+        scaling = ngpt_scaling(config)
+        self.s_z = scaled_vector(config.vocab_size, scaling)
+        self.factor = 1.0 / scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * (self.s_z * self.factor).to(x.dtype)
+
+
+class UnitNorm(nn.Module):
+    """x / ||x||: nGPT's Norm as a layer (on the embedding output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return unit(x)
+
+
+def embedding_axis(name: str) -> int:
+    """The axis of a weight matrix that lies along the embedding dimension: 0 for the output
+    projections into the residual stream (c_proj: d x hidden), 1 for every other matrix
+    (embeddings, LM head, c_attn, c_fc: one row of length d per output)."""
+    return 0 if name.endswith("c_proj.weight") else 1
+
+
+@register_connection("ngpt")
+class NGPT(Connection):
+    """nGPT: h = Norm(h + alpha * (Norm(F(h)) - h)), every hidden state on the unit sphere.
+
+    alpha is a learnable eigen learning rate per dimension (|alpha| is used, as NVIDIA/ngpt
+    does); no normalisation layers, no biases, no weight decay; every matrix is renormalised
+    along the embedding dimension after each optimizer step, queries and keys are normalised
+    per head (NormalizedQK), the MLP's pre-activations scaled (ScaledHidden), and the logits
+    too (ScaledHead); the LM head has its own matrix.
+    """
+
+    title = "nGPT"
+    biases = False
+    tie_embeddings = False
+
+    def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
+        super().__init__(config, layer_idx, slot)
+        scaling = ngpt_scaling(config)
+        self.alpha = scaled_vector(config.n_embd, scaling)
+        self.factor = NGPT_ALPHA_INIT / scaling
+
+    @classmethod
+    def check_config(cls, config: GPTConfig) -> None:
+        if config.mup_base_width:
+            raise ValueError(
+                f"nGPT has its own scale parametrisation and no μP; set mup_base_width=0 (got {config.mup_base_width})."
+            )
+
+    @classmethod
+    def optimizer_rule(cls, name: str, p: nn.Parameter) -> OptimRule:
+        return OptimRule(decay=False)  # the unit norm constrains every matrix; nGPT trains without decay
+
+    @classmethod
+    def after_optimizer_step(cls, model: nn.Module) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.copy_(F.normalize(p, dim=embedding_axis(name)))
+
+    @classmethod
+    def after_init(cls, model: nn.Module) -> None:
+        cls.after_optimizer_step(model)  # training starts from unit-norm matrices too
+
+    @staticmethod
+    def embed_norm(config: GPTConfig) -> nn.Module:
+        # Token rows are unit already (a no-op then); with GPT-2's position table the sum is not.
+        return UnitNorm()
+
+    @staticmethod
+    def final_norm(config: GPTConfig) -> nn.Module:
+        return nn.Identity()
+
+    @staticmethod
+    def qk_norm(config: GPTConfig) -> nn.Module | None:
+        return NormalizedQK(config)
+
+    @staticmethod
+    def mlp_scale(config: GPTConfig, width: int) -> nn.Module:
+        return ScaledHidden(config, width)
+
+    @staticmethod
+    def lm_head(config: GPTConfig) -> nn.Linear:
+        return ScaledHead(config)
+
+    def eigen_lr(self) -> torch.Tensor:
+        """|alpha|, the per-dimension step towards Norm(F(h)); 0.05 everywhere at init."""
+        return (self.alpha * self.factor).abs()
+
+    def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        f = sublayer(h)
+        dtype = h.dtype
+        h, f = h.to(compute_dtype(h)), f.to(compute_dtype(h))  # the sphere in fp32, as SphereConnection
+        h = unit(h)
+        return unit(h + self.eigen_lr() * (unit(f) - h)).to(dtype)
+
+
 SPHERE_CONNECTIONS = tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))
 
 
@@ -641,12 +932,14 @@ class Block(nn.Module):
         super().__init__()
         connection = CONNECTIONS[config.connection]
         self.attn = CausalSelfAttention(config)
-        self.mlp = MLP(config)
+        self.mlp = BLOCK_MLPS[config.block](config)
         self.conn_attn = connection(config, layer_idx, slot=0)
         self.conn_mlp = connection(config, layer_idx, slot=1)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        attn = self.attn if attn_mask is None else functools.partial(self.attn, attn_mask=attn_mask)
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        attn = self.attn if attn_mask is None and pos is None else functools.partial(self.attn, attn_mask=attn_mask, pos=pos)
         x = self.conn_attn(x, attn)
         x = self.conn_mlp(x, self.mlp)
         return x
@@ -655,28 +948,32 @@ class Block(nn.Module):
 def transformer_modules(config: GPTConfig, block: Callable[[GPTConfig, int], nn.Module]) -> nn.ModuleDict:
     """Embeddings, the blocks block(config, l) for l = 1..L, and the final norm, by GPT-2's names.
 
+    LLaMA's block has no position table (wpe): its positions enter the attention by RoPE.
+
     The exported Hugging Face model (spheretnorm/hf/folder.py) builds its body here too, with its cached block.
     """
     connection = CONNECTIONS[config.connection]
-    return nn.ModuleDict(
-        dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            embed_norm=connection.embed_norm(config),
-            h=nn.ModuleList([block(config, l) for l in range(1, config.n_layer + 1)]),
-            ln_f=connection.final_norm(config),
-        )
+    modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+    if config.block == "gpt2":
+        modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+    modules.update(
+        drop=nn.Dropout(config.dropout),
+        embed_norm=connection.embed_norm(config),
+        h=nn.ModuleList([block(config, l) for l in range(1, config.n_layer + 1)]),
+        ln_f=connection.final_norm(config),
     )
+    return nn.ModuleDict(modules)
 
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        connection = CONNECTIONS[config.connection]
         self.transformer = transformer_modules(config, Block)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.lm_head = connection.lm_head(config)
+        if connection.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
         self.apply(self._init_weights)
         # Residual projections get std 0.02 / sqrt(2L), as GPT-2.
@@ -684,6 +981,7 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         self._scale_init_for_mup()
+        connection.after_init(self)
 
     def _scale_init_for_mup(self) -> None:
         """μP's init (mup.py): rescale the stds above by kind; nothing at all when the ratio is 1."""
@@ -708,12 +1006,12 @@ class GPT(nn.Module):
         Token embeddings are counted because they are tied to the LM head.
         """
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Token + position embeddings, then the connection's embedding norm.
+        """Token embeddings (+ position embeddings in GPT-2's block), then the connection's embedding norm.
 
         pos (B, T) overrides the positions 0..T-1 (packed rows restart them per segment).
         """
@@ -722,10 +1020,12 @@ class GPT(nn.Module):
             raise ValueError(
                 f"Cannot forward a sequence of length {t}; block_size is {self.config.block_size}."
             )
-        if pos is None:
-            pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        return self.transformer.embed_norm(x)
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:  # LLaMA's block places tokens by RoPE, in the attention
+            if pos is None:
+                pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+            x = x + self.transformer.wpe(pos)
+        return self.transformer.embed_norm(self.transformer.drop(x))
 
     def forward(
         self,
@@ -761,7 +1061,7 @@ class GPT(nn.Module):
         """
         x = self.embed(idx, pos)
         for block in self.transformer.h:
-            x = block(x, attn_mask)
+            x = block(x, attn_mask, pos)
         x = self.transformer.ln_f(x)
         # μP's logit multiplier, on the head's input (the same for a bias-free linear head), so
         # every caller of lm_head gets it; skipped at ratio 1 so the model stays today's exactly.
@@ -806,7 +1106,8 @@ class GPT(nn.Module):
                 f"block_size={block_size} is larger than the model's {self.config.block_size}."
             )
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
         self,
@@ -1099,8 +1400,7 @@ def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     if path.suffix != SAFETENSORS_SUFFIX:
         raise ValueError(f"{str(path)!r} must end in {SAFETENSORS_SUFFIX}, so that load_checkpoint knows its form.")
-    # The LM head is tied to the token embedding: stored once (safetensors refuses shared tensors).
-    state = {k: v.detach().contiguous() for k, v in clean_state_dict(ckpt["model"]).items() if k != TIED_HEAD}
+    state = untie_head(clean_state_dict(ckpt["model"]))
     metadata = {"format": CHECKPOINT_FORMAT, **{k: json.dumps(ckpt.get(k)) for k in _SAFETENSORS_KEYS}}
     save_file(state, str(path), metadata=metadata)
     apply_umask(path)
@@ -1157,10 +1457,18 @@ def _decode_metadata(metadata: dict[str, str], where: str) -> dict[str, Any]:
     return out
 
 
+def untie_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights to write to a file, contiguous: a head tied to the token embedding is stored
+    once (safetensors refuses shared tensors); an untied head (nGPT) is kept."""
+    tied = TIED_HEAD in state and TIED_TO in state and state[TIED_HEAD].data_ptr() == state[TIED_TO].data_ptr()
+    return {k: v.detach().contiguous() for k, v in state.items() if not (tied and k == TIED_HEAD)}
+
+
 def tie_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The LM head back from the token embedding it is tied to, in place (files store it once);
-    a state without the embedding is left so, for check_weights to name it missing."""
-    if TIED_TO in state:
+    a head of its own (nGPT) is kept, and a state without the embedding is left so, for
+    check_weights to name it missing."""
+    if TIED_TO in state and TIED_HEAD not in state:
         state[TIED_HEAD] = state[TIED_TO]
     return state
 
