@@ -25,12 +25,11 @@ from pathlib import Path
 
 import argparse
 import json
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from spheretnorm import plots as plot
-from spheretnorm.study import CPU_MODEL, RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, exit_status, study_main
+from spheretnorm.study import CPU_MODEL, RESERVED, JobResult, diagnostic_summary, paired_seed_summary, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, exit_status, study_main
 from spheretnorm.runs import HelpFormatter
 from spheretnorm.runs import CONFIG_NAME, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
 
@@ -90,27 +89,6 @@ def plan_runs(methods: list[str], seeds: list[int], ablation: bool) -> list[Stud
 # The table
 
 
-def diagnostic_summary(row: dict[str, Any]) -> dict[str, float | None]:
-    """One number per diagnostic of an eval row, so that runs fit side by side in a table.
-
-    attn_sink: mean over blocks; massive: the largest max/median over layers; contribution and
-    update: mean over sublayers, and the last sublayer's contribution over the first's (below 1:
-    the deep layers do less, the curse of depth).
-    """
-
-    def mean(key: str) -> float | None:
-        return statistics.fmean(row[key]) if row.get(key) else None
-
-    contrib = row.get("contribution") or []
-    return {
-        "attn_sink": mean("attn_sink"),
-        "massive_ratio": max(row["massive_ratio"]) if row.get("massive_ratio") else None,
-        "contribution": mean("contribution"),
-        "contribution_last_first": contrib[-1] / contrib[0] if contrib and contrib[0] > 0 else None,
-        "update_ratio": mean("update_ratio"),
-    }
-
-
 def result_row(run: StudyRun, result: JobResult, unigram: float) -> dict[str, Any]:
     """The outcome of one run (cpu_study.outcome) and the diagnostics of its last evaluation."""
     base = outcome(result, unigram)
@@ -145,26 +123,14 @@ def study_table(rows: list[dict[str, Any]]) -> str:
 
 
 def seed_summary(rows: list[dict[str, Any]], baseline: str = "pre_ln") -> str:
-    """Val loss per method over the seeds: mean, range, and the gap to the baseline run of the
-    same seed (paired, so that what a seed does to every method cancels). Empty with one seed."""
-    runs: dict[tuple[str, str], dict[int, float]] = {}
-    for r in rows:
-        if r["val_loss"] is not None:
-            runs.setdefault((r["method"], r["alpha_index"]), {})[r["seed"]] = r["val_loss"]
-    if max((len(v) for v in runs.values()), default=0) < 2:
-        return ""
-    base = runs.get((baseline, "block"), {})
-    lines = [
-        f"| method | seeds | val loss, mean | range | minus {display_name(baseline)} (same seed), mean | range |",
-        "|:--|--:|--:|--:|--:|--:|",
-    ]
-    for (method, alpha_index), losses in runs.items():
-        name = display_name(method) + (" (alpha_index=sublayer)" if alpha_index == "sublayer" else "")
-        gaps = [loss - base[seed] for seed, loss in losses.items() if seed in base]
-        gap = f"{statistics.fmean(gaps):+.3f} | {min(gaps):+.3f} to {max(gaps):+.3f}" if gaps else "- | -"
-        vals = list(losses.values())
-        lines.append(f"| {name} | {len(vals)} | {statistics.fmean(vals):.3f} | {min(vals):.3f} to {max(vals):.3f} | {gap} |")
-    return "\n".join(lines)
+    """Val loss per method over the seeds, with the gap to the same seed's baseline run
+    (study.paired_seed_summary). Empty with one seed."""
+
+    def name(method: str, alpha_index: str) -> str:
+        return display_name(method) + (" (alpha_index=sublayer)" if alpha_index == "sublayer" else "")
+
+    named = [{**r, "name": name(r["method"], r["alpha_index"]), "baseline": name(baseline, "block")} for r in rows]
+    return paired_seed_summary(named, display_name(baseline))
 
 
 # -----------------------------------------------------------------------------

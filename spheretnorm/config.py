@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.common import REPO_ROOT
-from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params, value_fits
+from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params, value_fits
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
@@ -188,6 +188,7 @@ _MODEL_CHOICES = {
     "connection": CONNECTIONS,  # the registry itself, so a connection registered later counts
     "alpha_decay": ALPHA_DECAYS,
     "alpha_index": ALPHA_INDICES,
+    "block": BLOCKS,
 }
 
 

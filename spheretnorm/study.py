@@ -11,6 +11,7 @@ second thread to pay off and a busy machine makes a two-threaded job wait for it
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -233,3 +234,53 @@ def study_main(parse_args: Callable[[list[str] | None], tuple[Any, list[str]]],
 def exit_status(rows: list[dict[str, Any]]) -> int:
     """1 when any run of a study failed, else 0."""
     return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+# -----------------------------------------------------------------------------
+# Tables of a study's runs
+
+
+def diagnostic_summary(row: dict[str, Any]) -> dict[str, float | None]:
+    """One number per diagnostic of an eval row, so that runs fit side by side in a table.
+
+    attn_sink: mean over blocks; massive: the largest max/median over layers; contribution and
+    update: mean over sublayers, and the last sublayer's contribution over the first's (below 1:
+    the deep layers do less, the curse of depth).
+    """
+
+    def mean(key: str) -> float | None:
+        return statistics.fmean(row[key]) if row.get(key) else None
+
+    contrib = row.get("contribution") or []
+    return {
+        "attn_sink": mean("attn_sink"),
+        "massive_ratio": max(row["massive_ratio"]) if row.get("massive_ratio") else None,
+        "contribution": mean("contribution"),
+        "contribution_last_first": contrib[-1] / contrib[0] if contrib and contrib[0] > 0 else None,
+        "update_ratio": mean("update_ratio"),
+    }
+
+
+def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str) -> str:
+    """Val loss per variant over the seeds: mean, range, and the gap to its baseline's run of the
+    same seed (paired, so that what a seed does to every variant cancels). Each row names its
+    variant ("name") and its baseline variant ("baseline"); empty when no variant has two seeds."""
+    losses: dict[str, dict[int, float]] = {}
+    baseline_of: dict[str, str] = {}
+    for r in rows:
+        if r["val_loss"] is not None:
+            losses.setdefault(r["name"], {})[r["seed"]] = r["val_loss"]
+            baseline_of[r["name"]] = r["baseline"]
+    if max((len(v) for v in losses.values()), default=0) < 2:
+        return ""
+    lines = [
+        f"| method | seeds | val loss, mean | range | minus {baseline_title} (same seed), mean | range |",
+        "|:--|--:|--:|--:|--:|--:|",
+    ]
+    for name, by_seed in losses.items():
+        base = losses.get(baseline_of[name], {})
+        gaps = [loss - base[seed] for seed, loss in by_seed.items() if seed in base]
+        gap = f"{statistics.fmean(gaps):+.3f} | {min(gaps):+.3f} to {max(gaps):+.3f}" if gaps else "- | -"
+        vals = list(by_seed.values())
+        lines.append(f"| {name} | {len(vals)} | {statistics.fmean(vals):.3f} | {min(vals):.3f} to {max(vals):.3f} | {gap} |")
+    return "\n".join(lines)
