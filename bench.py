@@ -26,13 +26,13 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
 from spheretnorm.common import DeviceError, autocast_context, enable_tf32, get_device, peak_flops_for, resolve_dtype
-from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
 from spheretnorm.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
 
@@ -40,6 +40,7 @@ BENCH_OPTIONS = {
     "--connections=all": "connections to measure: all, or a comma-separated list of names",
     "--sphere_impl=auto": "sphere update implementations, comma-separated (e.g. reference,auto); "
     "Euclidean connections run once",
+    "--blocks=": "blocks to measure, comma-separated (gpt2, llama); default: the config's --block",
     "--compile=False": "as train.py (True/False), or both for eager and compiled rows",
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
@@ -56,6 +57,7 @@ class BenchOptions:
     connections: list[str]
     sphere_impls: list[str]
     compile_modes: tuple[bool, ...]
+    blocks: list[str] = field(default_factory=list)  # empty: the config's block
     steps: int = 20
     warmup: int = 5
     json_path: str = ""
@@ -72,7 +74,7 @@ def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str
 
 def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
     """Take out the bench options; the rest goes to train.py's config parser."""
-    raw = {"connections": "all", "sphere_impl": "auto", "compile": None, "steps": "20", "warmup": "5", "json": "", "profile": "0"}
+    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "compile": None, "steps": "20", "warmup": "5", "json": "", "profile": "0"}
     rest = []
     for arg in argv:
         key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
@@ -98,6 +100,7 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
         connections=_names(raw["connections"], list(CONNECTIONS), "connections"),
         sphere_impls=_names(raw["sphere_impl"], list(SPHERE_IMPLS), "sphere_impl"),
         compile_modes=modes,
+        blocks=_names(raw["blocks"], list(BLOCKS), "blocks") if raw["blocks"] else [],
         steps=steps,
         warmup=warmup,
         json_path=raw["json"],
@@ -141,7 +144,7 @@ def synchronize(device: str) -> None:
 
 @dataclass
 class Variant:
-    """One row of the table: a connection, its sphere_impl and the compile mode."""
+    """One row of the table: a connection, its sphere_impl, the block and the compile mode."""
 
     cfg: GPTConfig
     compiled: bool
@@ -159,7 +162,7 @@ class Variant:
             impl = self.cfg.sphere_impl
             if impl == "auto":  # say what auto picked here
                 impl = f"auto ({resolve_impl(impl, self.device_type)})"
-        return {"method": method_key(self.cfg), "impl": impl, "mode": "compiled" if self.compiled else "eager"}
+        return {"method": method_key(self.cfg), "block": self.cfg.block, "impl": impl, "mode": "compiled" if self.compiled else "eager"}
 
 
 def make_step(model: GPT, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, compiled: bool, device: str, dtype: str) -> Callable[[], float]:
@@ -178,13 +181,18 @@ def make_step(model: GPT, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        model.after_optimizer_step()  # part of a training step (nGPT renormalises its matrices)
         synchronize(device)
         return time.perf_counter() - t0
 
     return step
 
 
-def build_variants(base: GPTConfig, train: TrainConfig, opts: BenchOptions, device: str, dtype: str) -> list[Variant]:
+def build_variants(
+    base: GPTConfig, train: TrainConfig, opts: BenchOptions, device: str, dtype: str, bias: bool | None = None
+) -> list[Variant]:
+    """Every (compile mode, block, connection, sphere_impl) of opts; bias is the one the config set
+    (None: each block's and connection's own, as GPTConfig resolves it)."""
     shape = (train.batch_size, base.block_size)
     g = torch.Generator().manual_seed(train.seed)
     x = torch.randint(base.vocab_size, shape, generator=g).to(device)
@@ -192,14 +200,15 @@ def build_variants(base: GPTConfig, train: TrainConfig, opts: BenchOptions, devi
     modes = opts.compile_modes or (train.compile,)
     variants = []
     for compiled in modes:
-        for name in opts.connections:
-            impls = opts.sphere_impls if name in SPHERE_CONNECTIONS else ["auto"]
-            for impl in impls:
-                cfg = replace(base, connection=name, sphere_impl=impl)
-                torch.manual_seed(train.seed)
-                model = GPT(cfg).to(device)
-                step = make_step(model, train, x, y, compiled, device, dtype)
-                variants.append(Variant(cfg, compiled, step, model, [], device_type=device.split(":")[0]))
+        for block in opts.blocks or [base.block]:
+            for name in opts.connections:
+                impls = opts.sphere_impls if name in SPHERE_CONNECTIONS else ["auto"]
+                for impl in impls:
+                    cfg = replace(base, connection=name, sphere_impl=impl, block=block, bias=bias)
+                    torch.manual_seed(train.seed)
+                    model = GPT(cfg).to(device)
+                    step = make_step(model, train, x, y, compiled, device, dtype)
+                    variants.append(Variant(cfg, compiled, step, model, [], device_type=device.split(":")[0]))
     return variants
 
 
@@ -288,11 +297,12 @@ def result_row(v: Variant, train: TrainConfig, device: str, dtype: str, saved: i
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """Step time relative to pre_ln in the same mode (None when pre_ln was not measured)."""
-    base = {r["mode"]: r["ms_per_step"] for r in results if r["method"] == "pre_ln"}
+    """Step time relative to pre_ln in the same block and mode (None when pre_ln was not measured)."""
+    base = {(r["block"], r["mode"]): r["ms_per_step"] for r in results if r["method"] == "pre_ln"}
     for r in results:
-        r["ratio_to_pre_ln"] = r["ms_per_step"] / base[r["mode"]] if r["mode"] in base else None
-        saved_base = next((b["saved_mb"] for b in results if b["method"] == "pre_ln" and b["mode"] == "eager"), None)
+        key = (r["block"], r["mode"])
+        r["ratio_to_pre_ln"] = r["ms_per_step"] / base[key] if key in base else None
+        saved_base = next((b["saved_mb"] for b in results if b["method"] == "pre_ln" and b["block"] == r["block"] and b["mode"] == "eager"), None)
         r["saved_ratio_to_pre_ln"] = r["saved_mb"] / saved_base if saved_base and r["saved_mb"] is not None else None
 
 
@@ -302,6 +312,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
     cols = [
         ("method", "method", "<14", None),
+        ("block", "block", "<5", None),
         ("impl", "sphere_impl", "<16", None),
         ("mode", "mode", "<8", None),
         ("ms_per_step", "ms/step", ">8", ".2f"),
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         enable_tf32()
     base = parsed.model_config()
     setting = {
-        **{k: v for k, v in asdict(base).items() if k not in ("connection", "sphere_impl")},
+        **{k: v for k, v in asdict(base).items() if k not in ("connection", "sphere_impl", "block", "bias")},
         "batch_size": train.batch_size,
         "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)",
         "dtype": dtype,
@@ -343,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
     }
     print("bench: " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
-    variants = build_variants(base, train, opts, device, dtype)
+    variants = build_variants(base, train, opts, device, dtype, parsed.model_keys.get("bias"))
     run_round_robin(variants, opts, device)
     cuda = device.startswith("cuda")
     profiles = [profile_variant(v, opts.profile_steps, cuda) for v in variants] if opts.profile_steps else []

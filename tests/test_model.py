@@ -331,8 +331,13 @@ def test_paper_parameter_counts(scale):
             model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, connection=name))
         counts[name] = model.get_num_params(non_embedding=False)
     assert abs(counts["pre_ln"] / 1e9 - billions) < 0.01
-    lo, hi = min(counts.values()), max(counts.values())
+    tied = {name: n for name, n in counts.items() if CONNECTIONS[name].tie_embeddings}
+    lo, hi = min(tied.values()), max(tied.values())
     assert (hi - lo) / lo < 1e-3, counts
+    # An untied LM head (nGPT's) adds its own vocab x d matrix and nothing else of note.
+    head = GPTConfig().vocab_size * n_embd
+    for name in set(counts) - set(tied):
+        assert abs(counts[name] - head - counts["pre_ln"]) / counts["pre_ln"] < 1e-3, (name, counts[name])
 
 
 def test_pre_ln_matches_huggingface_gpt2():
@@ -422,6 +427,10 @@ def test_weight_tying_and_init_scales():
 def test_optimizer_groups(name):
     model = GPT(tiny_config(connection=name))
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    if name == "ngpt":  # its matrices live on the unit sphere: nothing is decayed
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.0]
+        assert len(opt.param_groups[0]["params"]) == len(list(model.parameters()))
+        return
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     grouped = [id(p) for g in opt.param_groups for p in g["params"]]
