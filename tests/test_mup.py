@@ -65,7 +65,22 @@ def batch(vocab: int = 40, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 # Off, and at the base width: today's model exactly
 
 
-@pytest.mark.parametrize("connection", list(CONNECTIONS))
+def takes_mup(connection: str) -> bool:
+    """Whether a connection runs under μP at all (nGPT refuses it: its scales are its own)."""
+    try:
+        GPTConfig(n_embd=32, n_head=2, mup_base_width=32, connection=connection)
+    except ValueError:
+        return False
+    return True
+
+
+def test_ngpt_refuses_mup_with_the_key_named() -> None:
+    assert not takes_mup("ngpt")
+    with pytest.raises(ValueError, match="mup_base_width=0"):
+        GPTConfig(n_embd=32, n_head=2, mup_base_width=32, connection="ngpt")
+
+
+@pytest.mark.parametrize("connection", [c for c in CONNECTIONS if takes_mup(c)])
 def test_base_width_is_todays_model_and_optimizer(connection: str) -> None:
     today, at_base = build(config(32, 0, connection)), build(config(32, 32, connection))
     for (name, a), (_, b) in zip(today.state_dict().items(), at_base.state_dict().items()):
