@@ -22,19 +22,18 @@ OUT_DIR/block_study.json, and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.runs import CONFIG_NAME, HelpFormatter, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, unigram_loss
+from spheretnorm.runs import CONFIG_NAME, HelpFormatter, check_overrides, display_name, load_run, method_args, method_dirname, unigram_loss
 from spheretnorm.study import (
     CPU_MODEL,
     RESERVED,
     JobResult,
-    add_common_options,
+    add_common_options, add_run_options,
     as_args,
     diagnostic_summary,
     ensure_data,
@@ -42,8 +41,10 @@ from spheretnorm.study import (
     make_job,
     outcome,
     paired_seed_summary,
-    run_jobs,
+    parse_number_list,
+    run_or_find,
     study_main,
+    write_study,
 )
 
 BASELINE = "pre_ln"
@@ -159,26 +160,13 @@ def study_table(rows: list[dict[str, Any]]) -> str:
 # Command line
 
 
-def parse_list(spec: str, what: str, kind: type) -> list[Any]:
-    try:
-        values = [kind(s) for s in spec.split(",") if s.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v <= 0 for v in values):
-        raise UsageError(f"--{what} {spec!r} is not valid; give comma-separated positive {kind.__name__}s such as {'1337,1338' if kind is int else '1e-3,3e-3'}.")
-    return values
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False
     )
     p.add_argument("--seeds", default="1337,1338", help="comma-separated seeds (default 1337,1338)")
     p.add_argument("--ngpt_lrs", default="1e-3,3e-3,1e-2", help="nGPT's peak learning rates (default 1e-3,3e-3,1e-2)")
-    p.add_argument("--max_iters", type=int, default=800, help="iterations per run; the cosine ends there (default 800)")
-    p.add_argument("--eval_interval", type=int, default=100, help="iterations between evaluations (default 100)")
-    p.add_argument("--out_dir", default="out/block_study", help="where the runs and the table go (default out/block_study)")
-    p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
+    add_run_options(p, "out/block_study")
     add_common_options(p)
     return p.parse_known_args(argv)
 
@@ -186,8 +174,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
     fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, "block", "connection", "learning_rate", "lr_decay_iters")}
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters"})
-    variants = plan_variants(parse_list(args.ngpt_lrs, "ngpt_lrs", float))
-    runs = [(v, seed) for seed in parse_list(args.seeds, "seeds", int) for v in variants]  # seed-major
+    variants = plan_variants(parse_number_list(args.ngpt_lrs, "ngpt_lrs", float))
+    runs = [(v, seed) for seed in parse_number_list(args.seeds, "seeds", int) for v in variants]  # seed-major
     out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
     ensure_data(data_dir, args.input)
     jobs = []
@@ -196,21 +184,10 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
         argv = variant.args(seed, args.max_iters, args.eval_interval) + overrides
         argv += [f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--config_name=block_study_seed{seed}"]
         jobs.append(make_job(f"{variant.name} seed {seed}", argv, run_dir))
-    if args.table_only:
-        found = [(run, job) for run, job in zip(runs, jobs) if (job.out_dir / CONFIG_NAME).is_file()]
-        runs, results = [run for run, _ in found], [JobResult(job, None, 0.0, "") for _, job in found]
-    else:
-        results = run_jobs(jobs, args.jobs, args.threads)
+    runs, results = run_or_find(runs, jobs, args.table_only, args.jobs, args.threads)
     unigram = unigram_loss(data_dir)
     rows = [result_row(variant, seed, result, unigram) for (variant, seed), result in zip(runs, results)]
-    table = study_table(rows)
-    summary = paired_seed_summary(rows, "Pre-LN of the same block")
-    if summary:
-        table += "\n\nOver the seeds:\n\n" + summary
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "block_study.md").write_text(table + "\n", encoding="utf-8")
-    (out_dir / "block_study.json").write_text(json.dumps({"unigram_loss": unigram, "runs": rows}, indent=2) + "\n", encoding="utf-8")
-    print(table)
+    write_study(out_dir, "block_study", rows, study_table(rows), paired_seed_summary(rows, "Pre-LN of the same block"), unigram)
     return exit_status(rows)
 
 

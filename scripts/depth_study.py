@@ -24,14 +24,13 @@ from pathlib import Path
 
 
 import argparse
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from spheretnorm import plots as plot
-from spheretnorm.study import CPU_MODEL, RESERVED, JobResult, diagnostic_summary, paired_seed_summary, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, exit_status, study_main
+from spheretnorm.study import CPU_MODEL, RESERVED, JobResult, add_common_options, add_run_options, as_args, diagnostic_summary, ensure_data, exit_status, make_job, outcome, paired_seed_summary, parse_number_list, run_or_find, study_main, write_study
 from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import CONFIG_NAME, UsageError, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
+from spheretnorm.runs import CONFIG_NAME, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
 
 DEFAULT_METHODS = "pre_ln,peri_ln,geonorm,p_spheret:0.5,proj_spheret,cay_spheret"
 ABLATION_METHOD = "p_spheret:0.5"
@@ -137,16 +136,6 @@ def seed_summary(rows: list[dict[str, Any]], baseline: str = "pre_ln") -> str:
 # Command line
 
 
-def parse_int_list(spec: str, what: str) -> list[int]:
-    try:
-        values = [int(s) for s in spec.split(",") if s.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise UsageError(f"--{what} {spec!r} is not valid; give comma-separated integers such as 1337,1338.")
-    return values
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False
@@ -155,10 +144,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seeds", default="1337,1338", help="comma-separated seeds (default 1337,1338)")
     p.add_argument("--ablation", choices=("sublayer", "none"), default="sublayer", help=f"also run {ABLATION_METHOD} with alpha_index=sublayer (default), or not")
     p.add_argument("--warmup_iters", type=int, default=400, help="linear warm-up iterations (default 400)")
-    p.add_argument("--max_iters", type=int, default=800, help="iterations per run; the cosine ends there (default 800)")
-    p.add_argument("--eval_interval", type=int, default=100, help="iterations between evaluations (default 100)")
-    p.add_argument("--out_dir", default="out/depth_study", help="where the runs and the table go (default out/depth_study)")
-    p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
+    add_run_options(p, "out/depth_study")
     add_common_options(p)
     return p.parse_known_args(argv)
 
@@ -166,7 +152,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
     check_overrides(overrides, {**RESERVED, "seed": "--seeds", "alpha_index": "--ablation", "warmup_iters": "--warmup_iters", "max_iters": "--max_iters"})
     methods = parse_methods(args.methods)
-    runs = plan_runs(methods, parse_int_list(args.seeds, "seeds"), args.ablation == "sublayer")
+    runs = plan_runs(methods, parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer")
     out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
     ensure_data(data_dir, args.input)
     jobs = []
@@ -174,25 +160,13 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
         argv = run.args(args.warmup_iters, args.max_iters, args.eval_interval) + overrides
         argv += [f"--data_dir={data_dir}", f"--out_dir={out_dir / run.dirname}", f"--config_name=depth_study_seed{run.seed}"]
         jobs.append(make_job(run.label, argv, out_dir / run.dirname))
-    if args.table_only:
-        # Runs not started here are classified from their files alone (returncode None).
-        found = [(run, job) for run, job in zip(runs, jobs) if (job.out_dir / CONFIG_NAME).is_file()]
-        runs, results = [run for run, _ in found], [JobResult(job, None, 0.0, "") for _, job in found]
-    else:
-        results = run_jobs(jobs, args.jobs, args.threads)
+    runs, results = run_or_find(runs, jobs, args.table_only, args.jobs, args.threads)
     unigram = unigram_loss(data_dir)
     rows = [result_row(run, result, unigram) for run, result in zip(runs, results)]
-    table = study_table(rows)
-    summary = seed_summary(rows)
-    if summary:
-        table += "\n\nOver the seeds:\n\n" + summary
-    out_dir.mkdir(parents=True, exist_ok=True)
     found = [load_run(r.job.out_dir) for r in results if (r.job.out_dir / CONFIG_NAME).is_file()]
     if found:
         plot.plot_diagnostics(found, f"{out_dir.name}: 24 x 128", out_dir / "figures" / "diagnostics")
-    (out_dir / "depth_study.md").write_text(table + "\n", encoding="utf-8")
-    (out_dir / "depth_study.json").write_text(json.dumps({"unigram_loss": unigram, "runs": rows}, indent=2) + "\n", encoding="utf-8")
-    print(table)
+    write_study(out_dir, "depth_study", rows, study_table(rows), seed_summary(rows), unigram)
     return exit_status(rows)
 
 

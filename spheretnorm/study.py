@@ -10,6 +10,7 @@ second thread to pay off and a busy machine makes a two-threaded job wait for it
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -19,7 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 from spheretnorm.data.common import load_meta
 from spheretnorm.data.prepare import prepare
@@ -56,6 +59,18 @@ RESERVED = {
     "init_from": "nothing (a finished run is reused, an unfinished one resumes from its checkpoint)",
     "config_name": "nothing (it is <dataset>_<layers>x<width>)",
 }
+
+
+def parse_number_list(spec: str, what: str, kind: type) -> list[Any]:
+    """Comma-separated numbers of an option (--seeds 1337,1338; --lrs 1e-3,3e-3); floats must be positive."""
+    try:
+        values = [kind(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values or (kind is float and any(v <= 0 for v in values)):
+        example = "1337,1338" if kind is int else "1e-3,3e-3"
+        raise UsageError(f"--{what} {spec!r} is not valid; give comma-separated {'integers' if kind is int else 'positive numbers'} such as {example}.")
+    return values
 
 
 def as_args(settings: dict[str, Any]) -> list[str]:
@@ -171,6 +186,25 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int) -> list[JobResult]:
         return list(pool.map(work, jobs))
 
 
+def run_or_find(items: list[T], jobs: list[Job], table_only: bool, parallel: int, threads: int) -> tuple[list[T], list[JobResult]]:
+    """The results of the jobs, each paired with its item (a study's run). table_only runs
+    nothing: only the runs already in their folders count, classified from their files alone."""
+    if not table_only:
+        return items, run_jobs(jobs, parallel, threads)
+    found = [(item, job) for item, job in zip(items, jobs) if (job.out_dir / CONFIG_NAME).is_file()]
+    return [item for item, _ in found], [JobResult(job, None, 0.0, "") for _, job in found]
+
+
+def write_study(out_dir: Path, name: str, rows: list[dict[str, Any]], table: str, summary: str, unigram: float) -> None:
+    """OUT_DIR/<name>.md (the table, then the summary over seeds) and <name>.json; prints the table."""
+    if summary:
+        table += "\n\nOver the seeds:\n\n" + summary
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.md").write_text(table + "\n", encoding="utf-8")
+    (out_dir / f"{name}.json").write_text(json.dumps({"unigram_loss": unigram, "runs": rows}, indent=2) + "\n", encoding="utf-8")
+    print(table)
+
+
 def job_status_line(result: JobResult, index: int, total: int) -> str:
     job = result.job
     if result.reused:
@@ -210,6 +244,14 @@ def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
         earlier = sum(r["seconds"] or 0 for r in reused)
         text += f", {len(reused)} of them found finished and reused (their training took {earlier / 60:.1f} min of run time)"
     return text + "."
+
+
+def add_run_options(parser: Any, out_dir: str) -> None:
+    """The length, evaluations and output folder of a study's runs (depth_study, block_study)."""
+    parser.add_argument("--max_iters", type=int, default=800, help="iterations per run; the cosine ends there (default 800)")
+    parser.add_argument("--eval_interval", type=int, default=100, help="iterations between evaluations (default 100)")
+    parser.add_argument("--out_dir", default=out_dir, help=f"where the runs and the table go (default {out_dir})")
+    parser.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
 
 
 def add_common_options(parser: Any) -> None:

@@ -417,3 +417,28 @@ def test_depth_study_seed_summary_pairs_each_seed_with_its_baseline() -> None:
     assert geo == "| GeoNorm | 2 | 2.025 | 1.900 to 2.150 | -0.075 | -0.100 to -0.050 |"
     assert any(line.startswith("| 0.5-SpheretNorm (alpha_index=sublayer) | 1 | 2.100 |") for line in lines)
     assert depth_study.seed_summary([row("pre_ln", 1, 2.0), row("geonorm", 1, 1.9)]) == ""  # one seed: nothing
+
+
+def test_block_study_gives_ngpt_its_recipe_and_pairs_each_run_with_its_blocks_pre_ln() -> None:
+    from scripts import block_study
+
+    variants = block_study.plan_variants([1e-3, 3e-3])
+    assert [(v.method, v.block, v.ngpt_lr) for v in variants] == [
+        ("pre_ln", "gpt2", None), ("p_spheret:0.5", "gpt2", None), ("geonorm", "gpt2", None),
+        ("ngpt", "gpt2", 1e-3), ("ngpt", "gpt2", 3e-3), ("pre_ln", "llama", None), ("p_spheret:0.5", "llama", None),
+    ]
+    ngpt = dict(a[2:].split("=", 1) for a in variants[4].args(7, 800, 100))
+    assert (ngpt["learning_rate"], ngpt["warmup_iters"], ngpt["weight_decay"], ngpt["min_lr"]) == ("0.003", "0", "0.0", "0.0")
+    assert (ngpt["connection"], ngpt["block"], ngpt["seed"]) == ("ngpt", "gpt2", "7")
+    llama = dict(a[2:].split("=", 1) for a in variants[6].args(7, 800, 100))
+    assert (llama["block"], llama["warmup_iters"], llama["learning_rate"], llama["spheret_p"]) == ("llama", "400", "0.001", "0.5")
+    assert variants[4].dirname(7) == "seed7/gpt2/ngpt-lr0.003"
+
+    def row(v: "block_study.Variant", seed: int, loss: float) -> dict:
+        return {"name": v.name, "baseline": v.baseline.name, "seed": seed, "val_loss": loss, "final_cosine": None,
+                "ms_per_step": None, "status": "ok"}
+
+    rows = [row(variants[0], 1, 2.0), row(variants[5], 1, 2.5), row(variants[6], 1, 2.4), row(variants[3], 1, 1.9)]
+    lines = block_study.study_table(rows).splitlines()
+    assert lines[4].startswith("| 0.5-SpheretNorm (LLaMA) | 1 | 2.400 | -0.100 |")  # against LLaMA's Pre-LN, not GPT-2's
+    assert lines[5].startswith("| nGPT (GPT-2, lr 0.001) | 1 | 1.900 | -0.100 |")
