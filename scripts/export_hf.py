@@ -5,7 +5,8 @@
 
 --format hf (the default) writes config.json, model.safetensors, generation_config.json, the
 tokenizer files (GPT-2 BPE built offline, or the dataset's characters) and a README model card.
-A pre_ln model loads as a plain GPT-2; the others carry their own code:
+A pre_ln model loads as a plain GPT-2 (block gpt2) or Llama (block llama); the others, nGPT
+included, carry their own code:
 
     AutoModelForCausalLM.from_pretrained("hf/geonorm-s", trust_remote_code=True)
 

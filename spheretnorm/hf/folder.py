@@ -1,13 +1,16 @@
 """Hugging Face model folders: export a checkpoint as one, and read one back.
 
 Export (scripts/export_hf.py) writes config.json, model.safetensors, generation_config.json,
-the tokenizer and a README model card. A pre_ln model is exactly GPT-2, so it becomes a plain
-GPT2LMHeadModel; every other connection ships its own code (remote/, with model.py's
-connection classes written in) that transformers loads with trust_remote_code=True.
+the tokenizer and a README model card. A pre_ln model is exactly GPT-2 (block=gpt2) or
+Llama (block=llama), so it becomes a plain GPT2LMHeadModel (hf/gpt2.py) or LlamaForCausalLM
+(hf/llama.py); every other connection, nGPT included, ships its own code (remote/, with
+model.py's classes written in) that transformers loads with trust_remote_code=True.
 
-Import (train.py --init_from=hf:DIR) reads either kind of folder, or a GPT-2 folder such as
-the hub's `gpt2` saved locally (nanoGPT's init_from=gpt2*), into a GPT. It needs neither
-transformers nor a network: only config.json and the weights file.
+Import (train.py --init_from=hf:DIR) reads either kind of folder, a GPT-2 folder such as
+the hub's `gpt2` saved locally (nanoGPT's init_from=gpt2*), or a Llama folder whose features
+our LLaMA block computes (a Llama with grouped key/value heads or RoPE scaling is refused,
+naming the key), into a GPT. It needs neither transformers nor a network: only config.json
+and the weights file.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ from spheretnorm import mup
 from spheretnorm import kernels, retractions
 from spheretnorm.data.common import char_vocabulary, read_json_object
 from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
+from spheretnorm.hf.llama import LLAMA_KEYS, from_llama_state, llama_features, to_hf_llama
 from spheretnorm.model import (
     CONNECTIONS,
     EXECUTION_KEYS,
     GPT,
-    TIED_HEAD,
     Connection,
     GPTConfig,
     apply_umask,
@@ -44,6 +47,7 @@ from spheretnorm.model import (
     read_safetensors,
     read_torch_file,
     tie_head,
+    untie_head,
 )
 REMOTE_DIR = Path(__file__).with_name("remote")
 CONFIG_MODULE = "configuration_spheretnorm"
@@ -68,15 +72,16 @@ class HFFolderError(ValueError):
 # -----------------------------------------------------------------------------
 # The standalone custom code: remote/ with model.py's classes written in
 
-_MARKED_BLOCK = r"# >>> {name}[^\n]*\n.*?# <<< {name}\n"
+_MARKED_BLOCK = r"^([ \t]*)# >>> {name}[^\n]*\n.*?# <<< {name}\n"
 
 
 def _replace_marked_block(text: str, name: str, replacement: str) -> str:
-    """Swap the lines between '# >>> name' and '# <<< name' (the markers included)."""
-    pattern = re.compile(_MARKED_BLOCK.format(name=re.escape(name)), re.DOTALL)
+    """Swap the lines between '# >>> name' and '# <<< name' (the markers included), the
+    replacement indented as the opening marker is (a block inside a class body)."""
+    pattern = re.compile(_MARKED_BLOCK.format(name=re.escape(name)), re.DOTALL | re.MULTILINE)
     if len(pattern.findall(text)) != 1:
         raise RuntimeError(f"spheretnorm/hf/remote/ must mark exactly one block '# >>> {name}'.")
-    return pattern.sub(lambda _: replacement, text)
+    return pattern.sub(lambda match: textwrap.indent(replacement, match.group(1)), text)
 
 
 def _connection_classes() -> list[type]:
@@ -109,22 +114,49 @@ def retraction_table_source() -> str:
     return text[text.index("\nTensor = ") :].strip() + "\n"
 
 
+def _registry_source(name: str, registry: dict[str, Callable | type]) -> str:
+    """A registry dict of model.py (name -> class) as code, over the classes written in."""
+    entries = "".join(f"    {key!r}: {value.__name__},\n" for key, value in registry.items())
+    return f"{name} = {{\n{entries}}}\n"
+
+
+# model.py's constants that its classes written into the export read (RoPE's base, RMSNorm's
+# eps, nGPT's initial eigen learning rate): written as their values.
+MODEL_CONSTANTS = ("ROPE_BASE", "RMS_NORM_EPS", "NGPT_ALPHA_INIT")
+
+
 def standalone_model_source() -> str:
     """The code model.py contributes to the exported modeling file, self-contained."""
     standalone = (REMOTE_DIR / "standalone_kernels.py").read_text(encoding="utf-8")
     stand_ins = standalone[standalone.index("\ndef ") :].strip() + "\n"  # the functions, not the module header
-    model_objects = [
+    constants = "".join(f"{name} = {getattr(model_module, name)!r}\n" for name in MODEL_CONSTANTS)
+    sublayers = [
         model_module.inverse_softplus,
         model_module.LayerNorm,
         model_module.DyT,
         model_module.ScaleNorm,
+        model_module.RMSNorm,
+        model_module.block_norm,
+        model_module.unit,
+        model_module.rotate,
+        model_module.CausalSelfAttention,
         model_module.MLP,
+        model_module.SwiGLU,
+    ]
+    connections = [
         model_module.depth_decay,
         model_module.MethodParam,
         model_module.OptimRule,
+        # nGPT's sublayer scales and head (its connection builds them), and its weight renormalisation
+        model_module.ngpt_scaling,
+        model_module.scaled_vector,
+        model_module.NormalizedQK,
+        model_module.ScaledHidden,
+        model_module.ScaledHead,
+        model_module.UnitNorm,
+        model_module.embedding_axis,
         *_connection_classes(),
     ]
-    registry = "".join(f"    {name!r}: {cls.__name__},\n" for name, cls in CONNECTIONS.items())
     return (
         "# ---- written from spheretnorm's retractions.py, kernels.py and hf/remote/standalone_kernels.py\n\n"
         + retraction_table_source()
@@ -133,8 +165,16 @@ def standalone_model_source() -> str:
         + "\n\n"
         + stand_ins
         + "\n\n# ---- written from spheretnorm's model.py\n\n"
-        + _sources(model_objects)
-        + f"\n\nCONNECTIONS = {{\n{registry}}}\n\n\n"
+        + constants
+        + "\n\n"
+        + _sources(sublayers)
+        + "\n\n"
+        + _registry_source("BLOCK_MLPS", model_module.BLOCK_MLPS)
+        + "\n\n"
+        + _sources(connections)
+        + "\n\n"
+        + _registry_source("CONNECTIONS", CONNECTIONS)
+        + "\n\n"
         + _sources([model_module.transformer_modules])
         + "\n\n# ---- end of model.py's code\n"
     )
@@ -150,6 +190,8 @@ def remote_code_files() -> dict[str, str]:
     config_text = (REMOTE_DIR / f"{CONFIG_MODULE}.py").read_text(encoding="utf-8")
     modeling_text = (REMOTE_DIR / f"{MODELING_MODULE}.py").read_text(encoding="utf-8")
     defaults = f"MODEL_DEFAULTS = {pprint.pformat(model_defaults(), sort_dicts=False)}\n"
+    properties = _sources([GPTConfig.keel_scale.fget, GPTConfig.mlp_hidden.fget])
+    config_text = _replace_marked_block(config_text, "GPTConfig properties", properties)
     return {
         f"{CONFIG_MODULE}.py": _replace_marked_block(config_text, "GPTConfig defaults", defaults),
         f"{MODELING_MODULE}.py": _replace_marked_block(modeling_text, "model.py", standalone_model_source()),
@@ -225,9 +267,23 @@ def write_tokenizer(out: Path, kind: str, ckpt: dict[str, Any]) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def write_gpt2_model(model: GPT, out: Path, special: dict[str, int]) -> None:
-    """pre_ln: a plain GPT2LMHeadModel (config.json and model.safetensors), no custom code."""
-    hf = to_hf_gpt2(model)
+# pre_ln is exactly the block of transformers' GPT-2 and Llama: their model class, by our block.
+PLAIN_MODELS: dict[str, tuple[str, Callable[[GPT], Any]]] = {
+    "gpt2": ("GPT2LMHeadModel", to_hf_gpt2),
+    "llama": ("LlamaForCausalLM", to_hf_llama),
+}
+
+
+def plain_model_class(cfg: GPTConfig) -> str | None:
+    """The transformers class a model is exported as without custom code, or None (custom code:
+    every other connection, and a block transformers has no model of)."""
+    plain = PLAIN_MODELS.get(cfg.block) if cfg.connection == "pre_ln" else None
+    return plain[0] if plain else None
+
+
+def write_plain_model(model: GPT, out: Path, special: dict[str, int]) -> None:
+    """pre_ln: a plain GPT2LMHeadModel or LlamaForCausalLM (config.json and model.safetensors), no custom code."""
+    hf = PLAIN_MODELS[model.config.block][1](model)
     hf.config.bos_token_id = special.get("bos_token_id")
     hf.config.eos_token_id = special.get("eos_token_id")
     hf.save_pretrained(str(out))
@@ -248,7 +304,7 @@ def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
         # carry the rules table; 1.0 when μP is off.
         "logit_multiplier": mup.output_multiplier(cfg.mup_ratio),
         **special,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": CONNECTIONS[cfg.connection].tie_embeddings,  # nGPT's head is its own
         "use_cache": True,
     }
 
@@ -260,8 +316,7 @@ def write_remote_model(model: GPT, out: Path, special: dict[str, int]) -> None:
     for name, text in remote_code_files().items():
         (out / name).write_text(text, encoding="utf-8")
     (out / "config.json").write_text(json.dumps(remote_config(model.config, special), indent=2) + "\n", encoding="utf-8")
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != TIED_HEAD}
-    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(untie_head(model.state_dict()), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
 def write_generation_config(out: Path, special: dict[str, int]) -> None:
@@ -289,8 +344,8 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the chec
     model = GPT.from_checkpoint(ckpt).eval()
     special = special_token_ids(kind)
     out.mkdir(parents=True, exist_ok=True)
-    if model.config.connection == "pre_ln":
-        write_gpt2_model(model, out, special)
+    if plain_model_class(model.config):
+        write_plain_model(model, out, special)
     else:
         write_remote_model(model, out, special)
     write_generation_config(out, special)
@@ -308,7 +363,7 @@ def read_folder_config(folder: str | Path) -> dict[str, Any]:
     """config.json of a model folder, or an HFFolderError naming what is missing or damaged."""
     path = Path(folder) / "config.json"
     if not str(folder) or not Path(folder).is_dir():
-        raise HFFolderError(f"init_from=hf:{folder} is not a folder; give a folder exported by scripts/export_hf.py or a GPT-2 model folder.")
+        raise HFFolderError(f"init_from=hf:{folder} is not a folder; give a folder exported by scripts/export_hf.py, or a GPT-2 or Llama model folder.")
     if not path.is_file():
         raise HFFolderError(f"{str(folder)!r} has no config.json, so it is no Hugging Face model folder.")
     return read_json_object(path, HFFolderError, "the folder is damaged: export it again, or save the model with save_pretrained.")
@@ -332,6 +387,24 @@ def gpt2_model_config(hf: dict[str, Any]) -> dict[str, Any]:
     return {"connection": "pre_ln", "bias": True, "dropout": 0.0, **{ours: hf[theirs] for ours, theirs in GPT2_KEYS.items()}}
 
 
+def llama_model_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """Our pre_ln model keys, with LLaMA's block, of a Llama config.json; check_llama_features
+    checks its other keys against the GPTConfig these build."""
+    needed = [*LLAMA_KEYS.values(), "intermediate_size"]
+    missing = [theirs for theirs in needed if theirs not in hf]
+    if missing:
+        raise HFFolderError(f"The Llama config.json lacks {', '.join(missing)}; it needs {', '.join(needed)}.")
+    return {"connection": "pre_ln", "block": "llama", "bias": hf.get("attention_bias", False), "dropout": 0.0,
+            **{ours: hf[theirs] for ours, theirs in LLAMA_KEYS.items()}}
+
+
+def check_llama_features(hf: dict[str, Any], cfg: GPTConfig) -> None:
+    """An HFFolderError naming the first key of a Llama config.json whose value our LLaMA block does not compute."""
+    for key, (found, ours, what) in llama_features(hf, cfg).items():
+        if found != ours:
+            raise HFFolderError(f"The Llama config.json has {key}={found!r}; this project's LLaMA block computes {key}={ours!r} only ({what}).")
+
+
 def folder_model_config(folder: str | Path) -> dict[str, Any]:
     """The GPTConfig keys of an exported folder or a GPT-2 folder, whose weights fit them.
 
@@ -345,20 +418,24 @@ def folder_model_config(folder: str | Path) -> dict[str, Any]:
     model_type = hf.get("model_type")
     if model_type == "gpt2":
         keys = gpt2_model_config(hf)
+    elif model_type == "llama":
+        keys = llama_model_config(hf)
     elif model_type == REMOTE_MODEL_TYPE:
         keys = {k: hf[k] for k in model_defaults() if k in hf}
     else:
         raise HFFolderError(
-            f"{str(folder)!r} holds a {model_type!r} model; init_from=hf: reads model types gpt2 and {REMOTE_MODEL_TYPE}."
+            f"{str(folder)!r} holds a {model_type!r} model; init_from=hf: reads model types gpt2, llama and {REMOTE_MODEL_TYPE}."
         )
     try:
         cfg = config_from_dict(keys)
     except ValueError as exc:
         raise HFFolderError(f"{str(config_path)!r} does not describe a model this project can build: {exc}") from None
+    if model_type == "llama":
+        check_llama_features(hf, cfg)
     weights_path, shapes = folder_weights(folder, shapes_only=True)
     check_weights(shapes, cfg, repr(str(weights_path)), repr(str(config_path)))
-    # A GPT-2 folder gives the keys it sets (the rest are GPTConfig's defaults), an exported one all of them.
-    return keys if model_type == "gpt2" else {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
+    # A GPT-2 or Llama folder gives the keys it sets (the rest are GPTConfig's defaults), an exported one all of them.
+    return keys if model_type != REMOTE_MODEL_TYPE else {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
 
 
 def _read_weights(folder: Path, shapes_only: bool) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -373,6 +450,8 @@ def _read_weights(folder: Path, shapes_only: bool) -> tuple[Path, dict[str, torc
         state = read_torch_file(path, "cpu", mmap=shapes_only and zipfile.is_zipfile(path))
         if not is_state_dict(state):
             raise HFFolderError(f"{str(path)!r} does not hold a dict of weight tensors by name (found a {type(state).__name__}); it is damaged.")
+        if shapes_only:  # on the meta device, as safetensors' shapes: joining Llama's q, k, v then reads nothing
+            state = {k: torch.empty_like(v, device="meta") for k, v in state.items()}
         return path, state
     raise HFFolderError(f"{str(folder)!r} has neither {WEIGHTS_FILE} nor {LEGACY_WEIGHTS_FILE}.")
 
@@ -387,14 +466,20 @@ def _gpt2_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return state
 
 
+# Our state dict of a foreign folder's weights, by its model_type (an exported folder holds ours).
+FOREIGN_STATE_DICTS: dict[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = {
+    "gpt2": _gpt2_state_dict,
+    "llama": from_llama_state,
+}
+
+
 def folder_weights(folder: str | Path, shapes_only: bool = False) -> tuple[Path, dict[str, torch.Tensor]]:
     """(the weights file, our state dict of it: GPT's parameter names, LM head tied) of an
-    exported or GPT-2 folder; shapes_only as _read_weights."""
+    exported, GPT-2 or Llama folder; shapes_only as _read_weights."""
     folder = Path(folder)
     path, hf_state = _read_weights(folder, shapes_only)
-    if read_folder_config(folder).get("model_type") == "gpt2":
-        hf_state = _gpt2_state_dict(hf_state)
-    return path, tie_head(hf_state)
+    to_ours = FOREIGN_STATE_DICTS.get(read_folder_config(folder).get("model_type"))
+    return path, tie_head(to_ours(hf_state) if to_ours else hf_state)
 
 
 def load_folder_weights(model: GPT, folder: str | Path) -> None:
@@ -403,7 +488,8 @@ def load_folder_weights(model: GPT, folder: str | Path) -> None:
     A smaller block_size than the folder's keeps the first positions (nanoGPT's crop).
     """
     state = folder_weights(folder)[1]
-    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.block_size]
+    if "transformer.wpe.weight" in state:  # GPT-2's block; LLaMA's has no position table
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.block_size]
     model.load_state_dict(state)
 
 

@@ -74,8 +74,10 @@ def to_hf_gpt2(model: GPT) -> "GPT2LMHeadModel":
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = model.config
-    if cfg.connection != "pre_ln":
-        raise EvalError(f"Only pre_ln models are GPT-2s; a {cfg.connection!r} model has no HF GPT-2 equivalent.")
+    if (cfg.connection, cfg.block) != ("pre_ln", "gpt2"):
+        raise EvalError(
+            f"Only pre_ln models with block gpt2 are GPT-2s; a {cfg.connection!r} model with block {cfg.block!r} has no HF GPT-2 equivalent."
+        )
     hf = GPT2LMHeadModel(
         GPT2Config(
             vocab_size=cfg.vocab_size,

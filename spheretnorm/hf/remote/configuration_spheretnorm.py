@@ -10,6 +10,7 @@ from transformers import PretrainedConfig
 
 # >>> GPTConfig defaults: spheretnorm/hf/folder.py replaces these lines with the dict itself.
 from spheretnorm.hf.folder import model_defaults  # noqa: E402
+from spheretnorm.model import GPTConfig  # noqa: E402
 
 MODEL_DEFAULTS = model_defaults()
 # <<< GPTConfig defaults
@@ -36,7 +37,8 @@ class SpheretNormConfig(PretrainedConfig):
         kwargs.setdefault("tie_word_embeddings", True)
         super().__init__(**kwargs)
 
-    @property
-    def keel_scale(self) -> float:
-        """Keel's fixed residual scale alpha: keel_alpha, or 2 * n_layer when that is None."""
-        return float(self.keel_alpha) if self.keel_alpha is not None else 2.0 * self.n_layer
+    # The GPTConfig properties that model.py's classes read (Keel's scale, the MLP's width).
+    # >>> GPTConfig properties: spheretnorm/hf/folder.py replaces these lines with their source.
+    keel_scale = GPTConfig.keel_scale
+    mlp_hidden = GPTConfig.mlp_hidden
+    # <<< GPTConfig properties

@@ -28,7 +28,7 @@ from .configuration_spheretnorm import SpheretNormConfig
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 # >>> model.py: spheretnorm/hf/folder.py replaces these lines with model.py's classes.
-from spheretnorm.model import CONNECTIONS, MLP, transformer_modules  # noqa: E402
+from spheretnorm.model import BLOCK_MLPS, CONNECTIONS, CausalSelfAttention, transformer_modules  # noqa: E402
 # <<< model.py
 
 
@@ -51,30 +51,29 @@ def causal_padding_mask(
     return mask | (key_pos == query_pos)[None, None]
 
 
-class SpheretNormAttention(nn.Module):
-    """model.py's CausalSelfAttention, reading and extending a key/value cache."""
+class SpheretNormAttention(CausalSelfAttention):
+    """model.py's CausalSelfAttention, reading and extending a key/value cache.
+
+    Its heads() gives q, k, v with the rotary positions (LLaMA's block) and the connection's
+    q/k norm (nGPT) applied, so the cache holds keys as the attention reads them.
+    """
 
     def __init__(self, config: SpheretNormConfig, cache_index: int):
-        super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.dropout = config.dropout
+        super().__init__(config)
         self.cache_index = cache_index  # 0-based, as transformers' caches count layers
 
-    def forward(self, x: torch.Tensor, cache: Cache | None, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: Cache | None, mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> torch.Tensor:
         B, T, C = x.size()
-        # (B, T, C) -> 3 x (B, nh, T, hs)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        q, k, v = self.heads(x, positions)  # each (B, nh, T, hs)
         if cache is not None:
             k, v = cache.update(k, v, self.cache_index)  # (B, nh, past + T, hs)
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.softmax_scale)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.softmax_scale)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -86,12 +85,14 @@ class SpheretNormBlock(nn.Module):
         super().__init__()
         connection = CONNECTIONS[config.connection]
         self.attn = SpheretNormAttention(config, layer_idx - 1)
-        self.mlp = MLP(config)
+        self.mlp = BLOCK_MLPS[config.block](config)
         self.conn_attn = connection(config, layer_idx, slot=0)
         self.conn_mlp = connection(config, layer_idx, slot=1)
 
-    def forward(self, x: torch.Tensor, cache: Cache | None, mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.conn_attn(x, lambda h: self.attn(h, cache, mask))
+    def forward(
+        self, x: torch.Tensor, cache: Cache | None, mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.conn_attn(x, lambda h: self.attn(h, cache, mask, positions))
         return self.conn_mlp(x, self.mlp)
 
 
@@ -113,8 +114,11 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: SpheretNormConfig):
         super().__init__(config)
+        connection = CONNECTIONS[config.connection]
         self.transformer = transformer_modules(config, SpheretNormBlock)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = connection.lm_head(config)  # nGPT's scales its logits
+        if not connection.tie_embeddings:
+            self._tied_weights_keys = {}  # nGPT's head has its own matrix, in the weights file
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -127,10 +131,11 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def positions(self, position_ids: torch.Tensor | None, past_len: int, n_new: int, device: torch.device) -> torch.Tensor:
-        """Absolute positions of the new tokens, checked against the learned position table."""
+        """Absolute positions of the new tokens, checked against the learned position table
+        where there is one (RoPE, LLaMA's block, computes any position)."""
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + n_new, device=device)[None]
-        if int(position_ids.max()) >= self.config.block_size:
+        if "wpe" in self.transformer and int(position_ids.max()) >= self.config.block_size:
             raise ValueError(
                 f"Cannot run position {int(position_ids.max())}; the model has learned positions 0..{self.config.block_size - 1} only (block_size {self.config.block_size})."
             )
@@ -156,10 +161,12 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
         positions = self.positions(position_ids, past_len, n_new, input_ids.device)
         mask = causal_padding_mask(attention_mask, past_len, n_new, input_ids.device)
 
-        x = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(positions))
-        x = self.transformer.embed_norm(x)
+        x = self.transformer.wte(input_ids)
+        if "wpe" in self.transformer:  # GPT-2's block; LLaMA's places tokens by RoPE, in the attention
+            x = x + self.transformer.wpe(positions)
+        x = self.transformer.embed_norm(self.transformer.drop(x))
         for block in self.transformer.h:
-            x = block(x, cache, mask)
+            x = block(x, cache, mask, positions)
         x = self.transformer.ln_f(x) * getattr(self.config, "logit_multiplier", 1.0)  # μP (model.py's final_hidden)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
