@@ -276,7 +276,8 @@ class ScaleNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm (LLaMA's): g * x / sqrt(mean(x^2) + eps), computed in fp32 and cast back."""
+    """RMSNorm (LLaMA's): g * x / sqrt(mean(x^2) + eps); the normalisation runs in fp32 and is cast
+    back to x's dtype before the gain, as in the Hugging Face LLaMA (so an fp32 gain gives fp32)."""
 
     def __init__(self, ndim: int, eps: float = RMS_NORM_EPS):
         super().__init__()
@@ -827,7 +828,9 @@ class ScaledHead(nn.Linear):
         self.factor = 1.0 / scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) * (self.s_z * self.factor).to(x.dtype)
+        # s_z scales the rows of E_out (vocab x d) rather than the logits: the same product,
+        # without keeping a second logits-sized tensor for backward.
+        return F.linear(x, self.weight * (self.s_z * self.factor)[:, None])
 
 
 class UnitNorm(nn.Module):
