@@ -327,6 +327,8 @@ def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
     if not path.is_file():
         return []
     saved = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(saved, dict) and "connection" in saved:
+        saved.setdefault("block", "gpt2")  # runs from before the block key are GPT-2's
     wanted = {k: getattr(parsed.train, k) for k in _COMPARED_TRAIN_KEYS}
     model = parsed.model_config()
     wanted.update({k: getattr(model, k) for k in MODEL_KEYS if k != "vocab_size"})
