@@ -442,3 +442,13 @@ def test_block_study_gives_ngpt_its_recipe_and_pairs_each_run_with_its_blocks_pr
     lines = block_study.study_table(rows).splitlines()
     assert lines[4].startswith("| 0.5-SpheretNorm (LLaMA) | 1 | 2.400 | -0.100 |")  # against LLaMA's Pre-LN, not GPT-2's
     assert lines[5].startswith("| nGPT (GPT-2, lr 0.001) | 1 | 1.900 | -0.100 |")
+
+
+def test_a_run_from_before_the_block_key_is_a_gpt2_run(tmp_path: Path) -> None:
+    from spheretnorm.config import parse_config
+    from spheretnorm.runs import CONFIG_NAME, config_conflicts
+
+    (tmp_path / CONFIG_NAME).write_text(json.dumps({"connection": "pre_ln", "n_layer": 2}), encoding="utf-8")
+    assert config_conflicts(tmp_path, parse_config(["--connection=pre_ln", "--n_layer=2"], world_size=1)) == []
+    conflicts = config_conflicts(tmp_path, parse_config(["--connection=pre_ln", "--n_layer=2", "--block=llama"], world_size=1))
+    assert conflicts == ["block: the run has 'gpt2', asked for 'llama'"]
