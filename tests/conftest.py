@@ -1,6 +1,7 @@
 """Shared pytest set-up."""
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,3 +29,13 @@ def _sphere_kernels_in_eager_ops(request: pytest.FixtureRequest, monkeypatch: py
     """
     if request.node.get_closest_marker("compiled_kernels") is None:
         monkeypatch.setenv("SPHERETNORM_EAGER_KERNELS", "1")
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny matmuls on a shared two-core machine run many times faster on one thread
+    (a module uses it with pytestmark = pytest.mark.usefixtures("one_thread"))."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

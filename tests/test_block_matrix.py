@@ -10,7 +10,6 @@ token stream, on one thread: the whole file takes seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,13 +26,7 @@ from test_train import read_metrics, tiny_args, train_curves
 MATRIX = [(connection, block) for block in BLOCKS for connection in CONNECTIONS]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matmuls on a shared two-core machine run many times faster on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run faster on one thread
 
 
 @pytest.fixture(scope="module")

@@ -161,6 +161,7 @@ HELP_EXPECTATIONS = [
     ("scripts/coord_check.py", ["--widths", "(default: 64,128,256,512,1024)", "--lr", "(default 0.003)"]),
     ("scripts/mup_transfer.py", ["--widths", "(default: 64,256)", "--lrs", "--max_iters", "(default 250)"]),
     ("scripts/depth_study.py", ["--seeds", "(default 1337,1338)", "--warmup_iters", "(default 400)", "--table_only"]),
+    ("scripts/block_study.py", ["--seeds", "(default 1337,1338)", "--ngpt_lrs", "(default 1e-3,3e-3,1e-2)", "--max_iters", "(default 800)", "--table_only"]),
     ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps"]),
     ("scripts/bench_update.py", ["--rows", "(default 16384", "--small_rows", "--impls", "(default reference,auto)", "--device"]),
 ]

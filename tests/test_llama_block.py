@@ -27,13 +27,7 @@ RMS_EPS = 1e-6  # LLaMA's RMSNorm epsilon
 COMMIT_BEFORE_BLOCKS = "e377260~1"  # the last model.py without the block key
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matmuls on a shared two-core machine run many times faster on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run faster on one thread
 
 
 def tiny_config(**keys) -> GPTConfig:

@@ -13,7 +13,6 @@ optimizer step (in train.py's loop too), the init values, no weight decay, clear
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,7 @@ SCALES = ("alpha", "s_qk", "s_uv", "s_z")
 BLOCKS = ("gpt2", "llama")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matmuls on a shared two-core machine run many times faster on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run faster on one thread
 
 
 def ngpt_config(block: str, **keys) -> GPTConfig:
