@@ -18,7 +18,7 @@ What is differentiated (h_L is the last block's output, before ln_f):
   --scope prefix: dh_L[t] / dh_1[0..t], the token's output against every input it can see
     (causal attention: later inputs do not reach it); d x (t+1)d, of rank at most d, and its
     d singular values are those reported.
-Sphere connections (geonorm, proj_spheret, cay_spheret, p_spheret) keep every token on its
+Sphere connections (geonorm, proj_spheret, cay_spheret, p_spheret, and ngpt) keep every token on its
 sphere, so the radial direction is no degree of freedom: input perturbations are restricted
 to the tangent space at each h_1[s] (the radial component of a direction is removed) and the
 output is projected onto the tangent space at h_L[t]. The singular values are those of that
@@ -41,7 +41,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spheretnorm.data.common import load_meta, open_split
-from spheretnorm.model import GPT, SPHERE_CONNECTIONS, clean_state_dict, config_from_dict, load_checkpoint
+from spheretnorm.model import CONNECTIONS, GPT, clean_state_dict, config_from_dict, load_checkpoint
 from spheretnorm.runs import HelpFormatter, UsageError
 from spheretnorm.config import method_key
 
@@ -80,7 +80,7 @@ class PositionMap:
     scope: str
 
     def __post_init__(self) -> None:
-        self.sphere = self.model.config.connection in SPHERE_CONNECTIONS
+        self.sphere = CONNECTIONS[self.model.config.connection].on_sphere
         self.mask = torch.zeros(self.h1.size(0), 1, dtype=self.h1.dtype)
         if self.scope == "self":
             self.mask[self.position] = 1.0

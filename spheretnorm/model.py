@@ -507,6 +507,7 @@ class Connection(nn.Module):
     params: tuple[MethodParam, ...] = ()  # model keys that make variants of this connection
     biases = True  # whether the model's Linear layers may have biases (bias=None: the block decides)
     tie_embeddings = True  # the LM head shares the token embedding's matrix (GPT-2)
+    on_sphere = False  # every hidden state keeps its norm: its radial direction is no degree of freedom
 
     @classmethod
     def optimizer_rule(cls, name: str, p: nn.Parameter) -> OptimRule:
@@ -683,6 +684,7 @@ class SphereConnection(Connection):
     """
 
     retraction = ""  # a key of retractions.RETRACTIONS
+    on_sphere = True
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -861,6 +863,7 @@ class NGPT(Connection):
     title = "nGPT"
     biases = False
     tie_embeddings = False
+    on_sphere = True
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)

@@ -30,7 +30,7 @@ import numpy as np
 from spheretnorm.common import REPO_ROOT, HelpFormatter  # noqa: F401  (the scripts import HelpFormatter from here)
 from spheretnorm.data.common import load_meta, open_split
 from spheretnorm.eval.zero_shot import incomplete_reason, results_limit
-from spheretnorm.model import CONNECTIONS, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.model import CONNECTIONS, GPTConfig
 from spheretnorm.rundir import CKPT_NAME, CONFIG_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
 from spheretnorm.config import (
     MODEL_KEYS,
@@ -150,7 +150,9 @@ def display_name(key: str) -> str:
 
 
 def is_sphere_method(key: str) -> bool:
-    return key.partition(":")[0] in SPHERE_CONNECTIONS
+    """Whether the method keeps every hidden state on a sphere (SpheretNorm, GeoNorm, nGPT)."""
+    connection = CONNECTIONS.get(key.partition(":")[0])
+    return connection is not None and connection.on_sphere
 
 
 def parse_methods(spec: str) -> list[str]:

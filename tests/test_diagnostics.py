@@ -233,7 +233,7 @@ def orthonormal_complement(point: torch.Tensor) -> torch.Tensor:
     return q[:, 1:]
 
 
-@pytest.mark.parametrize("connection", ["pre_ln", "geonorm", "p_spheret"])
+@pytest.mark.parametrize("connection", ["pre_ln", "geonorm", "p_spheret", "ngpt"])
 @pytest.mark.parametrize("scope", ["self", "prefix"])
 def test_jacobian_singular_values_match_the_dense_jacobian(connection: str, scope: str) -> None:
     from scripts import jacobian
