@@ -20,6 +20,8 @@ Implementations (the model key `sphere_impl`):
   triton     hand-written Triton kernels (triton_kernels.py) registered as a torch.library
              triton_op, for CUDA (and CPU tensors under TRITON_INTERPRET=1)
   auto       triton on CUDA when triton imports, else fused
+
+nGPT's update (NGPTUpdate below) has the same economy: every impl but `reference` runs it.
 """
 
 from __future__ import annotations
@@ -259,6 +261,60 @@ class ScaleToRadius(torch.autograd.Function):
 def scale_to_radius(x: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     """rho x / ||x|| per row (||x||^2 clamped at 1e-12), rho a 0-dim tensor."""
     return ScaleToRadius.apply(x, rho)
+
+
+# -----------------------------------------------------------------------------
+# nGPT's update with the same economy
+
+
+def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x / ||x||, ||x||) per row, the norm clamped at 1e-12 as model.unit clamps it."""
+    n = x.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    return x / n, n
+
+
+def _tangent(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """g - <g, u> u per row: g projected onto the tangent space at the unit vector u."""
+    return g - (g * u).sum(dim=-1, keepdim=True) * u
+
+
+class NGPTUpdate(torch.autograd.Function):
+    """nGPT's y = Norm(a + lr (b - a)), a = Norm(h), b = Norm(f), with a hand-derived backward.
+
+    Autograd keeps about five fp32 (B, T, d) tensors per sublayer; this keeps h and f in their
+    own dtypes (and the vector lr) and recomputes the rest. With res = a + lr (b - a) and g the
+    gradient of y:
+        g_res = P_y(g) / ||res||,   dh = P_a((1 - lr) g_res) / ||h||,   df = P_b(lr g_res) / ||f||,
+        dlr = sum over rows of g_res (b - a),
+    P_u the tangent projection at u (the derivative of Norm), for rows of norm above 1e-12.
+    """
+
+    @staticmethod
+    def forward(ctx, h, f, lr):  # type: ignore[override]
+        dtype = compute_dtype(h, f)
+        a, _ = _unit_rows(h.to(dtype))
+        b, _ = _unit_rows(f.to(dtype))
+        y, _ = _unit_rows(a + lr * (b - a))
+        ctx.save_for_backward(h, f, lr)
+        return y.to(h.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        h, f, lr = ctx.saved_tensors
+        dtype = compute_dtype(h, f)
+        a, rh = _unit_rows(h.to(dtype))
+        b, rf = _unit_rows(f.to(dtype))
+        y, rr = _unit_rows(a + lr * (b - a))
+        g_res = _tangent(grad.to(dtype), y) / rr
+        dlr = (g_res * (b - a)).reshape(-1, lr.numel()).sum(dim=0)
+        dh = _tangent((1 - lr) * g_res, a) / rh
+        df = _tangent(lr * g_res, b) / rf
+        return dh.to(h.dtype), df.to(f.dtype), dlr.to(lr.dtype).view(lr.shape)
+
+
+def ngpt_update(h: torch.Tensor, f: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """Norm(Norm(h) + lr * (Norm(f) - Norm(h))), lr a vector of size d (NGPTUpdate)."""
+    return NGPTUpdate.apply(h, f, lr)
 
 
 # -----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from torch.nn import functional as F
 import spheretnorm.diagnostics as diag
 from spheretnorm.diagnostics import DIAGNOSTIC_SERIES  # noqa: F401  (train.py and plots read it here)
 from spheretnorm import mup
-from spheretnorm.kernels import SPHERE_IMPLS, compute_dtype, resolve_impl, scale_to_radius, sphere_update
+from spheretnorm.kernels import SPHERE_IMPLS, compute_dtype, ngpt_update, resolve_impl, scale_to_radius, sphere_update
 from spheretnorm.retractions import EPS, get_retraction, step_size
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
@@ -870,6 +870,7 @@ class NGPT(Connection):
         scaling = ngpt_scaling(config)
         self.alpha = scaled_vector(config.n_embd, scaling)
         self.factor = NGPT_ALPHA_INIT / scaling
+        self.impl = config.sphere_impl  # 'reference': reference_update's autograd graph; else kernels.NGPTUpdate
 
     @classmethod
     def check_config(cls, config: GPTConfig) -> None:
@@ -920,10 +921,15 @@ class NGPT(Connection):
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         f = sublayer(h)
+        if resolve_impl(self.impl, h.device.type) == "reference":
+            return self.reference_update(h, f, self.eigen_lr())
+        return ngpt_update(h, f, self.eigen_lr())  # the same, keeping only h and f for backward
+
+    def reference_update(self, h: torch.Tensor, f: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
         dtype = h.dtype
-        h, f = h.to(compute_dtype(h)), f.to(compute_dtype(h))  # the sphere in fp32, as SphereConnection
+        h, f = h.to(compute_dtype(h, f)), f.to(compute_dtype(h, f))  # the sphere in fp32, as SphereConnection
         h = unit(h)
-        return unit(h + self.eigen_lr() * (unit(f) - h)).to(dtype)
+        return unit(h + lr * (unit(f) - h)).to(dtype)
 
 
 SPHERE_CONNECTIONS = tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))

@@ -316,3 +316,50 @@ def test_unsupported_keys_are_clear_errors(block: str, keys: dict, message: str)
 
 def test_bias_unset_or_false_is_fine() -> None:
     assert ngpt_config("gpt2").bias is False and ngpt_config("gpt2", bias=False).bias is False
+
+
+# -----------------------------------------------------------------------------
+# The update with a hand-derived backward (kernels.NGPTUpdate)
+
+
+def test_the_fused_update_and_its_gradients_are_the_equation() -> None:
+    from spheretnorm.kernels import ngpt_update
+
+    g = torch.Generator().manual_seed(3)
+    h, f = (torch.randn(2, 5, 16, generator=g, dtype=torch.float64) * 3 for _ in range(2))
+    lr = (torch.rand(16, generator=g, dtype=torch.float64) - 0.2).requires_grad_()  # some below 0
+    h.requires_grad_(), f.requires_grad_()
+    assert torch.autograd.gradcheck(ngpt_update, (h, f, lr))
+    expected = norm(norm(h) + lr * (norm(f) - norm(h)))  # the equation, autograd's derivative
+    got = ngpt_update(h, f, lr)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
+    upstream = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(got, (h, f, lr), upstream), torch.autograd.grad(expected, (h, f, lr), upstream)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_reference_and_fused_models_have_the_same_loss_and_gradients(block: str) -> None:
+    idx = torch.randint(0, 48, (2, 8), generator=torch.Generator().manual_seed(5))
+    grads = []
+    for impl in ("reference", "auto"):
+        model = ngpt_model(block, sphere_impl=impl).double()
+        perturb_scales(model)
+        _, loss = model(idx, idx)
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_ref, g_ref), (loss_fused, g_fused) = grads
+    torch.testing.assert_close(loss_fused, loss_ref, rtol=0, atol=1e-12)
+    for name, grad in g_ref.items():
+        torch.testing.assert_close(g_fused[name], grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_the_fused_update_keeps_bf16_states_in_bf16() -> None:
+    from spheretnorm.kernels import ngpt_update
+
+    g = torch.Generator().manual_seed(4)
+    h, f = (torch.randn(4, 32, generator=g) for _ in range(2))
+    lr = torch.full((32,), 0.05)
+    out = ngpt_update(h.bfloat16(), f.bfloat16(), lr)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ngpt_update(h, f, lr), rtol=0, atol=1e-2)
