@@ -119,7 +119,10 @@ def test_a_signal_to_torchrun_stops_every_worker_with_a_checkpoint(sig: signal.S
 def test_a_stopped_peer_ends_the_job_within_dist_timeout(data_dir: Path, tmp_path: Path) -> None:
     timeout_s = 5
     proc = start(torchrun_cmd(data_dir, tmp_path, "--checkpoint_interval=10", f"--dist_timeout={timeout_s}"))
-    wait_for_line(proc, "iter 20/")
+    # Iteration 20's checkpoint is written after its log line: freezing rank 1 at that line raced
+    # with the save on a busy machine (the stop row then named iteration 10's checkpoint). Rank 0
+    # logs iteration 21 only after iteration 20's save.
+    wait_for_line(proc, "iter 21/")
     workers = children(proc.pid)
     os.kill(rank_pid(workers, 1), signal.SIGSTOP)  # rank 1 freezes, as a hung node would; rank 0 reports
     started = time.time()
