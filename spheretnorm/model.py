@@ -297,29 +297,39 @@ def block_norm(config: GPTConfig) -> nn.Module:
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
-    """x / ||x|| along the last dimension (nGPT's Norm)."""
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    """x / ||x|| along the last dimension (nGPT's Norm), the norm clamped at EPS."""
+    return F.normalize(x, dim=-1, eps=EPS)
 
 
 # -----------------------------------------------------------------------------
 # Sublayers: nanoGPT's attention and MLP, and LLaMA's rotary positions and SwiGLU
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (B, nh, T, hs) at positions pos (T,) or (B, T).
+def rotary_cos_sin(pos: torch.Tensor, hs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles pos * ROPE_BASE^(-2i/hs) at positions pos (T,) or (B, T),
+    each repeated for the two halves of a head and shaped to broadcast against (B, nh, T, hs).
 
-    Half-split layout, as LLaMA's Hugging Face port: dimension i and i + hs/2 form one plane,
-    turned by the angle pos * ROPE_BASE^(-2i/hs). The angles are computed in fp32 whatever x's
-    dtype (in bf16 a position of a few hundred would lose its last digits).
+    Computed in fp32 whatever the activations' dtype (in bf16 a position of a few hundred would
+    lose its last digits), once per attention call for both q and k.
     """
-    hs = x.size(-1)
-    inv_freq = ROPE_BASE ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)
-    angles = pos.to(torch.float32)[..., None] * inv_freq  # (T, hs/2) or (B, T, hs/2)
+    inv_freq = ROPE_BASE ** (-torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs)
+    angles = pos.to(device=device, dtype=torch.float32)[..., None] * inv_freq  # (T, hs/2) or (B, T, hs/2)
     if angles.dim() == 3:
         angles = angles[:, None]  # one set of angles for all heads
-    cos, sin = torch.cat((angles.cos(),) * 2, dim=-1), torch.cat((angles.sin(),) * 2, dim=-1)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+    return torch.cat((angles.cos(),) * 2, dim=-1), torch.cat((angles.sin(),) * 2, dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, hs) turned by the angles of rotary_cos_sin, in the half-split layout of LLaMA's
+    Hugging Face port: dimension i and i + hs/2 form one plane."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (RoPE) of x (B, nh, T, hs) at positions pos (T,) or (B, T)."""
+    return apply_rotary(x, *rotary_cos_sin(pos, x.size(-1), x.device))
 
 
 class CausalSelfAttention(nn.Module):
@@ -346,7 +356,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.rotary:
             pos = torch.arange(T, device=x.device) if pos is None else pos
-            q, k = rotate(q, pos), rotate(k, pos)
+            cos, sin = rotary_cos_sin(pos, q.size(-1), x.device)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.qk_norm is not None:
             q, k = self.qk_norm(q, k)
         return q, k, v
@@ -926,10 +937,9 @@ class NGPT(Connection):
         return ngpt_update(h, f, self.eigen_lr())  # the same, keeping only h and f for backward
 
     def reference_update(self, h: torch.Tensor, f: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-        dtype = h.dtype
-        h, f = h.to(compute_dtype(h, f)), f.to(compute_dtype(h, f))  # the sphere in fp32, as SphereConnection
-        h = unit(h)
-        return unit(h + lr * (unit(f) - h)).to(dtype)
+        dtype, geometry = h.dtype, compute_dtype(h, f)  # the sphere in fp32, as SphereConnection
+        h = unit(h.to(geometry))
+        return unit(h + lr * (unit(f.to(geometry)) - h)).to(dtype)
 
 
 SPHERE_CONNECTIONS = tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))

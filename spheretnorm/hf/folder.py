@@ -138,6 +138,8 @@ def standalone_model_source() -> str:
         model_module.RMSNorm,
         model_module.block_norm,
         model_module.unit,
+        model_module.rotary_cos_sin,
+        model_module.apply_rotary,
         model_module.rotate,
         model_module.CausalSelfAttention,
         model_module.MLP,
