@@ -31,10 +31,10 @@ from typing import Any, Callable
 
 import torch
 
-from spheretnorm.common import DeviceError, autocast_context, enable_tf32, get_device, peak_flops_for, resolve_dtype
+from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf32, get_device, peak_flops_for, resolve_dtype
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
-from spheretnorm.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
+from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
 
 BENCH_OPTIONS = {
     "--connections=all": "connections to measure: all, or a comma-separated list of names",

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
-from spheretnorm.common import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
-from spheretnorm.data.common import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
+from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
+from spheretnorm.runtime.token_files import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
 from spheretnorm.data.tokenizer import EOT_TOKEN, TokenizerUnavailableError, get_gpt2_encoding
-from spheretnorm.model import GPT, load_checkpoint
+from spheretnorm.model import GPT
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 CKPT_NAME = "ckpt.pt"
 FILE_PREFIX = "FILE:"
@@ -252,7 +253,7 @@ def generate(args: SampleArgs) -> list[str]:
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
     dtype = resolve_dtype(args.dtype, device_type)
 
-    model = GPT.from_checkpoint(ckpt)
+    model = load_model(ckpt)
     del ckpt  # the optimizer state is not needed
     model.eval().to(device)
     mask_textless_ids(model, tokenizer.vocab_size)

@@ -38,23 +38,22 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from spheretnorm.batches import TRAIN_STREAM, TokenData, batch_offsets, get_batch, learning_rate_at, load_data
-from spheretnorm.common import (
+from spheretnorm.runtime.batches import TRAIN_STREAM, TokenData, batch_offsets, get_batch, load_data
+from spheretnorm.runtime.schedule import learning_rate_at
+from spheretnorm.runtime.device import (
     DeviceError,
-    DistInfo,
-    atomic_torch_save,
     autocast_context,
     enable_tf32,
     get_device,
-    init_distributed,
     peak_flops_for,
-    print0,
     resolve_dtype,
     rng_state,
     seed_everything,
     set_rng_state,
 )
-from spheretnorm.config import (
+from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
+from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state
+from spheretnorm.runtime.config import (
     HF_PREFIX,
     ConfigError,
     ParsedConfig,
@@ -71,15 +70,17 @@ from spheretnorm.config import (
     run_suffix,
     wants_help,
 )
-from spheretnorm.evaluation import EvalAbandoned, Evaluator, all_reduce_sum, any_rank
+from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
+from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
-from spheretnorm.model import EXECUTION_KEYS, GPT, GPTConfig, config_from_dict, load_checkpoint
-from spheretnorm.stopping import StartupStopped, StopSignal
-from spheretnorm.rundir import (
+from spheretnorm.model import EXECUTION_KEYS, GPT, GPTConfig
+from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.stopping import StartupStopped, StopSignal
+from spheretnorm.runtime.run_folder import (
     EXIT_CONFIG,
     EXIT_CRASH,
     EXIT_OK,
-    SPLITS,
     NonFiniteLossError,
     OutDirError,
     RunStopped,
@@ -87,7 +88,8 @@ from spheretnorm.rundir import (
     checkpoint_path,
     machine_failure,
 )
-from spheretnorm.tracking import Progress, RunLog, check_wandb
+from spheretnorm.runtime.token_files import SPLITS
+from spheretnorm.runtime.tracking import Progress, RunLog, check_wandb
 
 # -----------------------------------------------------------------------------
 # Set-up: the model configuration, from the command line or the checkpoint
@@ -360,7 +362,7 @@ class Trainer:
             torch_dist.all_gather_object(rng, rng_state())
         if self.dist.is_master:
             state = {
-                **self.raw_model.checkpoint_state(),
+                **checkpoint_state(self.raw_model),
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                 "train_config": asdict(self.cfg),

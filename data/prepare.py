@@ -5,7 +5,7 @@ The code lives in `spheretnorm.data.prepare`; this file is the command.
 
 import sys
 
-from spheretnorm.data.prepare import main
+from spheretnorm.data.preparation import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from spheretnorm.eval.local_tasks import PIQA_FILE, PIQA_LABELS_FILE, piqa_records
+from spheretnorm.zeroshot.local_tasks import PIQA_FILE, PIQA_LABELS_FILE, piqa_records
 from spheretnorm.model import GPT, GPTConfig
 
 PRESETS = {
@@ -51,7 +51,7 @@ def piqa_requests(data_dir: Path, n: int) -> list[Any]:
 
 def build_model(args: argparse.Namespace) -> GPT:
     if args.ckpt:
-        from spheretnorm.eval.harness import load_eval_model
+        from spheretnorm.zeroshot.harness import load_eval_model
 
         return load_eval_model(args.ckpt)[0]
     torch.manual_seed(0)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from lm_eval.models.huggingface import HFLM
 
-    from spheretnorm.eval.harness import NanoGPTLM
+    from spheretnorm.zeroshot.harness import NanoGPTLM
     from spheretnorm.hf.gpt2 import offline_gpt2_tokenizer, to_hf_gpt2
 
     model = build_model(args).eval()

@@ -5,7 +5,7 @@ The code lives in `spheretnorm.eval.lm_eval_cli`; this file is the command.
 
 import sys
 
-from spheretnorm.eval.lm_eval_cli import main
+from spheretnorm.zeroshot.lm_eval_entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

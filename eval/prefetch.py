@@ -5,7 +5,7 @@ The code lives in `spheretnorm.eval.prefetch`; this file is the command.
 
 import sys
 
-from spheretnorm.eval.prefetch import main
+from spheretnorm.zeroshot.hub_prefetch import main
 
 if __name__ == "__main__":
     sys.exit(main())

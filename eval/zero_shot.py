@@ -5,7 +5,7 @@ The code lives in `spheretnorm.eval.zero_shot`; this file is the command.
 
 import sys
 
-from spheretnorm.eval.zero_shot import main
+from spheretnorm.zeroshot.driver import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,12 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.runs import CONFIG_NAME, HelpFormatter, check_overrides, display_name, load_run, method_args, method_dirname, unigram_loss
-from spheretnorm.study import (
+from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, unigram_loss
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.methods import display_name, method_args
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.experiments.study import (
     CPU_MODEL,
     RESERVED,
     JobResult,
-    add_common_options, add_run_options,
+    add_common_options,
+    add_run_options,
     as_args,
     diagnostic_summary,
     ensure_data,

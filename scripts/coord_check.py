@@ -43,11 +43,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
-from spheretnorm.study import DEFAULT_DATA_DIR, ensure_data
-from spheretnorm.plots import save_figure
-from spheretnorm.runs import HelpFormatter, UsageError, parse_choices, parse_numbers
-from spheretnorm.data.common import open_split
-from spheretnorm.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
+from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
+from spheretnorm.experiments.figures import save_figure
+from spheretnorm.runtime.cli import HelpFormatter, UsageError
+from spheretnorm.experiments.grid import parse_choices, parse_numbers
+from spheretnorm.runtime.token_files import open_split
+from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
 
 DEFAULT_WIDTHS = "64,128,256,512,1024"
 DEFAULT_CONNECTIONS = ",".join(("pre_ln", *SPHERE_CONNECTIONS))

@@ -27,10 +27,29 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from spheretnorm import plots as plot
-from spheretnorm.study import CPU_MODEL, RESERVED, JobResult, add_common_options, add_run_options, as_args, diagnostic_summary, ensure_data, exit_status, make_job, outcome, paired_seed_summary, parse_number_list, run_or_find, study_main, write_study
-from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import CONFIG_NAME, check_overrides, display_name, load_run, method_args, method_dirname, parse_methods, unigram_loss
+from spheretnorm.experiments import figures as plot
+from spheretnorm.experiments.study import (
+    CPU_MODEL,
+    RESERVED,
+    JobResult,
+    add_common_options,
+    add_run_options,
+    as_args,
+    diagnostic_summary,
+    ensure_data,
+    exit_status,
+    make_job,
+    outcome,
+    paired_seed_summary,
+    parse_number_list,
+    run_or_find,
+    study_main,
+    write_study,
+)
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, parse_methods, unigram_loss
+from spheretnorm.runtime.methods import display_name, method_args
+from spheretnorm.runtime.config import method_dirname
 
 DEFAULT_METHODS = "pre_ln,peri_ln,geonorm,p_spheret:0.5,proj_spheret,cay_spheret"
 ABLATION_METHOD = "p_spheret:0.5"

@@ -25,9 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from spheretnorm.common import HelpFormatter
-from spheretnorm.eval.errors import EvalError
-from spheretnorm.hf.export import FORMATS, export
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.hf.release import FORMATS, export
 from spheretnorm.hf.folder import HFFolderError
 
 

@@ -40,10 +40,12 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from spheretnorm.data.common import load_meta, open_split
-from spheretnorm.model import CONNECTIONS, GPT, clean_state_dict, config_from_dict, load_checkpoint
-from spheretnorm.runs import HelpFormatter, UsageError
-from spheretnorm.config import method_key
+from spheretnorm.runtime.token_files import load_meta, open_split
+from spheretnorm.model import CONNECTIONS, GPT
+from spheretnorm.runtime.checkpoint import clean_state_dict, load_checkpoint
+from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.cli import HelpFormatter, UsageError
+from spheretnorm.runtime.config import method_key
 
 SCOPES = ("self", "prefix")
 # An eigenvalue of J J^T below this times (largest eigenvalue x dimension) is float64 rounding:

@@ -47,14 +47,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spheretnorm.runs import (
-    CKPT_NAME,
+from spheretnorm.runtime.run_folder import CKPT_NAME
+from spheretnorm.experiments.grid import (
     PAPER_DATASETS,
     PAPER_SCALES,
-    REPO_ROOT,
     ZERO_SHOT_NAME,
-    HelpFormatter,
-    UsageError,
     check_overrides,
     config_conflicts,
     config_file,
@@ -63,16 +60,16 @@ from spheretnorm.runs import (
     is_evaluated,
     is_finished,
     last_eval_iter,
-    method_args,
-    method_dirname,
     parse_choices,
     parse_methods,
-    run_name,
     stopped_row,
 )
-from spheretnorm.config import ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names
-from spheretnorm.data.common import META_FILE
-from spheretnorm.tracking import check_wandb
+from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
+from spheretnorm.runtime.methods import method_args, run_name
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names
+from spheretnorm.runtime.token_files import META_FILE
+from spheretnorm.runtime.tracking import check_wandb
 
 MODES = ("local", "print", "slurm")
 STAGES = ("train", "zero_shot")

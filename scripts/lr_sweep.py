@@ -35,10 +35,35 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.study import CPU_MODEL, RESERVED as STUDY_RESERVED, JobResult, add_common_options, as_args, ensure_data, make_job, outcome, parse_train_args, run_jobs, study_name, wall_clock_line, exit_status, study_main
-from spheretnorm.plots import method_style, save_figure
-from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import COLLAPSE_MARGIN, UsageError, parse_numbers, check_overrides, display_name, method_args, method_dirname, parse_methods, sort_methods, unigram_loss
+from spheretnorm.experiments.study import (
+    CPU_MODEL,
+    RESERVED as STUDY_RESERVED,
+    JobResult,
+    add_common_options,
+    as_args,
+    ensure_data,
+    make_job,
+    outcome,
+    parse_train_args,
+    run_jobs,
+    study_name,
+    wall_clock_line,
+    exit_status,
+    study_main,
+)
+from spheretnorm.experiments.figures import method_style, save_figure
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.experiments.grid import (
+    COLLAPSE_MARGIN,
+    parse_numbers,
+    check_overrides,
+    parse_methods,
+    sort_methods,
+    unigram_loss,
+)
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.methods import display_name, method_args
+from spheretnorm.runtime.config import method_dirname
 
 DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"
 DEFAULT_LRS = "1e-3,3e-3"

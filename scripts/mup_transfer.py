@@ -33,10 +33,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.study import CPU_MODEL, RESERVED as STUDY_RESERVED, add_common_options, as_args, ensure_data, make_job, outcome, run_jobs, wall_clock_line, exit_status, study_main
-from spheretnorm.plots import save_figure
-from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import UsageError, check_overrides, parse_numbers, display_name, method_args, method_dirname, parse_methods, unigram_loss
+from spheretnorm.experiments.study import (
+    CPU_MODEL,
+    RESERVED as STUDY_RESERVED,
+    add_common_options,
+    as_args,
+    ensure_data,
+    make_job,
+    outcome,
+    run_jobs,
+    wall_clock_line,
+    exit_status,
+    study_main,
+)
+from spheretnorm.experiments.figures import save_figure
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.experiments.grid import check_overrides, parse_numbers, parse_methods, unigram_loss
+from spheretnorm.runtime.methods import display_name, method_args
+from spheretnorm.runtime.config import method_dirname
 
 DEFAULT_METHODS = "p_spheret:0.5,pre_ln"
 DEFAULT_WIDTHS = "64,256"

@@ -5,7 +5,7 @@ The code lives in `spheretnorm.plots`; this file is the command.
 
 import sys
 
-from spheretnorm.plots import main
+from spheretnorm.experiments.figures import main
 
 if __name__ == "__main__":
     sys.exit(main())

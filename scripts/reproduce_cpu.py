@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from spheretnorm import plots as plot, tables
-from spheretnorm.study import (
+from spheretnorm.experiments import figures as plot, tabulate as tables
+from spheretnorm.experiments.study import (
     CPU_MODEL,
     exit_status,
     study_main,
@@ -45,19 +45,12 @@ from spheretnorm.study import (
     study_name,
     wall_clock_line,
 )
-from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import (
-    COLLAPSE_MARGIN,
-    UsageError,
-    check_overrides,
-    display_name,
-    method_args,
-    method_dirname,
-    parse_methods,
-    scale_of,
-    unigram_loss,
-)
-from spheretnorm.config import ParsedConfig
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, check_overrides, parse_methods, unigram_loss
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.methods import display_name, method_args, scale_of
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.config import ParsedConfig
 
 # One schedule for every method: peak LR, its warm-up, cosine decay to a tenth by the end.
 SCHEDULE: dict[str, Any] = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 100}

@@ -5,7 +5,7 @@ The code lives in `spheretnorm.tables`; this file is the command.
 
 import sys
 
-from spheretnorm.tables import main
+from spheretnorm.experiments.tabulate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
 """What the paper's argument rests on, as small pure functions of hidden states and attention weights.
 
-GPT.diagnostics (model.py) runs one batch through the model (residual_stream_report), hands
-each hidden state and each attention matrix to these functions and returns the numbers;
-train.py decides when to call it and where to write them. Every function reduces to a plain float, averaged over the tokens of
+residual_stream_report runs one batch through a GPT (model.py), hands each hidden state and
+each attention matrix to these functions and returns the numbers; train.py decides when to
+call it and where to write them. The model does not import this module. Every function reduces to a plain float, averaged over the tokens of
 the batch, so a metrics row stays small at any model size.
 
 Shapes: a hidden state h is (B, T, d); an attention matrix is (B, n_head, T, T) with rows the
@@ -16,9 +16,11 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from spheretnorm.model import SphereConnection
+
 # Guards the divisions below against an all-zero state (never seen in a trained model).
 EPS = 1e-12
-# The per-layer lists of GPT.diagnostics, and what their index counts (for W&B names and plots).
+# The per-layer lists of residual_stream_report, and what their index counts (for W&B names and plots).
 DIAGNOSTIC_SERIES = {
     "rms": "layer",
     "massive_ratio": "layer",
@@ -128,3 +130,13 @@ def _record_layer(out: dict[str, Any], h: torch.Tensor) -> None:
     out["rms"].append(rms(h))
     out["massive_ratio"].append(ratio)
     out["massive_top"].append(top)
+
+
+def step_sizes(model: torch.nn.Module) -> list[float]:
+    """The current sphere step size alpha of every sublayer (empty for Euclidean models)."""
+    return [
+        conn.step_size().item()
+        for block in model.transformer.h
+        for conn in (block.conn_attn, block.conn_mlp)
+        if isinstance(conn, SphereConnection)
+    ]

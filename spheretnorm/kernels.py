@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from spheretnorm.retractions import EPS, get_retraction, retraction_angle, step_size
+from .retractions import EPS, get_retraction, retraction_angle, step_size
 
 SPHERE_IMPLS = ("auto", "reference", "fused", "triton")
 
@@ -390,7 +390,7 @@ def sphere_update(
                 "sphere_impl='triton' needs the triton package and torch >= 2.6; "
                 "install triton or use sphere_impl='fused'."
             )
-        from spheretnorm import triton_kernels  # imported late: triton is an optional dependency
+        from . import triton_kernels  # imported late: triton is an optional dependency
 
         return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t)
     alpha = step_size(a, decay)

@@ -20,31 +20,22 @@ Hugging Face export read them from the class. docs/ARCHITECTURE.md walks through
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import json
 import math
-import os
-import pickle
-import re
-import types
-import typing
-import zipfile
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import spheretnorm.diagnostics as diag
-from spheretnorm.diagnostics import DIAGNOSTIC_SERIES  # noqa: F401  (train.py and plots read it here)
-from spheretnorm import mup
-from spheretnorm.kernels import SPHERE_IMPLS, compute_dtype, ngpt_update, resolve_impl, scale_to_radius, sphere_update
-from spheretnorm.retractions import EPS, get_retraction, step_size
+# Relative imports of the model core only (kernels, retractions, mup): a Hugging Face export
+# copies these files, unchanged, into its folder (spheretnorm/hf/folder.py), where the same
+# lines import the copies beside them.
+from .kernels import SPHERE_IMPLS, compute_dtype, ngpt_update, resolve_impl, scale_to_radius, sphere_update
+from .mup import init_scale, lr_scale, output_multiplier, param_kind, width_ratio
+from .retractions import EPS, get_retraction, step_size
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 # GPTConfig keys that choose how the model runs, not what it computes: a resume or an
@@ -54,8 +45,6 @@ ALPHA_INDICES = ("block", "sublayer")
 BLOCKS = ("gpt2", "llama")
 ROPE_BASE = 10000.0  # theta of the rotary embedding (RoPE paper, LLaMA 1-2)
 RMS_NORM_EPS = 1e-6  # LLaMA's
-CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
-SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
 
 
 # -----------------------------------------------------------------------------
@@ -166,59 +155,12 @@ class GPTConfig:
     @property
     def mup_ratio(self) -> float:
         """n0 / n of mup.py's rules; 1.0 when μP is off."""
-        return mup.width_ratio(self.n_embd, self.mup_base_width)
+        return width_ratio(self.n_embd, self.mup_base_width)
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
 # Keys that say what is trained, not which variant of a connection: never a method parameter.
 RESERVED_PARAM_KEYS = ("connection", "connection_params", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-
-
-# The type of each GPTConfig field, for config_from_dict's checks of values read from files.
-_FIELD_TYPES = typing.get_type_hints(GPTConfig)
-
-
-def _type_options(hint: Any) -> tuple[type, ...]:
-    """The classes a field's type hint allows: (float, NoneType) for float | None, (dict,) for dict[str, Any]."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return tuple(typing.get_origin(option) or option for option in options)
-
-
-def value_fits(value: Any, hint: Any) -> bool:
-    """isinstance as a config means it: an int is a float too, a bool is no number."""
-    options = _type_options(hint)
-    if isinstance(value, bool):
-        return bool in options
-    return isinstance(value, options) or (float in options and isinstance(value, int))
-
-
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a dict", type(None): "None"}
-
-
-def _type_text(hint: Any) -> str:
-    return " or ".join(_TYPE_WORDS.get(option, option.__name__) for option in _type_options(hint))
-
-
-def config_from_dict(d: dict[str, Any]) -> GPTConfig:
-    """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling).
-
-    Checkpoints from before connection_params existed have no such key; it defaults to {}.
-    The values come from files (a checkpoint, a config.json), so each is checked against its
-    field's type first: GPTConfig's own checks compare them with numbers and would fail with a
-    TypeError on a string; a ValueError names the key, its type and the value found.
-    """
-    if not isinstance(d, dict):
-        raise ValueError(f"A model config must be a dict of keys and values, got {type(d).__name__} {d!r:.80}.")
-    known = set(MODEL_FIELDS)
-    unknown = sorted(set(d) - known, key=str)
-    if unknown:
-        raise ValueError(
-            f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}."
-        )
-    for key, value in d.items():
-        if not value_fits(value, _FIELD_TYPES[key]):
-            raise ValueError(f"{key} must be {_type_text(_FIELD_TYPES[key])}, got {value!r:.80}.")
-    return GPTConfig(**d)
 
 
 # -----------------------------------------------------------------------------
@@ -1012,7 +954,7 @@ class GPT(nn.Module):
             return
         with torch.no_grad():
             for name, p in self.named_parameters():
-                p.mul_(mup.init_scale(mup.param_kind(name, p), ratio))
+                p.mul_(init_scale(param_kind(name, p), ratio))
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -1087,34 +1029,8 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         # μP's logit multiplier, on the head's input (the same for a bias-free linear head), so
         # every caller of lm_head gets it; skipped at ratio 1 so the model stays today's exactly.
-        multiplier = mup.output_multiplier(self.config.mup_ratio)
+        multiplier = output_multiplier(self.config.mup_ratio)
         return x if multiplier == 1.0 else x * multiplier
-
-    @torch.no_grad()
-    def diagnostics(self, idx: torch.Tensor) -> dict[str, Any]:
-        """What the paper's argument rests on, measured on one batch (diagnostics.py).
-
-        Per layer l (index 0 is the embedding output, l the output of block l):
-          rms[l]: RMS of the hidden state;
-          massive_ratio[l], massive_top[l]: max |h_i| over the median |h_i|, and the max;
-        per block: attn_sink[b]: mean attention mass on the first token;
-        per sublayer update k (attention, MLP, attention, ...):
-          angle[k]: mean angle (radians) between h before and after;
-          contribution[k]: mean 1 - cos(h before, h after);
-          update_ratio[k]: mean ||h after - h before|| / ||h before||;
-        final_cosine: mean pairwise cosine of the final hidden states, after ln_f, as the LM
-        head reads them (1.0 means every token sits at the same point: representation collapse).
-        """
-        return diag.residual_stream_report(self, idx)
-
-    def step_sizes(self) -> list[float]:
-        """Current sphere step sizes alpha per sublayer (empty for Euclidean models)."""
-        return [
-            conn.step_size().item()
-            for block in self.transformer.h
-            for conn in (block.conn_attn, block.conn_mlp)
-            if isinstance(conn, SphereConnection)
-        ]
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -1153,7 +1069,7 @@ class GPT(nn.Module):
         grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
         for name, p in params.items():
             rule = connection.optimizer_rule(name, p)
-            scale = mup.lr_scale(mup.param_kind(name, p), ratio) if ratio != 1.0 else 1.0
+            scale = lr_scale(param_kind(name, p), ratio) if ratio != 1.0 else 1.0
             grouped.setdefault((rule.decay, scale * rule.lr_factor), []).append(p)
         groups = [
             {
@@ -1207,299 +1123,6 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
-    # -- checkpoints ----------------------------------------------------------
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The model part of a checkpoint: format tag, config and weights."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model_config": asdict(self.config),
-            "model": self.state_dict(),
-        }
-
-    @classmethod
-    def from_checkpoint(
-        cls, ckpt: str | Path | dict[str, Any], map_location: str | torch.device = "cpu"
-    ) -> "GPT":
-        """Rebuild a model from a checkpoint file (or its loaded dict).
-
-        A file or dict whose model cannot be built (see check_checkpoint) is a CheckpointError,
-        raised before the model the config describes is allocated.
-        """
-        if isinstance(ckpt, dict):
-            config = check_checkpoint(ckpt)
-        else:
-            ckpt = load_checkpoint(ckpt, map_location)  # checked as it is read
-            config = config_from_dict(ckpt["model_config"])
-        model = cls(config)
-        model.load_state_dict(clean_state_dict(ckpt["model"]))
-        return model
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read, or whose model cannot be built from it.
 
-    Damaged files (truncated, empty, text, a zip archive that is not torch's), foreign ones (no
-    spheretnorm format tag), pickles carrying code, and checkpoints whose model_config is
-    invalid or does not describe the weights they hold. The message is one sentence that names
-    the file; train.py, sample.py and scripts/export_hf.py print it without a traceback. A
-    ValueError, which load_checkpoint raised before this class existed, so callers that catch
-    ValueError keep working.
-    """
-
-
-# Keys besides the weights and their config that a checkpoint may hold, and the type each must
-# have where present (train.py writes them; sample.py and the export read them).
-_OPTIONAL_KEYS: dict[str, type] = {"data_meta": dict, "train_config": dict, "iter_num": int}
-
-
-def _describe(exc: BaseException) -> str:
-    """An exception's type and the first sentence of its message, short enough for one line
-    (torch's messages run over paragraphs, after a "[enforce fail at file.cc:180] ." prefix)."""
-    text = re.sub(r"^\[[^\]]*\][\s.]*", "", str(exc).strip())
-    text = text.splitlines()[0].split(". ")[0].rstrip(".")[:160] if text else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
-    """What torch.save wrote to `path`, unpickled safely; any failure is a CheckpointError naming it.
-
-    Unpickling runs with weights_only=True: besides tensors and plain Python values, only the
-    allow-list below may be rebuilt, which is what train.py saves beyond those (numpy's RNG
-    state holds an ndarray). A file carrying anything else, such as a pickled callable, is
-    refused before any of it runs. mmap=True maps the tensors' storage instead of reading it,
-    for a look at their names and shapes (torch.save's zip archives only).
-    """
-    path = Path(path)
-    allowed = [
-        np.zeros(1).__reduce__()[0],  # numpy's array rebuilder, under this numpy's module path
-        np.ndarray,
-        np.dtype,
-        type(np.dtype(np.uint32)),  # the dtype class that newer numpy versions pickle
-    ]
-    if hasattr(torch.serialization, "safe_globals"):
-        allow = torch.serialization.safe_globals(allowed)
-    else:  # torch 2.4 has only the process-wide list
-        torch.serialization.add_safe_globals(allowed)
-        allow = contextlib.nullcontext()
-    try:
-        with allow:
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
-        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", str(exc))))
-        # torch.save writes zip archives; anything else failing here is no checkpoint at all.
-        if not found and not zipfile.is_zipfile(path):
-            raise CheckpointError(f"{str(path)!r} is not a PyTorch checkpoint file (not the zip archive torch.save writes).") from None
-        found = found or ["an unsupported pickle instruction"]
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} contains disallowed objects ({', '.join(found)}) that "
-            "could run code when unpickled, so it was not loaded; spheretnorm checkpoints hold "
-            "only tensors, plain Python values and numpy RNG state."
-        ) from None
-    except MemoryError:
-        raise  # a file too large for this machine is not a damaged one
-    except Exception as exc:  # noqa: BLE001 - torch.load's failures on damaged bytes share no type
-        # (RuntimeError from the zip reader, EOFError, KeyError, OSError, ... depending on where
-        # the bytes stop making sense), and every one of them means the same to the user.
-        raise CheckpointError(
-            f"{str(path)!r} cannot be read as a PyTorch checkpoint: it is truncated, damaged or another program's file "
-            f"({_describe(exc)})."
-        ) from None
-
-
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", require: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Load a checkpoint file (ckpt.pt, or a .safetensors export) and check that it is one of
-    this project's whose model can be built (check_checkpoint).
-
-    A missing file is a FileNotFoundError; every other failure is a CheckpointError naming the
-    file. require lists further keys the caller needs (a resume needs the optimizer state).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
-    if path.suffix == SAFETENSORS_SUFFIX:
-        ckpt = load_safetensors_checkpoint(path, map_location)
-    else:
-        ckpt = read_torch_file(path, map_location)
-        check_checkpoint(ckpt, f"Checkpoint {str(path)!r}")
-    missing = [key for key in require if key not in ckpt]
-    if missing:
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} lacks {', '.join(missing)}, which train.py writes and this use "
-            "of it needs; it is damaged or holds a model only."
-        )
-    return ckpt
-
-
-def check_checkpoint(ckpt: Any, where: str = "The checkpoint") -> GPTConfig:
-    """The model config of a checkpoint dict whose model can be built; else a CheckpointError.
-
-    `where` starts each message ("Checkpoint 'out/ckpt.pt'"). Checked: the format tag, the
-    model config's keys and values, the types of the optional keys (_OPTIONAL_KEYS), and that
-    the weights have the names and shapes of the model the config describes (check_weights).
-    The tensors may be on the meta device: only their shapes are read.
-    """
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise CheckpointError(f"{where} is not a spheretnorm checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r}).")
-    missing = [key for key in ("model_config", "model") if key not in ckpt]
-    if missing:
-        raise CheckpointError(f"{where} lacks {' and '.join(missing)}, which every spheretnorm checkpoint holds; it is damaged.")
-    for key, kind in _OPTIONAL_KEYS.items():
-        value = ckpt.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise CheckpointError(f"{where} holds a {type(value).__name__} as {key}, where a {kind.__name__} belongs; it is damaged.")
-    try:
-        config = config_from_dict(ckpt["model_config"])
-    except ValueError as exc:
-        raise CheckpointError(f"{where} has an invalid model_config: {exc}") from None
-    check_weights(ckpt["model"], config, where, "its model_config")
-    return config
-
-
-def check_weights(state: Any, config: GPTConfig, where: str, config_where: str) -> None:
-    """A CheckpointError unless `state` holds exactly the weights of GPT(config), by name and shape.
-
-    Nothing the config sizes is allocated: the expected shapes come from the model built on the
-    meta device, and only once n_layer is known to match the weights (even there, a damaged
-    n_layer of 10^9 would take hours to build). `where` names the weights' file and
-    `config_where` the config's ("its model_config", or the config.json of a folder).
-    """
-    if not is_state_dict(state):
-        found = "a dict with other values" if isinstance(state, dict) else f"a {type(state).__name__}"
-        raise CheckpointError(f"{where} does not hold its weights as a dict of tensors by name (found {found}); it is damaged.")
-    shapes = {k: tuple(v.shape) for k, v in clean_state_dict(state).items()}
-    blocks = {k.split(".")[2] for k in shapes if k.startswith("transformer.h.")}
-    if len(blocks) != config.n_layer:
-        raise CheckpointError(f"{where} holds the weights of {len(blocks)} blocks, but {config_where} says n_layer={config.n_layer}.")
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
-    problems = [f"{k} is missing" for k in expected if k not in shapes]
-    problems += [f"{k} is not a weight of that model" for k in shapes if k not in expected]
-    problems += [
-        f"{k} has shape {list(shapes[k])} where the config needs {list(shape)}"
-        for k, shape in expected.items()
-        if k in shapes and shapes[k] != shape
-    ]
-    if problems:
-        more = f", and {len(problems) - 3} more" if len(problems) > 3 else ""
-        raise CheckpointError(
-            f"{where} does not hold the weights of the model {config_where} describes ({'; '.join(problems[:3])}{more})."
-        )
-
-
-def is_state_dict(state: Any) -> bool:
-    """Whether `state` is weights by name, as state_dict() gives them (and no other object)."""
-    return isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
-
-
-def apply_umask(path: str | Path) -> None:
-    """Give `path` the permissions open() gives a new file: 0666 less the process's umask.
-
-    safetensors writes into a private temporary file (mode 0600) and renames it, so without
-    this its files would be unreadable to the group and to others, unlike every other output.
-    """
-    umask = os.umask(0)  # the only way to read it; set back at once
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-# The checkpoint keys a safetensors checkpoint keeps besides the weights, JSON-encoded in its
-# metadata (safetensors metadata holds strings only).
-_SAFETENSORS_KEYS = ("model_config", "data_meta", "iter_num")
-TIED_HEAD, TIED_TO = "lm_head.weight", "transformer.wte.weight"  # one tensor, stored once
-
-
-def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
-    """Write a checkpoint's weights and config as one safetensors file: no pickle, no optimizer.
-
-    load_checkpoint (and so GPT.from_checkpoint, sample.py and the evaluator) reads it back.
-    """
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    if path.suffix != SAFETENSORS_SUFFIX:
-        raise ValueError(f"{str(path)!r} must end in {SAFETENSORS_SUFFIX}, so that load_checkpoint knows its form.")
-    state = untie_head(clean_state_dict(ckpt["model"]))
-    metadata = {"format": CHECKPOINT_FORMAT, **{k: json.dumps(ckpt.get(k)) for k in _SAFETENSORS_KEYS}}
-    save_file(state, str(path), metadata=metadata)
-    apply_umask(path)
-    return path
-
-
-def load_safetensors_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The checkpoint dict (format, model_config, model, ...) of a save_safetensors_checkpoint file.
-
-    The config (from the metadata) is checked against the tensors' shapes in the file's header
-    before any tensor is read, so a damaged size in the metadata allocates nothing.
-    """
-    where = f"Checkpoint {str(path)!r}"
-    metadata, shapes = read_safetensors(path, shapes_only=True)
-    if metadata.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(
-            f"{str(path)!r} is not a spheretnorm safetensors checkpoint (format {metadata.get('format')!r}, "
-            f"expected {CHECKPOINT_FORMAT!r}); a Hugging Face folder is read with --init_from=hf:DIR."
-        )
-    ckpt = {"format": CHECKPOINT_FORMAT, **_decode_metadata(metadata, where), "model": tie_head(shapes)}
-    check_checkpoint(ckpt, where)
-    ckpt["model"] = tie_head(read_safetensors(path, device=str(map_location))[1])
-    return ckpt
-
-
-def read_safetensors(
-    path: Path, shapes_only: bool = False, device: str = "cpu"
-) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """(metadata, tensors by name) of a safetensors file; a file safetensors cannot parse
-    (truncated, text, ...) is a CheckpointError naming it. shapes_only: the tensors on the meta
-    device, from the file's header alone (nothing read or allocated)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt", device=device) as f:
-            if shapes_only:
-                tensors = {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
-            else:
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-            return f.metadata() or {}, tensors
-    except SafetensorError as exc:
-        raise CheckpointError(f"{str(path)!r} is not a safetensors file, or a truncated or damaged one ({exc}).") from None
-
-
-def _decode_metadata(metadata: dict[str, str], where: str) -> dict[str, Any]:
-    """The JSON-encoded checkpoint keys of a safetensors file's metadata."""
-    out = {}
-    for key in _SAFETENSORS_KEYS:
-        if key in metadata:
-            try:
-                out[key] = json.loads(metadata[key])
-            except json.JSONDecodeError as exc:
-                raise CheckpointError(f"{where} has metadata {key} that is not JSON ({exc}): {metadata[key]!r:.80}.") from None
-    return out
-
-
-def untie_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The weights to write to a file, contiguous: a head tied to the token embedding is stored
-    once (safetensors refuses shared tensors); an untied head (nGPT) is kept."""
-    tied = TIED_HEAD in state and TIED_TO in state and state[TIED_HEAD].data_ptr() == state[TIED_TO].data_ptr()
-    return {k: v.detach().contiguous() for k, v in state.items() if not (tied and k == TIED_HEAD)}
-
-
-def tie_head(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The LM head back from the token embedding it is tied to, in place (files store it once);
-    a head of its own (nGPT) is kept, and a state without the embedding is left so, for
-    check_weights to name it missing."""
-    if TIED_TO in state and TIED_HEAD not in state:
-        state[TIED_HEAD] = state[TIED_TO]
-    return state
-
-
-def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip the prefixes that torch.compile and DDP add to parameter names."""
-    out = {}
-    for k, v in state.items():
-        while k.startswith(("_orig_mod.", "module.")):
-            k = k.split(".", 1)[1]
-        out[k] = v
-    return out

@@ -3,7 +3,7 @@
 import pytest
 
 import bench
-from spheretnorm.config import ConfigError
+from spheretnorm.runtime.config import ConfigError
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=32", "--batch_size=2", "--device=cpu"]
 

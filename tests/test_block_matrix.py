@@ -18,8 +18,9 @@ import torch
 import sample
 import train
 from markov_data import VOCAB, write_markov_data
-from spheretnorm.eval.harness import NanoGPTLM
-from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, GPTConfig, load_checkpoint
+from spheretnorm.zeroshot.harness import NanoGPTLM
+from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, GPTConfig
+from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, load_model
 from test_eval import LL_REQUESTS, direct_loglikelihood, ll_instances, many_choices
 from test_train import read_metrics, tiny_args, train_curves
 
@@ -95,7 +96,7 @@ def test_sample_py_runs_on_a_llama_checkpoint(connection: str, char_data: Path, 
 
     # Greedy past block_size (16): sample.py crops the context as a direct forward pass does.
     greedy = sample.main([str(tmp_path), "--start=AB", "--num_samples=1", "--max_new_tokens=20", "--temperature=0", "--device=cpu"])
-    model = GPT.from_checkpoint(tmp_path / "ckpt.pt").eval()
+    model = load_model(tmp_path / "ckpt.pt").eval()
     want = "".join(chr(ord("A") + i) for i in greedy_continuation(model, [0, 1], 20))
     assert greedy == [want]
 
@@ -111,7 +112,7 @@ def gpt2_vocab_ckpt(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=50304, block=block, connection=connection))
     path = tmp_path / "ckpt.pt"
-    torch.save({**model.checkpoint_state(), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
+    torch.save({**checkpoint_state(model), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
     return path
 
 
@@ -123,7 +124,7 @@ def test_zero_shot_scores_as_a_direct_forward_pass(gpt2_vocab_ckpt: Path) -> Non
     # longer than block_size is truncated on its own row.
     pairs = many_choices(8) + LL_REQUESTS
     got = NanoGPTLM(ckpt=str(gpt2_vocab_ckpt), device="cpu", batch_size=3).loglikelihood(ll_instances(pairs), disable_tqdm=True)
-    model = GPT.from_checkpoint(gpt2_vocab_ckpt).eval()
+    model = load_model(gpt2_vocab_ckpt).eval()
     for (context, continuation), (logprob, greedy) in zip(pairs, got):
         want_logprob, want_greedy = direct_loglikelihood(model, context, continuation)
         assert logprob == pytest.approx(want_logprob, abs=1e-4), (context[:30], continuation)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spheretnorm import common
-from spheretnorm.common import DeviceError, get_device, nvidia_gpus_present
+from spheretnorm.runtime import device as common
+from spheretnorm.runtime.device import DeviceError, get_device, nvidia_gpus_present
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ import pytest
 
 import train
 from markov_data import write_markov_data
-from spheretnorm.model import CHECKPOINT_FORMAT, GPT, load_checkpoint
+from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model
+from spheretnorm.model import GPT
 
 HERE = Path(__file__).resolve().parent / "data" / "ckpt_v1"
 REPO = HERE.parents[2]
@@ -38,7 +39,7 @@ def metrics(out_dir: Path, kind: str, field: str) -> dict[str, float]:
 def test_old_checkpoint_loads() -> None:
     ckpt = load_checkpoint(HERE / "p_spheret_iter6.pt")
     assert ckpt["format"] == CHECKPOINT_FORMAT and "connection_params" not in ckpt["model_config"]
-    model = GPT.from_checkpoint(ckpt)
+    model = load_model(ckpt)
     assert model.config.connection == "p_spheret" and model.config.connection_params == {}
 
 

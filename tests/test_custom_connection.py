@@ -21,9 +21,12 @@ import torch
 import train
 from scripts import export_hf as export_cli
 from scripts import launch
-from spheretnorm import runs, tables
-from spheretnorm.config import method_key, parse_config
-from spheretnorm.model import CONNECTIONS, GPT, Connection, LayerNorm, MethodParam, OptimRule, load_checkpoint, register_connection
+from spheretnorm.runtime import methods
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.experiments import grid as runs, tabulate as tables
+from spheretnorm.runtime.config import method_key, parse_config
+from spheretnorm.model import CONNECTIONS, GPT, Connection, LayerNorm, MethodParam, OptimRule, register_connection
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from markov_data import write_markov_data
 from test_train import tiny_args
 
@@ -72,14 +75,14 @@ def test_the_class_alone_defines_the_method(gain_connection) -> None:
     cfg = parsed.model_config(vocab_size=64)
     assert cfg.res_gain == 0.25 and cfg.connection_params == {"res_gain": 0.25}
     assert method_key(cfg) == f"{NAME}:0.25"
-    assert runs.method_args(f"{NAME}:0.25") == [f"--connection={NAME}", "--res_gain=0.25"]
-    assert runs.method_dirname(f"{NAME}:0.25") == f"{NAME}-0.25"
-    assert runs.display_name(f"{NAME}:0.25") == "Pre-LN x0.25"
-    assert runs.canonical_method(NAME) == f"{NAME}:0.5"  # the declared default
-    with pytest.raises(runs.UsageError, match="res_gain must be a float"):
-        runs.method_model_keys(f"{NAME}:big")
+    assert methods.method_args(f"{NAME}:0.25") == [f"--connection={NAME}", "--res_gain=0.25"]
+    assert method_dirname(f"{NAME}:0.25") == f"{NAME}-0.25"
+    assert methods.display_name(f"{NAME}:0.25") == "Pre-LN x0.25"
+    assert methods.canonical_method(NAME) == f"{NAME}:0.5"  # the declared default
+    with pytest.raises(methods.UsageError, match="res_gain must be a float"):
+        methods.method_model_keys(f"{NAME}:big")
     # The parameter is the method's, not a setting: a run's folder takes no '+res_gain=' suffix.
-    with pytest.raises(runs.UsageError, match="use --methods"):
+    with pytest.raises(methods.UsageError, match="use --methods"):
         runs.check_overrides(["--res_gain=0.3"], {})
     # Its optimizer rule: the token embedding (tied head) is not decayed, other matrices are.
     model = GPT(cfg)
@@ -120,7 +123,7 @@ def test_train_launch_tables_and_export(gain_connection, char_data: Path, tmp_pa
     assert "class GainPreLN(Connection)" in (folder / "modeling_spheretnorm.py").read_text()
     idx = torch.randint(0, ckpt["model_config"]["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours = GPT.from_checkpoint(run / "ckpt.pt").eval()(idx)[0][0]
+        ours = load_model(run / "ckpt.pt").eval()(idx)[0][0]
     torch.save(idx, tmp_path / "idx.pt")
     # A fresh process, so that no remote-code class cached by other tests stands in.
     script = (

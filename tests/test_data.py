@@ -23,14 +23,9 @@ import pytest
 import tiktoken
 
 from spheretnorm.data import common
-from spheretnorm.data.common import (
-    PrepareError,
-    decode_char,
-    flatten_tokens,
-    load_meta,
-    open_split,
-)
-from spheretnorm.data.prepare import main, prepare
+from spheretnorm.runtime.token_files import PrepareError, decode_char, load_meta, open_split
+from spheretnorm.data.pipeline import flatten_tokens
+from spheretnorm.data.preparation import main, prepare
 from spheretnorm.data import tokenizer
 from spheretnorm.data.tokenizer import EOT_TOKEN
 

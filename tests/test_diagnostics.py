@@ -21,10 +21,13 @@ import pytest
 import torch
 
 import train
-from spheretnorm.rundir import EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, EXIT_OK, CollapseError
-from spheretnorm.tracking import wandb_payload
-from spheretnorm.model import GPT, GPTConfig, load_checkpoint
-from spheretnorm import runs
+from spheretnorm.runtime import methods
+from spheretnorm.runtime.run_folder import EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, EXIT_OK, CollapseError
+from spheretnorm.runtime.tracking import wandb_payload
+from spheretnorm.diagnostics import residual_stream_report
+from spheretnorm.model import GPT, GPTConfig
+from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.experiments import grid as runs
 from test_train import REPO, data_dir, read_metrics, tiny_args  # noqa: F401 (fixture)
 
 # Diagnostics: checked on a Euclidean and a sphere connection, and on the two whose norms sit
@@ -91,7 +94,7 @@ def test_attention_sink_matches_the_explicit_softmax(connection: str) -> None:
             y = (w @ v).transpose(1, 2).reshape(x.shape)
             torch.testing.assert_close(block.attn.c_proj(y), block.attn(x), rtol=1e-5, atol=1e-5)
         expected.append(w[:, :, 1:, 0].mean().item())  # query 0 sees only token 0
-    got = model.diagnostics(idx)["attn_sink"]
+    got = residual_stream_report(model, idx)["attn_sink"]
     assert got == pytest.approx(expected, rel=1e-5)
     assert len(set(round(v, 4) for v in got)) > 1  # the layers differ: not a constant
 
@@ -100,7 +103,7 @@ def test_attention_sink_matches_the_explicit_softmax(connection: str) -> None:
 def test_ratios_match_the_explicit_hidden_states(connection: str) -> None:
     model, idx = tiny_model(connection), tokens()
     _, updates = capture(model, idx)
-    diag = model.diagnostics(idx)
+    diag = residual_stream_report(model, idx)
 
     def cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.einsum("btd,btd->bt", a, b) / (a.norm(dim=-1) * b.norm(dim=-1))
@@ -312,7 +315,7 @@ def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, cap
 
 
 def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
-    from spheretnorm import plots as plot
+    from spheretnorm.experiments import figures as plot
 
     def run(method: str, alpha_index: str, scale: float) -> runs.Run:
         evals = [
@@ -328,7 +331,7 @@ def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
     assert sorted(p.name for p in paths) == sorted(f"fig_{k}.{ext}" for k in plot.HEATMAPS for ext in ("png", "pdf"))
     assert all(p.stat().st_size > 0 for p in paths)
     assert plot.run_label(chosen[0]) == "0.5-SpheretNorm (alpha_index=sublayer)"
-    with pytest.raises(runs.UsageError, match="predate the diagnostics"):
+    with pytest.raises(methods.UsageError, match="predate the diagnostics"):
         plot.plot_diagnostics([runs.Run(tmp_path, {"method": "pre_ln"}, [{"kind": "eval", "iter": 0}], None)], "old", tmp_path / "old")
 
 

@@ -25,13 +25,15 @@ from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.checkpoint import checkpoint_state
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
-from spheretnorm.eval.errors import EvalError
-from spheretnorm.eval.harness import NanoGPTLM, load_eval_model, pack_pieces
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.harness import NanoGPTLM, load_eval_model, pack_pieces
 from spheretnorm.hf.gpt2 import offline_gpt2_tokenizer, to_hf_gpt2
-from spheretnorm.eval.local_tasks import piqa_records, wikitext_documents, write_local_tasks
-from spheretnorm.eval import zero_shot
-from spheretnorm.eval.zero_shot import PAPER_COLUMNS, check_tasks_known, main, results_limit, results_path, run_lm_eval
+from spheretnorm.zeroshot.local_tasks import piqa_records, wikitext_documents, write_local_tasks
+from spheretnorm.zeroshot import driver as zero_shot
+from spheretnorm.zeroshot.driver import PAPER_COLUMNS, check_tasks_known, main, results_limit, results_path, run_lm_eval
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +110,7 @@ def task_manager(evaldata: Path, tmp_path_factory: pytest.TempPathFactory) -> Ta
 def sphere_ckpt(tmp_path: Path) -> Path:
     """A checkpoint as train.py writes it, of a sphere connection."""
     path = tmp_path / "ckpt.pt"
-    torch.save({**tiny_gpt("p_spheret").checkpoint_state(), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
+    torch.save({**checkpoint_state(tiny_gpt("p_spheret")), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
     return path
 
 
@@ -336,7 +338,7 @@ def write_bad_checkpoint(kind: str, tmp_path: Path) -> Path:
     elif kind == "text":
         path.write_text("not a checkpoint")
     elif kind == "char":
-        torch.save({**tiny_gpt().checkpoint_state(), "data_meta": {"tokenizer": "char"}}, path)
+        torch.save({**checkpoint_state(tiny_gpt()), "data_meta": {"tokenizer": "char"}}, path)
     return path
 
 
@@ -457,12 +459,12 @@ def test_results_limit_reads_the_marker_and_older_files() -> None:
 
 def write_finished_run(root: Path) -> Path:
     """openwebtext_s/pre_ln under root, trained to the paper's max_iters, with a checkpoint."""
-    from spheretnorm import runs
+    from spheretnorm.experiments import grid as runs
 
-    run = root / "openwebtext_s" / runs.method_dirname("pre_ln")
+    run = root / "openwebtext_s" / method_dirname("pre_ln")
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 50_000, "val_loss": 3.0}) + "\n")
-    torch.save({**tiny_gpt().checkpoint_state(), "iter_num": 50_000, "data_meta": {"tokenizer": "gpt2"}}, run / "ckpt.pt")
+    torch.save({**checkpoint_state(tiny_gpt()), "iter_num": 50_000, "data_meta": {"tokenizer": "gpt2"}}, run / "ckpt.pt")
     return run
 
 
@@ -470,7 +472,7 @@ def test_launcher_does_not_count_a_limited_evaluation_as_done(
     evaldata: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     from scripts import launch
-    from spheretnorm import runs
+    from spheretnorm.experiments import grid as runs
 
     run = write_finished_run(tmp_path)
     final = run / runs.ZERO_SHOT_NAME
@@ -489,7 +491,7 @@ def test_launcher_does_not_count_a_limited_evaluation_as_done(
 
 
 def test_is_evaluated_only_for_full_results(tmp_path: Path) -> None:
-    from spheretnorm import runs
+    from spheretnorm.experiments import grid as runs
 
     final = tmp_path / runs.ZERO_SHOT_NAME
     assert not runs.is_evaluated(tmp_path)
@@ -504,11 +506,11 @@ def test_is_evaluated_only_for_full_results(tmp_path: Path) -> None:
 
 
 def test_tables_mark_limited_zero_shot_results_and_do_not_rank_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from spheretnorm import runs
-    from spheretnorm import tables
+    from spheretnorm.experiments import grid as runs
+    from spheretnorm.experiments import tabulate as tables
 
     for method, piqa, limit in (("pre_ln", 60.0, None), ("geonorm", 55.0, None), ("p_spheret:0.5", 90.0, 100)):
-        out = tmp_path / "openwebtext_l" / runs.method_dirname(method)
+        out = tmp_path / "openwebtext_l" / method_dirname(method)
         out.mkdir(parents=True)
         shape = {"n_layer": 36, "n_head": 20, "n_embd": 1280}  # the paper's L
         config = {"dataset": "openwebtext", "max_iters": 100, "method": method, **shape}
@@ -549,8 +551,8 @@ def test_help_of_every_eval_command_exits_0_without_side_effects(command: list[s
 
 
 def test_local_data_layout_is_documented_in_eval_readme(capsys: pytest.CaptureFixture) -> None:
-    from spheretnorm.eval import lm_eval_cli
-    from spheretnorm.eval.local_tasks import LAYOUT_DOC, LOCAL_TASK_SPECS
+    from spheretnorm.zeroshot import lm_eval_entry as lm_eval_cli
+    from spheretnorm.zeroshot.local_tasks import LAYOUT_DOC, LOCAL_TASK_SPECS
 
     assert LAYOUT_DOC == "eval/README.md"
     readme = (REPO_ROOT / LAYOUT_DOC).read_text()
@@ -571,7 +573,7 @@ def test_incomplete_reason_names_limits_and_skipped_tasks() -> None:
 
 
 def test_is_evaluated_not_for_results_with_skipped_tasks(tmp_path: Path) -> None:
-    from spheretnorm import runs
+    from spheretnorm.experiments import grid as runs
 
     results = {"paper_table": {"piqa/acc_norm": 60.0, "wikitext/word_perplexity": None}, "skipped": {"wikitext": "files absent"}}
     (tmp_path / runs.ZERO_SHOT_NAME).write_text(json.dumps(results))

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from spheretnorm.runtime.checkpoint import checkpoint_state
 from spheretnorm.model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304))
     path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
-    torch.save({**model.checkpoint_state(), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
+    torch.save({**checkpoint_state(model), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
     return path
 
 

@@ -28,11 +28,19 @@ import yaml
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 
-from spheretnorm.eval import lm_eval_cli, prefetch, zero_shot
-from spheretnorm.eval.errors import EvalError
-from spheretnorm.eval.harness import NanoGPTLM
-from spheretnorm.eval.local_tasks import LOCAL_TASKS, convert_task, data_source_note, social_iqa_records, winogrande_records, write_local_tasks
-from spheretnorm.eval.zero_shot import PAPER_TASKS
+from spheretnorm.runtime.checkpoint import checkpoint_state
+from spheretnorm.zeroshot import lm_eval_entry as lm_eval_cli, hub_prefetch as prefetch, driver as zero_shot
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.harness import NanoGPTLM
+from spheretnorm.zeroshot.local_tasks import (
+    LOCAL_TASKS,
+    convert_task,
+    data_source_note,
+    social_iqa_records,
+    winogrande_records,
+    write_local_tasks,
+)
+from spheretnorm.zeroshot.driver import PAPER_TASKS
 from spheretnorm.model import GPT, GPTConfig
 
 BUILTIN = Path(lm_eval.tasks.__file__).parent
@@ -329,7 +337,7 @@ def test_zero_shot_says_which_tasks_are_local_and_which_need_the_hub(
     torch.manual_seed(0)
     ckpt = tmp_path / "ckpt.pt"
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304))
-    torch.save({**model.checkpoint_state(), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, ckpt)
+    torch.save({**checkpoint_state(model), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, ckpt)
     data = tmp_path / "data"
     (data / "sciq").mkdir(parents=True)
     (data / "sciq" / "test.json").write_text((release_dir / "sciq" / "test.json").read_text())
@@ -433,7 +441,7 @@ def tiny_ckpt(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304))
     path = tmp_path / "ckpt.pt"
-    torch.save({**model.checkpoint_state(), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
+    torch.save({**checkpoint_state(model), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
     return path
 
 

@@ -34,11 +34,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 from spheretnorm.hf import folder as hf_folder
 import train
 from spheretnorm.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
-from spheretnorm.hf.export import FORMATS
+from spheretnorm.hf.release import FORMATS
 from spheretnorm.hf.folder import HFFolderError, export_hf, load_folder_model
-from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, load_checkpoint
+from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
+from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, load_model
 from scripts import export_hf as export_cli
-from spheretnorm.config import ConfigError, parse_config
+from spheretnorm.runtime.config import ConfigError, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 32
@@ -83,7 +84,7 @@ def tiny_model(block_size: int = BLOCK, vocab_size: int = 50304, **keys: Any) ->
 
 def checkpoint(model: GPT, **extra: Any) -> dict[str, Any]:
     """The model part of a checkpoint as train.py writes it, with a GPT-2 dataset by default."""
-    return {**model.checkpoint_state(), "iter_num": 7, "data_meta": {"tokenizer": "gpt2"}, **extra}
+    return {**checkpoint_state(model), "iter_num": 7, "data_meta": {"tokenizer": "gpt2"}, **extra}
 
 
 def char_checkpoint(model: GPT) -> dict[str, Any]:
@@ -315,7 +316,7 @@ def test_lm_eval_hf_on_the_folder_equals_nanogpt_on_the_checkpoint(local_task: P
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import spheretnorm.eval.harness  # noqa: F401 - registers our lm-eval model "nanogpt"
+    import spheretnorm.zeroshot.harness  # noqa: F401 - registers our lm-eval model "nanogpt"
     import lm_eval.models.huggingface  # noqa: F401 - registers "hf" (lm-eval imports it only into an empty registry)
 
     ours = tiny_model(block_size=64, connection=connection)
@@ -400,7 +401,7 @@ def test_round_trip_export_then_init_from_hf_gives_the_same_logits(char_data: Pa
     ours = tiny_model(vocab_size=len(CHARS), connection=connection)
     folder = export_hf(char_checkpoint(ours), tmp_path / "hf")
     train.main(train_args(char_data, tmp_path / "run", f"--init_from=hf:{folder}"))
-    tuned = GPT.from_checkpoint(tmp_path / "run" / "ckpt.pt").eval()
+    tuned = load_model(tmp_path / "run" / "ckpt.pt").eval()
     assert tuned.config == ours.config
     idx = torch.randint(0, len(CHARS), (2, BLOCK), generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(logits_of(tuned, idx), logits_of(ours, idx), atol=1e-5, rtol=0)
@@ -409,7 +410,7 @@ def test_round_trip_export_then_init_from_hf_gives_the_same_logits(char_data: Pa
 def test_init_from_a_gpt2_folder_may_crop_the_block_size_and_set_dropout(char_data: Path, tmp_path: Path) -> None:
     hf, folder = gpt2_folder(tmp_path, legacy=False)
     train.main(train_args(char_data, tmp_path / "run", f"--init_from=hf:{folder}", "--block_size=16", "--dropout=0.1"))
-    tuned = GPT.from_checkpoint(tmp_path / "run" / "ckpt.pt").eval()
+    tuned = load_model(tmp_path / "run" / "ckpt.pt").eval()
     assert (tuned.config.block_size, tuned.config.dropout, tuned.config.vocab_size) == (16, 0.1, 50257)
     idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(logits_of(tuned, idx), logits_of(hf, idx), atol=1e-5, rtol=0)
@@ -480,7 +481,7 @@ def test_weights_only_safetensors_export_is_read_by_from_checkpoint(tmp_path: Pa
     export_cli.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "st"), "--format", "safetensors"])
     path = tmp_path / "st" / "ckpt.safetensors"
     assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["ckpt.safetensors"]
-    back = GPT.from_checkpoint(path).eval()
+    back = load_model(path).eval()
     idx = torch.randint(0, 50257, (2, BLOCK), generator=torch.Generator().manual_seed(7))
     torch.testing.assert_close(logits_of(back, idx), logits_of(ours, idx), atol=0, rtol=0)
     ckpt = load_checkpoint(path)

@@ -22,11 +22,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import train
-from spheretnorm.config import ConfigError
+from spheretnorm.runtime.config import ConfigError
 from spheretnorm.hf import folder as hf_folder
-from spheretnorm.hf.export import model_card
+from spheretnorm.hf.release import model_card
 from spheretnorm.hf.folder import HFFolderError, export_hf, folder_model_config, load_folder_model
-from spheretnorm.model import GPT, read_safetensors
+from spheretnorm.model import GPT
+from spheretnorm.runtime.checkpoint import load_model, read_safetensors
 from test_export_hf import (  # noqa: F401 - char_data is a fixture
     BLOCK,
     CHARS,
@@ -214,7 +215,7 @@ def test_plain_llama_folder_round_trips_through_init_from_hf(exported: dict[str,
                                            "n_head": 2, "n_embd": 32, "block_size": BLOCK, "vocab_size": len(CHARS)}
     # block_size may shrink: LLaMA's block has no position table to crop
     train.main(train_args(char_data, tmp_path / "run", f"--init_from=hf:{folder}", "--block_size=16"))
-    tuned = GPT.from_checkpoint(tmp_path / "run" / "ckpt.pt").eval()
+    tuned = load_model(tmp_path / "run" / "ckpt.pt").eval()
     assert (tuned.config.connection, tuned.config.block, tuned.config.block_size) == ("pre_ln", "llama", 16)
     idx = random_batch(3, length=16)
     torch.testing.assert_close(logits_of(tuned, idx), logits_of(ours, idx), atol=1e-5, rtol=0)

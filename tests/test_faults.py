@@ -32,7 +32,8 @@ import train
 from markov_data import VOCAB, write_markov_data
 from safetensors.torch import save_file
 from spheretnorm.hf.folder import write_remote_model
-from spheretnorm.model import GPT, CheckpointError, load_checkpoint, save_safetensors_checkpoint
+from spheretnorm.model import GPT
+from spheretnorm.runtime.checkpoint import CheckpointError, load_checkpoint, load_model, save_safetensors_checkpoint
 from test_train import tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,7 +314,7 @@ DATA_FAULTS = (
 # Hugging Face folders for --init_from=hf:DIR.
 def spheretnorm_folder(ws: Workspace, fault: str) -> Path:
     folder = ws.fresh("hf", fault, "x").parent
-    model = GPT.from_checkpoint(ws.ckpt)
+    model = load_model(ws.ckpt)
     write_remote_model(model, folder, {})
     return folder
 
@@ -364,7 +365,7 @@ def hf_folder(ws: Workspace, fault: str) -> tuple[Path, Path]:
         weights.write_bytes(weights.read_bytes()[:200])
         return folder, weights
     elif fault == "hf-weights-missing-tensor":
-        state = {k: v.contiguous() for k, v in GPT.from_checkpoint(ws.ckpt).state_dict().items()
+        state = {k: v.contiguous() for k, v in load_model(ws.ckpt).state_dict().items()
                  if k not in ("lm_head.weight", "transformer.h.1.mlp.c_proj.weight")}  # fmt: skip
         save_file(state, str(weights), metadata={"format": "pt"})
         return folder, weights
@@ -558,7 +559,7 @@ def test_the_driver_runs_a_script_as_python_does(workspace: Workspace) -> None:
 def test_from_checkpoint_of_a_dict_refuses_what_load_checkpoint_refuses(workspace: Workspace) -> None:
     for fault in ("config-wider-than-weights", "weight-missing", "n_layer-a-string", "vocab_size-huge"):
         with pytest.raises(CheckpointError, match=r"^The checkpoint (does not hold|has an invalid|holds the weights)"):
-            GPT.from_checkpoint(CKPT_CONTENTS[fault](workspace))
+            load_model(CKPT_CONTENTS[fault](workspace))
 
 
 def test_load_checkpoint_asks_for_the_keys_its_caller_needs(workspace: Workspace) -> None:

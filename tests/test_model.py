@@ -5,16 +5,9 @@ import math
 import pytest
 import torch
 
-from spheretnorm.model import (
-    CONNECTIONS,
-    GPT,
-    SPHERE_CONNECTIONS,
-    GPTConfig,
-    ScaleNorm,
-    SphereConnection,
-    clean_state_dict,
-    load_checkpoint,
-)
+from spheretnorm.diagnostics import residual_stream_report
+from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig, ScaleNorm, SphereConnection
+from spheretnorm.runtime.checkpoint import checkpoint_state, clean_state_dict, load_checkpoint, load_model
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=96)
 
@@ -266,7 +259,7 @@ def test_sphere_model_hidden_rms_is_one(name):
     """Every hidden state of a sphere model has norm sqrt(d), i.e. RMS 1, at init."""
     torch.manual_seed(0)
     model = GPT(tiny_config(connection=name))
-    diag = model.diagnostics(torch.randint(0, 96, (2, 16)))
+    diag = residual_stream_report(model, torch.randint(0, 96, (2, 16)))
     assert diag["rms"] == pytest.approx([1.0] * 3, abs=1e-5)
     assert len(diag["angle"]) == 4
     assert all(0 < a <= math.pi / 4 + 1e-5 for a in diag["angle"])
@@ -276,12 +269,12 @@ def test_diagnostics_detects_collapse():
     torch.manual_seed(0)
     model = GPT(tiny_config(connection="pre_ln"))
     idx = torch.randint(0, 96, (2, 16))
-    assert model.diagnostics(idx)["final_cosine"] < 0.9
+    assert residual_stream_report(model, idx)["final_cosine"] < 0.9
     # Make every token's final state the same vector: ln_f with zero gain and a fixed bias.
     with torch.no_grad():
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.fill_(0.3)
-    assert model.diagnostics(idx)["final_cosine"] == pytest.approx(1.0, abs=1e-5)
+    assert residual_stream_report(model, idx)["final_cosine"] == pytest.approx(1.0, abs=1e-5)
 
 
 # -----------------------------------------------------------------------------
@@ -472,11 +465,11 @@ def test_checkpoint_round_trip(tmp_path, name):
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))  # not the init values
     path = tmp_path / "ckpt.pt"
-    state = model.checkpoint_state()
+    state = checkpoint_state(model)
     # A compiled, DDP-wrapped model saves prefixed names; loading must strip them.
     state["model"] = {"module._orig_mod." + k: v for k, v in state["model"].items()}
     torch.save(state, path)
-    loaded = GPT.from_checkpoint(path).eval()
+    loaded = load_model(path).eval()
     assert loaded.config == model.config
     x = torch.randint(0, 96, (2, 16))
     torch.testing.assert_close(loaded(x)[0], model(x)[0], rtol=0, atol=0)

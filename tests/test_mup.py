@@ -15,13 +15,15 @@ import torch
 
 from spheretnorm import mup
 import train
-from spheretnorm.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch, learning_rate_at
-from spheretnorm.data.common import open_split
-from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, load_checkpoint
+from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
+from spheretnorm.runtime.schedule import learning_rate_at
+from spheretnorm.runtime.token_files import open_split
+from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from scripts import mup_transfer
 from scripts.coord_check import Setup, coord_check
 from tests.test_train import VOCAB, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
-from spheretnorm.config import ConfigError, TrainConfig, parse_config
+from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_config
 
 BASE_LR = 1e-2
 HIDDEN_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -164,7 +166,7 @@ def test_schedule_scales_each_group_and_resume_keeps_mup(data_dir: Path, tmp_pat
     assert scales == [0.25, 1.0, 1.0]
     for group in ckpt["optimizer"]["param_groups"]:
         assert group["lr"] == pytest.approx(lr_last * group["lr_scale"], rel=1e-12)
-    assert GPT.from_checkpoint(ckpt).config.mup_ratio == 0.25
+    assert load_model(ckpt).config.mup_ratio == 0.25
 
     with pytest.raises(ConfigError, match=r"mup_base_width: checkpoint has 8, the config/command line asks for 16"):
         train.main(tiny_args(data_dir, tmp_path, "--max_iters=6", "--init_from=resume", "--mup_base_width=16"))

@@ -20,8 +20,9 @@ import torch
 import torch.nn as nn
 
 import train
-from spheretnorm.config import ConfigError, parse_config
-from spheretnorm.model import GPT, GPTConfig, load_checkpoint
+from spheretnorm.runtime.config import ConfigError, parse_config
+from spheretnorm.model import GPT, GPTConfig
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from test_llama_block import causal_attention, merge_heads, rope_reference, silu, split_heads
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir: a fixture)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import train
-from spheretnorm.config import ConfigError
-from spheretnorm.model import load_checkpoint
+from spheretnorm.runtime.config import ConfigError
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from test_train import REPO, SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_losses  # noqa: F401 (data_dir: a fixture)
 
 STOP_WITHIN_S = 30  # the bound for a stop at any moment

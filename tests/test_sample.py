@@ -17,11 +17,11 @@ import torch
 
 import sample
 import train
-from spheretnorm.common import atomic_torch_save
-from spheretnorm.data.prepare import prepare
+from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, load_model
+from spheretnorm.data.preparation import prepare
 from spheretnorm.data.tokenizer import get_gpt2_encoding
 from spheretnorm.model import GPT, GPTConfig
-from spheretnorm.config import TrainConfig
+from spheretnorm.runtime.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "SPHERETNORM_TOKENIZER_OFFLINE": "1"}
@@ -54,7 +54,7 @@ def gpt2_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, connection="pre_ln"))
     meta = {"dataset": "openwebtext", "tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256}
-    state = {**model.checkpoint_state(), "train_config": asdict(TrainConfig()), "iter_num": 0, "data_meta": meta}
+    state = {**checkpoint_state(model), "train_config": asdict(TrainConfig()), "iter_num": 0, "data_meta": meta}
     atomic_torch_save(state, path)
     return path
 
@@ -100,7 +100,7 @@ def test_temperature_zero_is_greedy_and_ignores_the_seed(char_run: Path) -> None
     a, b = run(*args, "--seed=1"), run(*args, "--seed=2")
     assert a == b and a[0] == a[1]
     # Greedy means argmax of the model's own next-token distribution at every step (15 < block_size).
-    model = GPT.from_checkpoint(char_run / "ckpt.pt").eval()
+    model = load_model(char_run / "ckpt.pt").eval()
     meta = json.loads((char_run.parent / "data" / "meta.json").read_text())
     stoi = {ch: i for i, ch in enumerate(meta["itos"])}
     ids = torch.tensor([[stoi[ch] for ch in a[0]]])
@@ -166,13 +166,13 @@ def test_padding_ids_are_masked_even_when_the_model_prefers_them(gpt2_ckpt: Path
     prompt = torch.tensor([enc.encode("Hello")])
     state = torch.load(gpt2_ckpt, map_location="cpu", weights_only=False)
     with torch.no_grad():
-        logits, _ = GPT.from_checkpoint(state).eval()(prompt, last_only=True)
+        logits, _ = load_model(state).eval()(prompt, last_only=True)
     best = int(logits[0, -1, :50257].argmax())
     assert logits[0, -1, best] > 0
     for key in ("lm_head.weight", "transformer.wte.weight"):  # tied: make every padding row outscore `best`
         state["model"][key][50257:] = 3 * state["model"][key][best]
     with torch.no_grad():
-        unmasked = GPT.from_checkpoint(state).eval().generate(prompt, 1, temperature=0)
+        unmasked = load_model(state).eval().generate(prompt, 1, temperature=0)
     assert int(unmasked[0, -1]) >= 50257  # without sample.py's mask, greedy picks a padding id
     boosted = tmp_path / "ckpt.pt"
     atomic_torch_save(state, boosted)
@@ -183,7 +183,7 @@ def test_padding_ids_are_masked_even_when_the_model_prefers_them(gpt2_ckpt: Path
 def test_gpt2_empty_start_begins_after_end_of_text(gpt2_ckpt: Path) -> None:
     text = run(str(gpt2_ckpt), "--start=", "--temperature=0", "--num_samples=1", "--max_new_tokens=5", "--device=cpu")[0]
     with torch.no_grad():
-        ids = GPT.from_checkpoint(gpt2_ckpt).eval().generate(torch.tensor([[50256]]), 5, temperature=0)
+        ids = load_model(gpt2_ckpt).eval().generate(torch.tensor([[50256]]), 5, temperature=0)
     assert text == get_gpt2_encoding().decode(ids[0, 1:].tolist())  # the end-of-text prompt is not printed
 
 

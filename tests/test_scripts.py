@@ -18,12 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spheretnorm.runtime import methods
+from spheretnorm.runtime.config import method_dirname
 from spheretnorm.model import CONNECTIONS, GPTConfig
 from scripts import launch, lr_sweep, reproduce_cpu
-from spheretnorm import plots as plot
-from spheretnorm import runs
-from spheretnorm import tables
-from spheretnorm.config import method_key, parse_config
+from spheretnorm.experiments import figures as plot
+from spheretnorm.experiments import grid as runs
+from spheretnorm.experiments import tabulate as tables
+from spheretnorm.runtime.config import method_key, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -62,15 +64,15 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_method_keys_round_trip_through_the_config_parser() -> None:
     for connection in CONNECTIONS:
-        key = runs.canonical_method(connection)
-        parsed = parse_config(runs.method_args(key), world_size=1)
+        key = methods.canonical_method(connection)
+        parsed = parse_config(methods.method_args(key), world_size=1)
         assert method_key(parsed.model_config()) == key
-    assert [runs.canonical_method(m) for m in runs.PAPER_METHODS] == list(runs.PAPER_METHODS)
-    assert runs.canonical_method("p_spheret:0.50") == "p_spheret:0.5"
-    assert runs.method_args("p_spheret:0.5") == ["--connection=p_spheret", "--spheret_p=0.5"]
-    assert runs.method_dirname("p_spheret:0.5") == "p_spheret-0.5"
-    assert runs.run_name("openwebtext_s", "p_spheret:0.5") == "openwebtext_s/p_spheret-0.5"
-    assert [runs.display_name(m) for m in runs.PAPER_METHODS] == [
+    assert [methods.canonical_method(m) for m in runs.PAPER_METHODS] == list(runs.PAPER_METHODS)
+    assert methods.canonical_method("p_spheret:0.50") == "p_spheret:0.5"
+    assert methods.method_args("p_spheret:0.5") == ["--connection=p_spheret", "--spheret_p=0.5"]
+    assert method_dirname("p_spheret:0.5") == "p_spheret-0.5"
+    assert methods.run_name("openwebtext_s", "p_spheret:0.5") == "openwebtext_s/p_spheret-0.5"
+    assert [methods.display_name(m) for m in runs.PAPER_METHODS] == [
         "Pre-LN", "Pre-DyT", "Peri-LN", "Keel", "GeoNorm", "0.5-SpheretNorm",
         "Proj-SpheretNorm (1-SpheretNorm)", "Cay-SpheretNorm (2-SpheretNorm)",
     ]  # fmt: skip
@@ -79,8 +81,8 @@ def test_method_keys_round_trip_through_the_config_parser() -> None:
 
 @pytest.mark.parametrize("bad", ["foo", "pre_ln:0.5", "p_spheret:x", "p_spheret:-1"])
 def test_bad_method_is_one_clear_error(bad: str) -> None:
-    with pytest.raises(runs.UsageError) as err:
-        runs.canonical_method(bad)
+    with pytest.raises(methods.UsageError) as err:
+        methods.canonical_method(bad)
     message = str(err.value)
     assert bad in message and "\n" not in message
 
@@ -142,7 +144,7 @@ def parse_latex_marks(text: str, columns: list[str]) -> dict[tuple[str, str], st
 @pytest.mark.parametrize("number,ref_key", [("2", "table2_loss"), ("3", "table3_val_ppl")])
 def test_paper_tables_bold_and_underline_cells(number: str, ref_key: str) -> None:
     ref = REFERENCE[ref_key]
-    expected = {(runs.display_name(m), c): mark for (m, c), mark in independent_marks(ref).items()}
+    expected = {(methods.display_name(m), c): mark for (m, c), mark in independent_marks(ref).items()}
     (table,) = tables.build_tables(None, [number], with_paper=False)
     assert [c.key for c in table.columns] == ref["columns"]
     assert parse_markdown_marks(tables.to_markdown(table), ref["columns"]) == expected
@@ -190,8 +192,8 @@ def test_zero_shot_tables_rank_accuracy_high_and_perplexity_low() -> None:
 
 def write_run(root: Path, dataset: str, scale: str, method: str, val: float, *, last_iter: int = 100, max_iters: int = 100, zero_shot: dict | None = None) -> Path:
     shape = REFERENCE["scales"][scale] if scale in REFERENCE["scales"] else {"n_layer": 24, "n_head": 4, "n_embd": 128}
-    cfg = GPTConfig(**runs.method_model_keys(method))
-    out = root / f"{dataset}_{scale.lower()}" / runs.method_dirname(method)
+    cfg = GPTConfig(**methods.method_model_keys(method))
+    out = root / f"{dataset}_{scale.lower()}" / method_dirname(method)
     out.mkdir(parents=True)
     config = {"dataset": dataset, "max_iters": max_iters, "method": method_key(cfg), "connection": cfg.connection, "spheret_p": cfg.spheret_p, **{k: shape[k] for k in ("n_layer", "n_head", "n_embd")}}
     (out / "config.json").write_text(json.dumps(config))
@@ -234,7 +236,7 @@ def test_plot_writes_png_and_pdf(tmp_path: Path) -> None:
     paths = plot.plot_group(tmp_path, "openwebtext", "S", tmp_path / "fig", smooth=0.9)
     assert [p.suffix for p in paths] == [".png", ".pdf"]
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(runs.UsageError, match="--dataset openwebtext --scale S"):
+    with pytest.raises(methods.UsageError, match="--dataset openwebtext --scale S"):
         plot.plot_group(tmp_path, "openwebtext", "L")
 
 
@@ -266,7 +268,7 @@ def test_dry_run_grid_is_the_papers(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert command[:3] == ["torchrun", "--standalone", "--nproc_per_node=8"]
         parsed = parse_config(train_argv(command, "train.py"), world_size=8)
         t, m = parsed.train, parsed.model_config()
-        scale = runs.scale_of({"n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd})
+        scale = methods.scale_of({"n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd})
         hp = REFERENCE["scales"][scale]
         assert (t.learning_rate, t.min_lr) == (hp["learning_rate"], hp["min_lr"])
         assert (t.max_iters, t.lr_decay_iters, t.warmup_iters) == (shared["max_iters"], shared["lr_decay_iters"], shared["warmup_iters"])
@@ -277,7 +279,7 @@ def test_dry_run_grid_is_the_papers(tmp_path: Path, capsys: pytest.CaptureFixtur
         method = method_key(m)
         seen.add((t.dataset, scale, method))
         out_dirs.add(t.out_dir)
-        assert t.out_dir == str(tmp_path / t.config_name / runs.method_dirname(method))
+        assert t.out_dir == str(tmp_path / t.config_name / method_dirname(method))
         assert t.config_name == f"{t.dataset}_{scale.lower()}"
     assert seen == set(product(runs.PAPER_DATASETS, runs.PAPER_SCALES, runs.PAPER_METHODS))
     assert len(out_dirs) == 48
@@ -445,8 +447,8 @@ def test_block_study_gives_ngpt_its_recipe_and_pairs_each_run_with_its_blocks_pr
 
 
 def test_a_run_from_before_the_block_key_is_a_gpt2_run(tmp_path: Path) -> None:
-    from spheretnorm.config import parse_config
-    from spheretnorm.runs import CONFIG_NAME, config_conflicts
+    from spheretnorm.runtime.config import parse_config
+    from spheretnorm.experiments.grid import CONFIG_NAME, config_conflicts
 
     (tmp_path / CONFIG_NAME).write_text(json.dumps({"connection": "pre_ln", "n_layer": 2}), encoding="utf-8")
     assert config_conflicts(tmp_path, parse_config(["--connection=pre_ln", "--n_layer=2"], world_size=1)) == []

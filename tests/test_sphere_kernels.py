@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from spheretnorm.runtime.checkpoint import load_model, checkpoint_state
 from spheretnorm import kernels  # conftest.py sets TRITON_INTERPRET=1 where there is no CUDA
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.retractions import RETRACTIONS, retraction_angle
@@ -371,8 +372,8 @@ def test_impl_choice_and_errors():
 def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
     """A checkpoint trained with one impl loads with another and gives the same logits."""
     model = tiny_model("cay_spheret", "reference").eval()
-    state = model.checkpoint_state()
+    state = checkpoint_state(model)
     state["model_config"]["sphere_impl"] = "fused"
-    other = GPT.from_checkpoint(state).to(DEVICE).eval()
+    other = load_model(state).to(DEVICE).eval()
     x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     torch.testing.assert_close(other(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)

@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import pytest
 
-from spheretnorm import runs, tables
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.experiments import grid as runs, tabulate as tables
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE_S = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # the paper's S
@@ -28,7 +29,7 @@ SHAPE_S = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # the paper's S
 
 
 def run_dir(root: Path, dataset: str, method: str) -> Path:
-    return root / f"{dataset}_s" / runs.method_dirname(method)
+    return root / f"{dataset}_s" / method_dirname(method)
 
 
 def write_run(root: Path, dataset: str, method: str, val: float, zero_shot: dict[str, Any] | None = None) -> Path:
@@ -173,7 +174,7 @@ def test_plot_refuses_a_damaged_file_in_one_line(root: Path, name: str, case: st
 
 
 def test_only_the_runs_asked_about_are_read(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from spheretnorm import plots
+    from spheretnorm.experiments import figures as plots
 
     root = tmp_path / "out"
     write_run(root, "openwebtext", "pre_ln", 3.0)
@@ -232,7 +233,7 @@ def test_tables_mark_benchmarks_a_skip_missing_evaluation_left_out(tmp_path: Pat
 
 
 def test_heatmap_rows_are_labelled_by_whole_layer_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spheretnorm import plots
+    from spheretnorm.experiments import figures as plots
 
     run = runs.Run(tmp_path, {"method": "pre_ln"}, [{"kind": "eval", "iter": i, "attn_sink": [0.1, 0.5, 0.9]} for i in (10, 20)], None)
     figures = []

@@ -23,11 +23,13 @@ import torch
 
 import train
 from markov_data import VOCAB, write_markov_data  # noqa: F401  (test_mup imports VOCAB from here)
-from spheretnorm.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, learning_rate_at
-from spheretnorm.rundir import NonFiniteLossError
-from spheretnorm.tracking import wandb_payload
-from spheretnorm.model import GPT, load_checkpoint
-from spheretnorm.config import ConfigError, grad_accum_steps, parse_config
+from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets
+from spheretnorm.runtime.schedule import learning_rate_at
+from spheretnorm.runtime.run_folder import NonFiniteLossError
+from spheretnorm.runtime.tracking import wandb_payload
+from spheretnorm.model import GPT
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.config import ConfigError, grad_accum_steps, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO.parent / "shared" / "reference" / "paper_results.json"
@@ -109,7 +111,7 @@ def test_tiny_model_trains_and_logs_every_field(data_dir: Path, tmp_path: Path, 
         assert len(row["step_sizes"]) == (4 if connection == "p_spheret" else 0)
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
 
-    model = GPT.from_checkpoint(tmp_path / "ckpt.pt")
+    model = load_model(tmp_path / "ckpt.pt")
     assert model.config.connection == connection
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["method"] == ("p_spheret:0.5" if connection == "p_spheret" else "pre_ln")
@@ -200,7 +202,7 @@ def test_preemption_signal_saves_a_checkpoint_and_exits_zero(data_dir: Path, tmp
 
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["iter_num"] == max(train_losses(tmp_path)) >= 1
-    GPT.from_checkpoint(ckpt)  # loadable
+    load_model(ckpt)  # loadable
 
 
 def test_cli_reports_config_errors_with_exit_code_2(tmp_path: Path) -> None:
@@ -444,7 +446,7 @@ def test_wandb_environment_variables_and_names(data_dir: Path, tmp_path: Path, m
     assert env_run["dir"] is None  # wandb itself puts its files in WANDB_DIR
     assert (flag_run["project"], flag_run["group"]) == ("mine", "g")
 
-    from spheretnorm.config import parse_config, resolve_paths, resolve_wandb_names
+    from spheretnorm.runtime.config import parse_config, resolve_paths, resolve_wandb_names
 
     def wandb_name(*argv: str) -> str:
         parsed = parse_config([str(REPO / "config" / "openwebtext_s.py"), *argv], world_size=1)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.data.common import PrepareError, sha256_file
+from spheretnorm.runtime.token_files import PrepareError
+from spheretnorm.data.pipeline import sha256_file
 
 INPUT_FORMATS = {".jsonl": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 

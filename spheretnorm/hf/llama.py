@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spheretnorm import mup
-from spheretnorm.eval.errors import EvalError
+from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.model import GPT, RMS_NORM_EPS, ROPE_BASE, GPTConfig
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spheretnorm.config import TrainConfig
+    from spheretnorm.runtime.config import TrainConfig
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -184,3 +184,14 @@ def machine_failure(error: BaseException, dist_timeout: float, kept: str) -> Run
             f"(stopped, dead or unreachable: {detail}); {kept}; resume with --init_from=auto."
         )
     return None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl; a line cut short by a crash is skipped."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

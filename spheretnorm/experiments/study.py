@@ -24,10 +24,20 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
-from spheretnorm.data.common import load_meta
-from spheretnorm.data.prepare import prepare
-from spheretnorm.runs import CONFIG_NAME, REPO_ROOT, SHARED_DIR, UsageError, classify, config_conflicts, exit_text, is_finished, load_run, stopped_row
-from spheretnorm.config import ConfigError, ParsedConfig, parse_config
+from spheretnorm.runtime.token_files import load_meta
+from spheretnorm.data.preparation import prepare
+from spheretnorm.experiments.grid import (
+    CONFIG_NAME,
+    SHARED_DIR,
+    classify,
+    config_conflicts,
+    exit_text,
+    is_finished,
+    load_run,
+    stopped_row,
+)
+from spheretnorm.runtime.cli import REPO_ROOT, UsageError
+from spheretnorm.runtime.config import ConfigError, ParsedConfig, parse_config
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET

@@ -16,12 +16,14 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from spheretnorm.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
-from spheretnorm.common import DistInfo, print0
-from spheretnorm.config import TrainConfig
+from spheretnorm.runtime.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
+from spheretnorm.diagnostics import residual_stream_report, step_sizes
+from spheretnorm.runtime.distributed import DistInfo, all_reduce_sum, print0
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.model import GPT
-from spheretnorm.rundir import SPLITS, CollapseError, NonFiniteLossError
-from spheretnorm.tracking import Progress
+from spheretnorm.runtime.token_files import SPLITS
+from spheretnorm.runtime.run_folder import CollapseError, NonFiniteLossError
+from spheretnorm.runtime.tracking import Progress
 
 
 STOP_CHECK_ROUNDS = 8  # an evaluation checks for a stop request once per this many batches a rank
@@ -29,20 +31,6 @@ STOP_CHECK_ROUNDS = 8  # an evaluation checks for a stop request once per this m
 
 class EvalAbandoned(Exception):
     """A stop was requested during an evaluation: it is dropped, so the stop waits for no more batches."""
-
-
-def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
-    """`t` summed over the ranks, in place (no-op on one process)."""
-    if dist.enabled:
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
-    return t
-
-
-def any_rank(flag: bool, dist: DistInfo, device: str) -> bool:
-    """Whether `flag` holds on any rank (every rank must call this together)."""
-    if not dist.enabled:
-        return flag
-    return all_reduce_sum(torch.tensor(float(flag), device=device), dist).item() > 0
 
 
 class EvalProgress:
@@ -154,9 +142,9 @@ class Evaluator:
         x, _ = get_batch(self.data.split("val"), self._eval_offsets(1, 0), self.block_size, self.device)
         self.raw_model.eval()
         with self.autocast:
-            diag = self.raw_model.diagnostics(x)
+            diag = residual_stream_report(self.raw_model, x)
         self.raw_model.train()
-        return {**diag, "step_sizes": self.raw_model.step_sizes()}
+        return {**diag, "step_sizes": step_sizes(self.raw_model)}
 
     def evaluate(self) -> dict[str, Any]:
         """The eval row of the current iteration; a non-finite val loss stops the run."""

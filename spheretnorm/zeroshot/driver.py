@@ -42,8 +42,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
-from spheretnorm.common import HelpFormatter
-from spheretnorm.eval.errors import EvalError
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.zeroshot.errors import EvalError
 
 
 @dataclass(frozen=True)
@@ -264,8 +264,8 @@ def format_paper_table(row: dict[str, float | None], label: str, skipped: dict[s
 
 def model_label(config: dict[str, Any]) -> str:
     """The method key of paper_results.json, e.g. 'pre_ln' or 'p_spheret:0.5'."""
-    from spheretnorm.model import config_from_dict
-    from spheretnorm.config import method_key
+    from spheretnorm.runtime.config import config_from_dict
+    from spheretnorm.runtime.config import method_key
 
     return method_key(config_from_dict(config))
 
@@ -335,8 +335,8 @@ def _limit(value: float | None) -> int | float | None:
 
 def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Run lm-eval as the arguments say; returns (results with "paper_table" added, model label)."""
-    from spheretnorm.eval.harness import NanoGPTLM, resolve_checkpoint_path
-    from spheretnorm.eval.local_tasks import check_skip_missing, prepare_local_tasks
+    from spheretnorm.zeroshot.harness import NanoGPTLM, resolve_checkpoint_path
+    from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before the slow task index
     tasks = split_task_list(args.tasks)

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from spheretnorm.common import REPO_ROOT
-from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params, value_fits
+from spheretnorm.runtime.cli import REPO_ROOT
+from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
@@ -408,9 +408,9 @@ def method_keys_neutral() -> frozenset[str]:
     return frozenset({"connection", *declared_params()})
 
 
-def method_dirname(cfg: GPTConfig) -> str:
-    """The run folder name of a method: the method key with ':' (awkward in paths) as '-'."""
-    return method_key(cfg).replace(":", "-")
+def method_dirname(key: str) -> str:
+    """The run folder name of a method key ('p_spheret:0.5' -> 'p_spheret-0.5'): ':' is awkward in paths."""
+    return key.replace(":", "-")
 
 
 # Keys that change nothing a run computes or records: where it runs and writes, how it logs,
@@ -452,7 +452,7 @@ def run_suffix(overrides: dict[str, Any]) -> str:
 
 def default_out_dir(config_name: str, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> str:
     """out/<config_name>/<method>[<suffix>]: a run with changed settings never shares the paper run's folder."""
-    return os.path.join("out", config_name, method_dirname(model_cfg) + run_suffix(overrides or {}))
+    return os.path.join("out", config_name, method_dirname(method_key(model_cfg)) + run_suffix(overrides or {}))
 
 
 def resolve_paths(train: TrainConfig, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -481,7 +481,7 @@ def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig
     environment variable, then the default. The run's name is its folder's: a smoke run with
     changed settings never shares a name with the paper run."""
     env = os.environ.get
-    folder = os.path.basename(os.path.normpath(train.out_dir)) if train.out_dir else method_dirname(model_cfg)
+    folder = os.path.basename(os.path.normpath(train.out_dir)) if train.out_dir else method_dirname(method_key(model_cfg))
     mode = wandb_mode(train)
     return replace(
         train,
@@ -647,3 +647,55 @@ def config_help(
 def wants_help(argv: list[str]) -> bool:
     """True when the command line asks for --help (or -h) anywhere."""
     return any(arg in ("-h", "--help") for arg in argv)
+
+
+# The type of each GPTConfig field, for config_from_dict's checks of values read from files.
+_MODEL_FIELD_TYPES = get_type_hints(GPTConfig)
+
+
+
+def _type_options(hint: Any) -> tuple[type, ...]:
+    """The classes a field's type hint allows: (float, NoneType) for float | None, (dict,) for dict[str, Any]."""
+    options = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    return tuple(get_origin(option) or option for option in options)
+
+
+
+def value_fits(value: Any, hint: Any) -> bool:
+    """isinstance as a config means it: an int is a float too, a bool is no number."""
+    options = _type_options(hint)
+    if isinstance(value, bool):
+        return bool in options
+    return isinstance(value, options) or (float in options and isinstance(value, int))
+
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a dict", type(None): "None"}
+
+
+
+def _type_text(hint: Any) -> str:
+    return " or ".join(_TYPE_WORDS.get(option, option.__name__) for option in _type_options(hint))
+
+
+
+def config_from_dict(d: dict[str, Any]) -> GPTConfig:
+    """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling).
+
+    Checkpoints from before connection_params existed have no such key; it defaults to {}.
+    The values come from files (a checkpoint, a config.json), so each is checked against its
+    field's type first: GPTConfig's own checks compare them with numbers and would fail with a
+    TypeError on a string; a ValueError names the key, its type and the value found.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"A model config must be a dict of keys and values, got {type(d).__name__} {d!r:.80}.")
+    known = set(MODEL_FIELDS)
+    unknown = sorted(set(d) - known, key=str)
+    if unknown:
+        raise ValueError(
+            f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}."
+        )
+    for key, value in d.items():
+        if not value_fits(value, _MODEL_FIELD_TYPES[key]):
+            raise ValueError(f"{key} must be {_type_text(_MODEL_FIELD_TYPES[key])}, got {value!r:.80}.")
+    return GPTConfig(**d)

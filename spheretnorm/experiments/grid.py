@@ -27,12 +27,22 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from spheretnorm.common import REPO_ROOT, HelpFormatter  # noqa: F401  (the scripts import HelpFormatter from here)
-from spheretnorm.data.common import load_meta, open_split
-from spheretnorm.eval.zero_shot import incomplete_reason, results_limit
+from spheretnorm.runtime.cli import REPO_ROOT, UsageError
+from spheretnorm.runtime.methods import canonical_method, scale_of, valid_methods_text
+from spheretnorm.runtime.token_files import load_meta, open_split
+from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
 from spheretnorm.model import CONNECTIONS, GPTConfig
-from spheretnorm.rundir import CKPT_NAME, CONFIG_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME
-from spheretnorm.config import (
+from spheretnorm.runtime.run_folder import (
+    read_metrics,
+    CKPT_NAME,
+    CONFIG_NAME,
+    EXIT_COLLAPSE,
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_NON_FINITE,
+    METRICS_NAME,
+)
+from spheretnorm.runtime.config import (
     MODEL_KEYS,
     ConfigError,
     parse_value,
@@ -47,7 +57,6 @@ from spheretnorm.config import (
     resolve_wandb_names,
 )
 SHARED_DIR = REPO_ROOT.parent / "shared"
-REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
 ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
 
 # The paper's eight methods, in the row order of its tables.
@@ -71,88 +80,8 @@ COLLAPSE_MARGIN = 0.05  # nats below the unigram loss that a val loss must reach
 assert all(m.partition(":")[0] in CONNECTIONS for m in PAPER_METHODS), "a paper method left the registry"
 
 
-class UsageError(ValueError):
-    """A bad command-line value; scripts print it as one line and exit with status 2."""
-
-
 # -----------------------------------------------------------------------------
 # Method keys
-
-
-def method_form(name: str) -> str:
-    """How a method key of connection `name` is written: 'p_spheret:P' for one with a parameter."""
-    return ":".join([name, *(p.key.upper() if len(CONNECTIONS[name].params) > 1 else "P" for p in CONNECTIONS[name].params)])
-
-
-def valid_methods_text() -> str:
-    return ", ".join(method_form(k) for k in CONNECTIONS)
-
-
-def method_model_keys(key: str) -> dict[str, Any]:
-    """The model keys of a method key: the connection, then one value per parameter its class
-    declares (Connection.params): 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5.
-    A parameter left out takes its default."""
-    connection, *values = key.strip().split(":")
-    if connection not in CONNECTIONS:
-        raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}.")
-    params = CONNECTIONS[connection].params
-    if len(values) > len(params):
-        raise UsageError(f"Method {key!r}: {connection} takes the form {method_form(connection)}; valid methods are: {valid_methods_text()}.")
-    keys: dict[str, Any] = {"connection": connection}
-    for param, text in zip(params, values):
-        try:
-            keys[param.key] = parse_value(param.key, text)
-        except ConfigError:
-            raise UsageError(f"Method {key!r}: {param.key} must be a {type(param.default).__name__}, as in {method_form(connection)}.") from None
-    return keys
-
-
-def method_config(key: str) -> GPTConfig:
-    try:
-        return GPTConfig(**split_model_keys(method_model_keys(key)))
-    except ValueError as e:
-        if isinstance(e, UsageError):
-            raise
-        raise UsageError(f"Method {key!r}: {e}") from None
-
-
-def canonical_method(key: str) -> str:
-    """The key train.py records for this method (spheretnorm.config.method_key), e.g. 'p_spheret:0.5'."""
-    return method_key(method_config(key))
-
-
-def method_args(key: str) -> list[str]:
-    """train.py arguments of a method: ['--connection=p_spheret', '--spheret_p=0.5']."""
-    cfg = method_config(key)
-    params = CONNECTIONS[cfg.connection].params
-    return [f"--connection={cfg.connection}", *(f"--{p.key}={getattr(cfg, p.key)}" for p in params)]
-
-
-def method_dirname(key: str) -> str:
-    """The run folder name train.py gives a method ('p_spheret-0.5')."""
-    return config_dirname(method_config(key))
-
-
-def run_name(config_name: str, key: str) -> str:
-    """The run's name, also its W&B name: '<config_name>/<run folder>', e.g. 'openwebtext_s/p_spheret-0.5'."""
-    return resolve_wandb_names(TrainConfig(config_name=config_name), method_config(key)).wandb_run_name
-
-
-def display_name(key: str) -> str:
-    """The paper's name of a method: 'p_spheret:0.5' -> '0.5-SpheretNorm'."""
-    try:
-        cfg = method_config(key)
-    except UsageError:
-        return key
-    connection = CONNECTIONS[cfg.connection]
-    values = {p.key: getattr(cfg, p.key) for p in connection.params}
-    return connection.title.format(**values) if connection.title else cfg.connection
-
-
-def is_sphere_method(key: str) -> bool:
-    """Whether the method keeps every hidden state on a sphere (SpheretNorm, GeoNorm, nGPT)."""
-    connection = CONNECTIONS.get(key.partition(":")[0])
-    return connection is not None and connection.on_sphere
 
 
 def parse_methods(spec: str) -> list[str]:
@@ -232,21 +161,6 @@ def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[s
 # The paper's numbers
 
 
-@functools.lru_cache(maxsize=4)
-def load_reference(path: Path = REFERENCE_PATH) -> dict[str, Any]:
-    """paper_results.json: the paper's Tables 2-7 (a copy of ../shared/reference)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def scale_of(config: Mapping[str, Any]) -> str:
-    """'S', 'M' or 'L' for the paper's model shapes, else '<n_layer>x<n_embd>' (e.g. '24x128')."""
-    shape = (config["n_layer"], config["n_head"], config["n_embd"])
-    for name, s in load_reference()["scales"].items():
-        if shape == (s["n_layer"], s["n_head"], s["n_embd"]):
-            return name
-    return f"{config['n_layer']}x{config['n_embd']}"
-
-
 def config_file(dataset: str, scale: str) -> Path:
     """config/<dataset>_<scale>.py, the paper's setting of one dataset at one scale."""
     path = REPO_ROOT / "config" / f"{dataset}_{scale.lower()}.py"
@@ -257,17 +171,6 @@ def config_file(dataset: str, scale: str) -> Path:
 
 # -----------------------------------------------------------------------------
 # Run folders
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl; a line cut short by a crash is skipped."""
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def last_eval_iter(out_dir: Path) -> int | None:

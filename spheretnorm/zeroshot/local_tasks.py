@@ -37,8 +37,8 @@ from typing import Any, Callable
 import lm_eval.tasks
 import yaml
 
-from spheretnorm.eval import errors
-from spheretnorm.eval.errors import EvalError, Schema, kind_of, problem_sentence, schema_problem, schema_text
+from spheretnorm.zeroshot import errors
+from spheretnorm.zeroshot.errors import EvalError, Schema, kind_of, problem_sentence, schema_problem, schema_text
 
 Record = dict[str, Any]
 

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spheretnorm.common import REPO_ROOT
-from spheretnorm.data.common import (
+from spheretnorm.runtime.cli import REPO_ROOT
+from spheretnorm.data.pipeline import (
     DATASETS,
     DEFAULT_SEED,
     AtomicSplitWriter,
@@ -30,7 +30,6 @@ from spheretnorm.data.common import (
     DatasetSpec,
     FixedSplitter,
     PermutationSplitter,
-    PrepareError,
     SplitCounts,
     Splitter,
     TextEncoder,
@@ -43,6 +42,7 @@ from spheretnorm.data.common import (
     tokenize_and_write,
     utc_now_iso,
 )
+from spheretnorm.runtime.token_files import PrepareError
 from spheretnorm.data.sources import DocumentSource, hub_source, local_source, url_source
 from spheretnorm.data.tokenizer import TokenizerUnavailableError
 

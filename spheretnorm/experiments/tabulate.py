@@ -39,23 +39,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Collection, Iterable
 
-from spheretnorm.eval.errors import NUMBER, Schema, UnreadableFile, problem_sentence, read_text_file, schema_problem, schema_text
-from spheretnorm.eval.zero_shot import PAPER_COLUMNS, results_limit, results_skipped
-from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import (
-    REFERENCE_PATH,
-    ZERO_SHOT_NAME,
-    Run,
-    UsageError,
-    dataset_display,
-    display_name,
-    group_label,
-    index_runs,
-    load_reference,
-    sort_groups,
-    sort_methods,
+from spheretnorm.zeroshot.errors import (
+    NUMBER,
+    Schema,
+    UnreadableFile,
+    problem_sentence,
+    read_text_file,
+    schema_problem,
+    schema_text,
 )
-from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
+from spheretnorm.zeroshot.driver import PAPER_COLUMNS, results_limit, results_skipped
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.methods import REFERENCE_PATH, display_name, load_reference
+from spheretnorm.experiments.grid import ZERO_SHOT_NAME, Run, dataset_display, group_label, index_runs, sort_groups, sort_methods
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
 TABLE_NUMBERS = ("2", "3", "4", "5")
 # The reference tables in paper_results.json, and the dataset of each zero-shot table.

@@ -37,21 +37,14 @@ from matplotlib.ticker import MaxNLocator
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
 import matplotlib.pyplot as plt
 
-from spheretnorm.eval.errors import NUMBER
-from spheretnorm.model import DIAGNOSTIC_SERIES
-from spheretnorm.rundir import METRICS_NAME
-from spheretnorm.runs import HelpFormatter
-from spheretnorm.runs import (
-    PAPER_METHODS,
-    Run,
-    UsageError,
-    display_name,
-    group_label,
-    index_runs,
-    is_sphere_method,
-    sort_methods,
-)
-from spheretnorm.tables import check_value, groups_text, load_checked_run, scan_runs
+from spheretnorm.zeroshot.errors import NUMBER
+from spheretnorm.diagnostics import DIAGNOSTIC_SERIES
+from spheretnorm.runtime.run_folder import METRICS_NAME
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.experiments.grid import PAPER_METHODS, Run, group_label, index_runs, sort_methods
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.methods import display_name, is_sphere_method
+from spheretnorm.experiments.tabulate import check_value, groups_text, load_checked_run, scan_runs
 
 # The per-layer diagnostics drawn as heatmaps: eval-row key -> (what it is, log colour scale).
 # The two ratios span decades between the first and the last layers, the other two do not.

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from spheretnorm.config import ConfigError, TrainConfig, wandb_mode
-from spheretnorm.model import DIAGNOSTIC_SERIES
-from spheretnorm.rundir import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run
+from spheretnorm.runtime.config import ConfigError, TrainConfig, wandb_mode
+from spheretnorm.diagnostics import DIAGNOSTIC_SERIES
+from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run
 
 
 def format_duration(seconds: float) -> str:

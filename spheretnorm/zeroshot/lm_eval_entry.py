@@ -23,9 +23,9 @@ import sys
 import tempfile
 from typing import Any
 
-import spheretnorm.eval.harness  # noqa: F401,E402  (registers "nanogpt")
-from spheretnorm.eval.errors import EvalError
-from spheretnorm.eval.local_tasks import check_skip_missing
+import spheretnorm.zeroshot.harness  # noqa: F401,E402  (registers "nanogpt")
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.local_tasks import check_skip_missing
 
 
 def own_options() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def use_local_data(args: argparse.Namespace, data_dir: str, skip_missing: bool, 
     The YAMLs go on lm-eval's include path beside any --include_path of the user (lm-eval's
     TaskManager takes a list), and --skip_missing takes the skipped tasks out of --tasks.
     """
-    from spheretnorm.eval.local_tasks import LOCAL_TASKS, prepare_local_tasks
+    from spheretnorm.zeroshot.local_tasks import LOCAL_TASKS, prepare_local_tasks
 
     if not hasattr(args, "include_path"):
         raise EvalError(f"--local_data works with lm-eval's run, validate and ls commands, not with {getattr(args, 'command', None)!r}.")
@@ -64,7 +64,7 @@ def run_lm_eval_cli(argv: list[str], local_data: str | None, skip_missing: bool)
     from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, in 0.4.10 to 0.4.x
     from lm_eval.utils import setup_logging
 
-    from spheretnorm.eval.zero_shot import hub_errors_as_eval_error
+    from spheretnorm.zeroshot.driver import hub_errors_as_eval_error
 
     setup_logging()
     parser = HarnessCLI()

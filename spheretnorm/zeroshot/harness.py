@@ -29,10 +29,11 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from spheretnorm.common import autocast_context, get_device, resolve_dtype
+from spheretnorm.runtime.device import autocast_context, get_device, resolve_dtype
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
-from spheretnorm.eval.errors import EvalError
-from spheretnorm.model import GPT, load_checkpoint
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.model import GPT
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
@@ -87,7 +88,7 @@ def load_eval_model(path: str | Path) -> tuple[GPT, dict[str, Any]]:
         raise EvalError(f"{source} is not a PyTorch checkpoint file ({type(exc).__name__}: {exc}).") from None
     check_gpt2_tokenizer(ckpt, source)
     try:
-        model = GPT.from_checkpoint(ckpt)
+        model = load_model(ckpt)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise EvalError(f"{source} does not match this version of model.py ({exc}).") from None
     return model, ckpt

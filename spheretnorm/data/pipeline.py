@@ -23,20 +23,10 @@ from typing import Any
 import numpy as np
 
 from spheretnorm.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
+from spheretnorm.runtime.token_files import MAX_TOKEN_KEY, META_FILE, SPLITS, TOKEN_DTYPE, PrepareError
 
-TOKEN_DTYPE = np.uint16
 UINT16_LIMIT = 2**16
-SPLITS = ("train", "val")
-META_FILE = "meta.json"
-MAX_TOKEN_KEY = "max_token"  # meta.json's train_max_token / val_max_token: the largest id in each bin
-# meta.json keys that are counts: an integer >= 0 wherever present.
-META_COUNTS = ("vocab_size", "train_tokens", "val_tokens", f"train_{MAX_TOKEN_KEY}", f"val_{MAX_TOKEN_KEY}")
-SCAN_CHUNK = 1 << 24  # tokens per step of check_token_ids' scan: 32 MB of uint16
 DEFAULT_SEED = 2357  # nanoGPT's split seed, so val sets are comparable with its runs
-
-
-class PrepareError(ValueError):
-    """A user-facing problem with the inputs or options; the CLI prints it without a traceback."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,20 +132,6 @@ def char_encoder(text: str) -> TextEncoder:
         encode_batch=encode_batch,
         meta={"stoi": stoi, "itos": itos},
     )
-
-
-def decode_char(ids: Iterable[int], meta: dict[str, Any]) -> str:
-    """Decode char-level ids with the vocabulary stored in meta.json."""
-    itos = meta["itos"]
-    return "".join(itos[int(i)] for i in ids)
-
-
-def char_vocabulary(meta: dict[str, Any]) -> list[str] | None:
-    """meta.json's 'itos' (the text of each char-level id) when it is a non-empty list of strings, else None."""
-    itos = meta.get("itos")
-    if isinstance(itos, list) and itos and all(isinstance(ch, str) for ch in itos):
-        return itos
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,92 +384,3 @@ def utc_now_iso() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
-def read_json_object(path: str | os.PathLike, error: type[Exception], fix: str) -> dict[str, Any]:
-    """The JSON object (a dict) in `path`; a file that is not JSON, or holds another JSON value,
-    is `error` naming it, its message ending in `fix` (what to do about it)."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{str(path)!r} is not valid JSON ({exc}); {fix}") from None
-    if not isinstance(value, dict):
-        raise error(f"{str(path)!r} holds a JSON {type(value).__name__}, not an object of keys; {fix}")
-    return value
-
-
-def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """A meta.json file: a JSON object whose counts (META_COUNTS) are integers >= 0.
-
-    A file that is not one is a PrepareError that names it, never a JSONDecodeError or a
-    TypeError later in a reader.
-    """
-    meta = read_json_object(path, PrepareError, "re-run data/prepare.py to write it again.")
-    for key in META_COUNTS:
-        value = meta.get(key)
-        if key in meta and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise PrepareError(f"{str(path)!r} has {key}={value!r:.40}, which must be an integer >= 0; re-run data/prepare.py.")
-    return meta
-
-
-def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
-    """meta.json of a prepared dataset directory (PrepareError if the directory is not prepared)."""
-    path = Path(data_dir) / META_FILE
-    if not path.is_file():
-        raise PrepareError(
-            f"No {META_FILE} in {data_dir}: the dataset is not prepared there; run `python data/prepare.py "
-            f"{Path(data_dir).name} --out_dir {data_dir}` (the name of one of: {', '.join(DATASETS)}) first."
-        )
-    return read_meta(path)
-
-
-def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | None = None) -> np.memmap:
-    """Read-only uint16 memmap of ``split`` ("train" or "val"), checked against meta.json: its token
-    count, and that no id lies beyond its vocab_size (check_token_ids)."""
-    if split not in SPLITS:
-        raise PrepareError(f"Unknown split {split!r}; choose one of: {', '.join(SPLITS)}.")
-    meta = load_meta(data_dir) if meta is None else meta
-    path = Path(data_dir) / f"{split}.bin"
-    if f"{split}_tokens" not in meta:
-        raise PrepareError(f"{Path(data_dir) / META_FILE} has no {split}_tokens count; re-run data/prepare.py for {data_dir}.")
-    expected = meta[f"{split}_tokens"]
-    actual = path.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize if path.is_file() else None
-    if actual != expected:
-        raise PrepareError(
-            f"{path} holds {actual} tokens but {META_FILE} says {expected}; re-run data/prepare.py for {data_dir}."
-        )
-    tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
-    check_token_ids(path, tokens, meta, split)
-    return tokens
-
-
-# Largest id of each token file that check_token_ids had to scan, by (path, size, mtime): train.py
-# opens a split afresh for every batch (batches.TokenData.split), and a scan reads the whole file.
-_SCANNED_MAX: dict[tuple[str, int, int], int] = {}
-
-
-def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split: str) -> None:
-    """A PrepareError naming `path` if a token id in it is not below meta.json's vocab_size.
-
-    An id beyond the vocabulary would stop training mid-run: an IndexError in the embedding on a
-    CPU, a device-side assert on CUDA. Every dataset prepare.py writes records the largest id of
-    each split (train_max_token, val_max_token; AtomicSplitWriter.commit), so the check costs
-    nothing; a meta.json without it (an older prepare, a hand-made dataset) costs one vectorised
-    scan of the file, in SCAN_CHUNK steps, once per process. The recorded maximum is trusted: a
-    bin rewritten after prepare.py with the same length is not caught. A meta.json without a
-    vocab_size (never written by prepare.py) gives nothing to check against.
-    """
-    vocab_size = meta.get("vocab_size")
-    if vocab_size is None or not len(tokens):
-        return
-    top = meta.get(f"{split}_{MAX_TOKEN_KEY}")
-    if top is None:
-        stat = path.stat()
-        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-        if key not in _SCANNED_MAX:
-            _SCANNED_MAX[key] = max(int(tokens[i : i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK))
-        top = _SCANNED_MAX[key]
-    if top >= vocab_size:
-        raise PrepareError(
-            f"{path} holds token id {top}, beyond the {vocab_size} tokens of the vocabulary its {META_FILE} "
-            f"declares (valid ids are 0..{vocab_size - 1}); the file is damaged or from another tokenizer: "
-            f"re-run data/prepare.py for {path.parent}."
-        )

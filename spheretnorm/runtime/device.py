@@ -1,7 +1,6 @@
-"""Shared plumbing for every script: device, dtype, autocast, seeding, distributed set-up.
-
-Scripts (train.py, eval/, scripts/) import from here instead of repeating this logic.
-"""
+"""The device a command runs on: device and dtype choice, autocast, seeding and RNG state, MFU's
+peak FLOP/s. Commands (train.py, sample.py, bench.py, eval/, scripts/) import it instead of
+repeating this logic; distributed.py joins the process group."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout: config/, data/, reference/
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Dense bf16 tensor-core peak FLOP/s, for MFU. Keys are matched against the device name.
@@ -181,47 +179,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_master(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
-    """Join the process group when launched by torchrun (RANK set), else single process.
-
-    timeout_s bounds every collective (and NCCL's watchdog): a peer that stopped or died ends
-    the job after that long instead of torch's default 30 minutes.
-    """
-    if int(os.environ.get("RANK", -1)) == -1:
-        return DistInfo()
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    timeout = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
-    torch.distributed.init_process_group(backend=backend, **timeout)
-    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
-
-
-def print0(*args, **kwargs) -> None:
-    """print on rank 0 only."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(*args, **kwargs)
-
-
 def enable_tf32() -> None:
     """TF32 for fp32 matmuls on Ampere and later GPUs (the rest of the model runs in bf16)."""
     torch.set_float32_matmul_precision("high")
@@ -248,40 +205,3 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
-def atomic_torch_save(obj: object, path: str | Path) -> None:
-    """torch.save to a temp file beside `path`, then rename: a crash never leaves half a file.
-
-    A write that fails (a full disk, a quota, a read-only file system) removes its temp file, so
-    that it does not keep the disk full, leaves `path` as it was, and raises an OSError that
-    names the file: torch reports a full disk as a RuntimeError from its zip writer.
-    """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename, so a node crash cannot leave it empty
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.strerror:
-            reason = e.strerror
-        else:  # torch's zip writer: "[enforce fail at inline_container.cc:...] unexpected pos ..."
-            reason = f"the file system took less than was written: a full disk or a quota? torch: {str(e).splitlines()[0][:160]}"
-        raise OSError(getattr(e, "errno", None) or 0, f"could not write {path} ({reason})") from None
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The scripts' --help: the docstring as written, and every option's default.
-
-    The default is appended unless the option's help already states it or there is none to
-    state (a flag, an optional value left unset).
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        unset = action.default is None or action.default is False or action.default in ("", [], argparse.SUPPRESS)
-        if "default" in text or unset or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)".strip()

@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.config import method_key
+from spheretnorm.runtime.config import method_key
 from spheretnorm.hf.folder import check_new_folder, export_hf, plain_model_class
-from spheretnorm.model import GPT, config_from_dict, load_checkpoint, save_safetensors_checkpoint
-from spheretnorm.rundir import METRICS_NAME
-from spheretnorm.runs import display_name, read_metrics, scale_of
+from spheretnorm.model import GPT
+from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, save_safetensors_checkpoint
+from spheretnorm.runtime.run_folder import METRICS_NAME
+from spheretnorm.runtime.methods import display_name, scale_of
+from spheretnorm.runtime.run_folder import read_metrics
 
 FORMATS = ("hf", "safetensors")
 NATIVE_NAME = "ckpt.safetensors"
@@ -29,7 +32,7 @@ def model_card(ckpt: dict[str, Any], ckpt_path: Path) -> str:
     train = ckpt.get("train_config") or {}
     method = method_key(cfg)
     val_loss = final_val_loss(ckpt_path)
-    n_params = GPT.from_checkpoint(ckpt).get_num_params()
+    n_params = load_model(ckpt).get_num_params()
     plain = plain_model_class(cfg)
     load_args = ', trust_remote_code=True' if plain is None else ''
     style = "LLaMA" if cfg.block == "llama" else "GPT-2"

@@ -22,9 +22,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from spheretnorm.common import HelpFormatter
-from spheretnorm.eval.errors import EvalError
-from spheretnorm.eval.zero_shot import _hub_unreachable_types, check_tasks_known, make_task_manager, split_task_list
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.driver import _hub_unreachable_types, check_tasks_known, make_task_manager, split_task_list
 
 SPLIT_KEYS = ("training_split", "validation_split", "test_split")
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from spheretnorm.config import ConfigError, TrainConfig
-from spheretnorm.data.common import PrepareError, load_meta, open_split
-from spheretnorm.rundir import SPLITS
+from spheretnorm.runtime.config import ConfigError, TrainConfig
+from spheretnorm.runtime.token_files import PrepareError, load_meta, open_split
+from spheretnorm.runtime.token_files import SPLITS
 
 # Independent random streams of the data sampler: (seed, stream, index) seeds one draw.
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -71,13 +71,3 @@ def get_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int, device: 
     return xy[0], xy[1]
 
 
-def learning_rate_at(step: int, cfg: TrainConfig) -> float:
-    """LR of optimizer step `step` (0-based): linear warm-up from 0, cosine to min_lr, then flat."""
-    if not cfg.decay_lr:
-        return cfg.learning_rate
-    if step < cfg.warmup_iters:
-        return cfg.learning_rate * (step + 1) / cfg.warmup_iters
-    if step >= cfg.lr_decay_iters:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)

@@ -1,0 +1,69 @@
+"""The process group: joining it under torchrun, rank-0 printing, and the few collectives the
+loop and the validation loss share."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+
+
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Join the process group when launched by torchrun (RANK set), else single process.
+
+    timeout_s bounds every collective (and NCCL's watchdog): a peer that stopped or died ends
+    the job after that long instead of torch's default 30 minutes.
+    """
+    if int(os.environ.get("RANK", -1)) == -1:
+        return DistInfo()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    timeout = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    torch.distributed.init_process_group(backend=backend, **timeout)
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
+
+
+
+def print0(*args, **kwargs) -> None:
+    """print on rank 0 only."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs)
+
+
+def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
+    """`t` summed over the ranks, in place (no-op on one process)."""
+    if dist.enabled:
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
+    return t
+
+
+
+def any_rank(flag: bool, dist: DistInfo, device: str) -> bool:
+    """Whether `flag` holds on any rank (every rank must call this together)."""
+    if not dist.enabled:
+        return flag
+    return all_reduce_sum(torch.tensor(float(flag), device=device), dist).item() > 0
