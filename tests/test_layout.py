@@ -199,3 +199,77 @@ def test_readme_names_every_top_level_entry() -> None:
     section = (REPO / "README.md").read_text(encoding="utf-8").split("## What is where", 1)[1].split("\n## ", 1)[0]
     missing = sorted(e for e in entries if f"`{e}" not in section)
     assert not missing, f"README's 'What is where' does not name {missing}"
+
+
+# The package's layers, lowest first. A module may import its own layer and the ones below,
+# never one above: the model core knows nothing of training, training nothing of the
+# integrations (data preparation, zero-shot evaluation, Hugging Face), and nothing imports the
+# experiment tooling. A module found in no layer fails the test: a new one must choose.
+LAYERS = {
+    "core": ("spheretnorm", "spheretnorm.model", "spheretnorm.retractions", "spheretnorm.kernels",
+             "spheretnorm.triton_kernels", "spheretnorm.mup", "spheretnorm.diagnostics"),
+    "runtime": ("spheretnorm.runtime",),
+    "integrations": ("spheretnorm.data", "spheretnorm.zeroshot", "spheretnorm.hf"),
+    "experiments": ("spheretnorm.experiments",),
+}
+# What model.py may import: the standard library, torch, and the core modules an export copies.
+MODEL_IMPORTS = {"torch", "spheretnorm.kernels", "spheretnorm.mup", "spheretnorm.retractions"}
+
+
+def layer_of(module: str) -> int | None:
+    """The rank of a package module's layer (0 = core), by the longest matching prefix."""
+    best: tuple[int, int] | None = None
+    for rank, prefixes in enumerate(LAYERS.values()):
+        for prefix in prefixes:
+            core_exact = rank == 0  # core lists modules, not packages: spheretnorm.x is not core by prefix
+            if module == prefix or (not core_exact and module.startswith(prefix + ".")):
+                if best is None or len(prefix) > best[1]:
+                    best = (rank, len(prefix))
+    return None if best is None else best[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    names = list(LAYERS)
+    out = []
+    for module, imported in sorted(graph.items()):
+        for other in sorted(imported):
+            if layer_of(other) > layer_of(module):
+                out.append(f"{module} ({names[layer_of(module)]}) imports {other} ({names[layer_of(other)]})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    assert layer_of("spheretnorm.model") == 0 and layer_of("spheretnorm.runtime.config") == 1
+    assert layer_of("spheretnorm.hf.remote.modeling_spheretnorm") == 2 and layer_of("spheretnorm.experiments.grid") == 3
+    assert layer_of("spheretnorm.newthing") is None
+    assert upward_imports({"spheretnorm.model": {"spheretnorm.runtime.checkpoint"}}) == [
+        "spheretnorm.model (core) imports spheretnorm.runtime.checkpoint (runtime)"
+    ]
+    assert upward_imports({"spheretnorm.experiments.grid": {"spheretnorm.model", "spheretnorm.hf.folder"}}) == []
+
+
+def test_every_module_has_a_layer_and_imports_go_one_way() -> None:
+    modules = package_modules()
+    homeless = sorted(m for m in modules if layer_of(m) is None)
+    assert not homeless, f"modules in no layer of tests/test_layout.py's LAYERS: {homeless}"
+    graph = {name: imported_modules(path, modules) for name, path in modules.items()}
+    assert graph["spheretnorm.runtime.checkpoint"], "the import scan found nothing: it is broken"
+    bad = upward_imports(graph)
+    assert not bad, "imports against the layers (core <- runtime <- integrations <- experiments): " + "; ".join(bad)
+
+
+def test_model_py_imports_only_torch_the_standard_library_and_the_core() -> None:
+    tree = ast.parse((REPO / PACKAGE / "model.py").read_text(encoding="utf-8"))
+    here = "spheretnorm"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            found.add(f"{here}.{base}" if node.level else base)
+    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    foreign = sorted(n for n in found if n.split(".")[0] not in allowed and n != "torch" and not n.startswith("torch.")
+                     and n not in MODEL_IMPORTS)
+    assert not foreign, f"model.py imports {foreign}; it may import torch, the standard library and {sorted(MODEL_IMPORTS)}"
+    assert any(n.startswith("spheretnorm.") for n in found), "the scan missed model.py's relative imports"
