@@ -1,49 +1,9 @@
-"""Export a training checkpoint as a Hugging Face model folder, or as weights-only safetensors.
+"""A checkpoint as a Hugging Face folder or safetensors: python scripts/export_hf.py --ckpt CKPT --out DIR [--format hf|safetensors].
 
-    python scripts/export_hf.py --ckpt out/openwebtext_s/geonorm/ckpt.pt --out hf/geonorm-s
-    python scripts/export_hf.py --ckpt out/openwebtext_s/geonorm/ckpt.pt --out st/geonorm-s --format safetensors
-
---format hf (the default) writes config.json, model.safetensors, generation_config.json, the
-tokenizer files (GPT-2 BPE built offline, or the dataset's characters) and a README model card.
-A pre_ln model loads as a plain GPT-2 (block gpt2) or Llama (block llama); the others, nGPT
-included, carry their own code:
-
-    AutoModelForCausalLM.from_pretrained("hf/geonorm-s", trust_remote_code=True)
-
---format safetensors writes OUT/ckpt.safetensors: the weights and model config only (no pickle,
-no optimizer), which GPT.from_checkpoint, sample.py and eval/ read like a ckpt.pt. The hf folder
-can start a fine-tune: python train.py ... --init_from=hf:hf/geonorm-s
-
-In every format OUT must be a new or empty folder (an earlier export is never replaced), and the
-files get the permissions the umask gives any new file. A damaged or foreign checkpoint is one
-error line and exit status 2.
+The code lives in `spheretnorm.hf.export_cli`; this file is the command.
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
-
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.zeroshot.errors import EvalError
-from spheretnorm.hf.release import FORMATS, export
-from spheretnorm.hf.folder import HFFolderError
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--ckpt", required=True, help="a checkpoint written by train.py (ckpt.pt)")
-    parser.add_argument("--out", required=True, help="the folder to write")
-    parser.add_argument("--format", default="hf", choices=FORMATS, help="hf: a transformers model folder; safetensors: weights and config only")
-    args = parser.parse_args(argv)
-    try:
-        written = export(Path(args.ckpt), Path(args.out), args.format)
-    except (HFFolderError, EvalError, FileNotFoundError, ValueError) as e:  # EvalError: no GPT-2 BPE files
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(f"wrote {written}")
-
+from spheretnorm.hf.export_cli import main
 
 if __name__ == "__main__":
     main()

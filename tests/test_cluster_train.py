@@ -23,7 +23,7 @@ from spheretnorm.runtime.validation import EvalProgress
 from spheretnorm.runtime.tracking import check_wandb, format_duration, wandb_key_source
 from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
 from spheretnorm.model import GPTConfig
-from scripts import launch
+from spheretnorm.experiments import launcher as launch
 from test_train import SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (fixture)
 from spheretnorm.runtime.config import (
     MODEL_KEYS,

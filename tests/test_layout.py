@@ -273,3 +273,97 @@ def test_model_py_imports_only_torch_the_standard_library_and_the_core() -> None
                      and n not in MODEL_IMPORTS)
     assert not foreign, f"model.py imports {foreign}; it may import torch, the standard library and {sorted(MODEL_IMPORTS)}"
     assert any(n.startswith("spheretnorm.") for n in found), "the scan missed model.py's relative imports"
+
+
+# -----------------------------------------------------------------------------
+# One rule for commands: a command in scripts/, eval/ or data/ is a thin entry (parse, call the
+# library) or owns its logic, and in both cases nothing imports it, tests included: what a test
+# or a second command needs lives in the package. And every Python file name says which file it
+# is: no two files share one (__init__.py and conftest.py aside).
+
+COMMAND_FOLDERS = ("scripts", "eval", "data")
+# What older commits wrote, with the script that wrote it (run against that commit's checkout,
+# whose commands it imports): data, not the project's source. An exported Hugging Face folder must
+# call its code modeling_spheretnorm.py and configuration_spheretnorm.py, as config.json names them.
+FIXTURES = Path("tests") / "data"
+SHARED_FILE_NAMES = ("__init__.py", "conftest.py")
+
+
+def is_fixture(path: Path) -> bool:
+    return (REPO / path if not path.is_absolute() else path).is_relative_to(REPO / FIXTURES)
+
+
+def command_imports(source: str) -> list[str]:
+    """The imports in `source` of a module of scripts/, eval/ or data/ (`import scripts.launch`,
+    `from eval import zero_shot`, `from data.prepare import main`, importlib.import_module("scripts.x"))."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""  # from scripts import launch: the module scripts.launch
+            names = [f"{module}.{alias.name}" for alias in node.names] if "." not in module else [module]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) in ("import_module", "__import__"))):
+            names = [node.args[0].value]
+        else:
+            continue
+        found += [f"{name} (line {node.lineno})" for name in names if name.split(".")[0] in COMMAND_FOLDERS]
+    return found
+
+
+def test_the_command_import_scan_finds_every_form() -> None:
+    for line in ("import scripts.launch", "from scripts import launch", "from scripts.coord_check import Setup",
+                 "from eval import zero_shot", "import eval.lm_eval_cli as cli", "from data.prepare import main",
+                 "def f():\n    from scripts import export_hf", "importlib.import_module('scripts.launch')",
+                 "__import__('eval.zero_shot')"):
+        assert command_imports(line), line
+    for line in ("from spheretnorm.experiments import launcher", "from spheretnorm.data import tokenizer",
+                 "from .data import x", "import spheretnorm.zeroshot.driver", "from markov_data import VOCAB",
+                 "import_module('spheretnorm.hf.export_cli')"):
+        assert not command_imports(line), line
+
+
+def test_no_file_imports_a_command() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in project_files()
+        if not is_fixture(path)
+        for name in command_imports(path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, (
+        "a command of scripts/, eval/ or data/ is imported by nobody: move what is needed into the "
+        f"package (spheretnorm/experiments/, ...) and import it from there: {offenders}"
+    )
+
+
+def python_files() -> list[Path]:
+    """Every .py file of the checkout, relative to it: git's tracked and untracked-but-not-ignored
+    files (so a new file counts before its commit); outside a git checkout, the project's files."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.py"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode != 0:
+        return [p.relative_to(REPO) for p in project_files()]
+    return [Path(line) for line in listed.stdout.splitlines() if (REPO / line).is_file()]
+
+
+def duplicate_names(paths: list[Path]) -> dict[str, list[str]]:
+    """{file name: its paths} for every .py name that two files share (__init__.py, conftest.py aside)."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name not in SHARED_FILE_NAMES:
+            by_name.setdefault(path.name, []).append(str(path))
+    return {name: sorted(where) for name, where in sorted(by_name.items()) if len(where) > 1}
+
+
+def test_the_duplicate_finder_finds_a_shared_name() -> None:
+    paths = [Path("scripts/launch.py"), Path("spheretnorm/experiments/launch.py"), Path("a/__init__.py"), Path("b/__init__.py"),
+             Path("tests/conftest.py"), Path("x/conftest.py"), Path("spheretnorm/experiments/launcher.py")]
+    assert duplicate_names(paths) == {"launch.py": ["scripts/launch.py", "spheretnorm/experiments/launch.py"]}
+
+
+def test_every_python_file_name_is_unique() -> None:
+    files = [path for path in python_files() if not is_fixture(path)]
+    assert Path("spheretnorm/model.py") in files and Path("tests/test_layout.py") in files, "the file listing is broken"
+    shared = duplicate_names(files)
+    assert not shared, f"file names shared by several files (give each its own name): {shared}"

@@ -1,1 +1,0 @@
-"""Experiment tooling: launch the paper's grid, make its tables and figures, run CPU studies."""

@@ -1,0 +1,281 @@
+"""Coordinate check of μP: how far and how fast each layer's features move, against width.
+
+    python scripts/coord_check.py                          # docs/MUP.md's figure and slopes
+    python scripts/coord_check.py --widths 64,256 --connections pre_ln,p_spheret --steps 3
+
+For every connection, parametrisation (standard, μP with base width the smallest width) and
+width, a model of --n_layer layers (heads of --head_dim, so width grows by heads) takes --steps
+AdamW steps at one fixed base LR, constant, without clipping (a clip would rescale updates by a
+width-dependent gradient norm), on Tiny Shakespeare batches. After every step the same probe
+tokens go through the model, and for each layer (the embedding output, each block's output, the
+logits) it records
+
+  delta_rms  RMS over tokens and coordinates of h(t) - h(0): how far the features have moved;
+  angle      mean over tokens of the angle between h(t) and h(t - 1): the angular velocity of
+             the features on the sphere, in radians per step.
+
+Under μP both should stay flat in width (log-log slope near 0); under the standard
+parametrisation Adam's per-entry updates add up coherently over the fan-in, so hidden layers
+move faster as the model widens (slope up to 1, less once a norm or the angle cap saturates).
+
+Writes OUT.json (every number) and OUT.png (one row per connection; delta_rms and angle, standard
+and μP), and prints the fitted slope of each layer's log(metric) against log(width). The slope
+uses delta_rms at the last step and the angle averaged over all steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+import numpy as np
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
+from spheretnorm.experiments.figures import save_figure
+from spheretnorm.runtime.cli import HelpFormatter, UsageError
+from spheretnorm.experiments.grid import parse_choices, parse_numbers
+from spheretnorm.runtime.token_files import open_split
+from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
+
+DEFAULT_WIDTHS = "64,128,256,512,1024"
+DEFAULT_CONNECTIONS = ",".join(("pre_ln", *SPHERE_CONNECTIONS))
+PARAMETRISATIONS = ("standard", "mup")
+METRICS = ("delta_rms", "angle")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The fixed base hyperparameters of a coordinate check."""
+
+    n_layer: int = 2
+    head_dim: int = 32
+    block_size: int = 64
+    batch_size: int = 8
+    steps: int = 5
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def model_config(self, connection: str, width: int, base: int, vocab_size: int) -> GPTConfig:
+        return GPTConfig(
+            n_layer=self.n_layer, n_head=width // self.head_dim, n_embd=width, vocab_size=vocab_size,
+            block_size=self.block_size, connection=connection, mup_base_width=base, sphere_impl="reference",
+        )
+
+
+def layer_names(n_layer: int) -> list[str]:
+    return ["embed", *(f"block {i}" for i in range(1, n_layer + 1)), "logits"]
+
+
+@torch.no_grad()
+def layer_states(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The embedding output, every block's output and the logits, on idx (hooks, one forward)."""
+    states: list[torch.Tensor] = []
+    modules = [model.transformer.embed_norm, *model.transformer.h]
+    hooks = [m.register_forward_hook(lambda _m, _in, out: states.append(out.detach().float())) for m in modules]
+    try:
+        logits, _ = model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return states + [logits.float()]
+
+
+def rms(x: torch.Tensor) -> float:
+    return x.pow(2).mean().sqrt().item()
+
+
+def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean over tokens of the angle between the rows of a and b, in radians."""
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)
+    return torch.acos(cos.clamp(-1.0, 1.0)).mean().item()
+
+
+def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tensor]], probe: torch.Tensor) -> dict[str, list[list[float]]]:
+    """Train `steps` steps on batches; per layer, delta_rms and angle after each step (index t - 1)."""
+    opt = model.configure_optimizers(setup.weight_decay, setup.lr, (0.9, 0.95), "cpu")
+    first = previous = layer_states(model, probe)
+    out: dict[str, list[list[float]]] = {m: [[] for _ in first] for m in METRICS}
+    for x, y in batches[: setup.steps]:
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        now = layer_states(model, probe)
+        for layer, (h0, h_prev, h) in enumerate(zip(first, previous, now)):
+            out["delta_rms"][layer].append(rms(h - h0))
+            out["angle"][layer].append(mean_angle(h_prev, h))
+        previous = now
+    return out
+
+
+def summary(trace_: dict[str, list[list[float]]]) -> dict[str, list[float]]:
+    """Per layer: delta_rms after the last step, angle averaged over the steps."""
+    return {
+        "delta_rms": [series[-1] for series in trace_["delta_rms"]],
+        "angle": [float(np.mean(series)) for series in trace_["angle"]],
+    }
+
+
+def coord_check(
+    connections: list[str],
+    widths: list[int],
+    setup: Setup,
+    vocab_size: int,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    probe: torch.Tensor,
+    log: Any = None,
+) -> dict[str, Any]:
+    """{connection: {param: {width: summary}}} for every connection, parametrisation and width.
+
+    Every model starts from the seed, so standard and μP at the base width are the same model.
+    """
+    base = min(widths)
+    results: dict[str, Any] = {}
+    for connection in connections:
+        for param in PARAMETRISATIONS:
+            for width in widths:
+                torch.manual_seed(setup.seed)
+                model = GPT(setup.model_config(connection, width, base if param == "mup" else 0, vocab_size))
+                results.setdefault(connection, {}).setdefault(param, {})[width] = summary(trace(model, setup, batches, probe))
+                if log:
+                    log(f"{connection} {param} width {width}: done")
+    return results
+
+
+def slopes(results: dict[str, Any]) -> dict[str, Any]:
+    """{connection: {param: {metric: [slope per layer]}}}: least-squares slope of log metric vs log width."""
+    out: dict[str, Any] = {}
+    for connection, by_param in results.items():
+        for param, by_width in by_param.items():
+            widths = sorted(by_width)
+            x = np.log(widths)
+            fitted = {}
+            for metric in METRICS:
+                layers = len(by_width[widths[0]][metric])
+                ys = [[max(by_width[w][metric][layer], 1e-30) for w in widths] for layer in range(layers)]
+                fitted[metric] = [float(np.polyfit(x, np.log(y), 1)[0]) for y in ys]
+            out.setdefault(connection, {})[param] = fitted
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Data, outputs, command line
+
+
+def shakespeare_batches(data_dir: Path, setup: Setup) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, int]:
+    """Training batches (train split) and probe tokens (val split), drawn as train.py draws them."""
+    meta = ensure_data(data_dir)
+    train_tokens, val_tokens = open_split(data_dir, "train", meta), open_split(data_dir, "val", meta)
+
+    def draw(tokens: np.ndarray, stream: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        offsets = batch_offsets(setup.seed, stream, index, setup.batch_size, len(tokens), setup.block_size)
+        return get_batch(tokens, offsets, setup.block_size, "cpu")
+
+    batches = [draw(train_tokens, TRAIN_STREAM, i) for i in range(setup.steps)]
+    probe, _ = draw(val_tokens, EVAL_STREAM + 1, 0)
+    return batches, probe, int(meta["vocab_size"])
+
+
+def slope_table(fitted: dict[str, Any], n_layer: int) -> str:
+    """Markdown: one row per connection and metric, standard | μP slope per layer."""
+    names = layer_names(n_layer)
+    lines = ["| connection | metric | " + " | ".join(names) + " |", "|:--|:--|" + "--:|" * len(names)]
+    for connection, by_param in fitted.items():
+        for metric in METRICS:
+            cells = [f"{by_param['standard'][metric][i]:+.2f} / {by_param['mup'][metric][i]:+.2f}" for i in range(len(names))]
+            lines.append(f"| {connection} | {metric} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_coord_check(results: dict[str, Any], n_layer: int, title: str, out: Path) -> list[Path]:
+    """A row per connection; columns: delta_rms and angle, each standard then μP; a line per layer."""
+    names = layer_names(n_layer)
+    cmap = plt.get_cmap("viridis")
+    connections = list(results)
+    fig, axes = plt.subplots(len(connections), 4, figsize=(15, 2.8 * len(connections)), squeeze=False)
+    for i, connection in enumerate(connections):
+        for j, (metric, param) in enumerate((m, p) for m in METRICS for p in PARAMETRISATIONS):
+            ax = axes[i][j]
+            by_width = results[connection][param]
+            widths = sorted(by_width)
+            for layer, name in enumerate(names):
+                color = cmap(layer / max(1, len(names) - 1) * 0.9)
+                ax.plot(widths, [by_width[w][metric][layer] for w in widths], marker="o", markersize=3, color=color, label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{connection}, {'μP' if param == 'mup' else 'standard'}: {metric}", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+        # Each metric's two panels share a y range, so the slopes can be compared by eye.
+        for j in (0, 2):
+            lo = min(axes[i][j].get_ylim()[0], axes[i][j + 1].get_ylim()[0])
+            hi = max(axes[i][j].get_ylim()[1], axes[i][j + 1].get_ylim()[1])
+            axes[i][j].set_ylim(lo, hi)
+            axes[i][j + 1].set_ylim(lo, hi)
+    for ax in axes[-1]:
+        ax.set_xlabel("width n_embd")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = Setup()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
+    p.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"widths; the smallest is μP's base (default: {DEFAULT_WIDTHS})")
+    p.add_argument("--connections", default=DEFAULT_CONNECTIONS, help=f"comma-separated connections (default: {DEFAULT_CONNECTIONS})")
+    p.add_argument("--n_layer", type=int, default=defaults.n_layer, help=f"depth (default {defaults.n_layer})")
+    p.add_argument("--head_dim", type=int, default=defaults.head_dim, help=f"width of one head (default {defaults.head_dim})")
+    p.add_argument("--steps", type=int, default=defaults.steps, help=f"AdamW steps (default {defaults.steps})")
+    p.add_argument("--lr", type=float, default=defaults.lr, help=f"the base learning rate, constant (default {defaults.lr:g})")
+    p.add_argument("--batch_size", type=int, default=defaults.batch_size, help=f"sequences per step (default {defaults.batch_size})")
+    p.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="prepared shakespeare_char data (prepared when missing)")
+    p.add_argument("--out", default="docs/mup_coord_check", help="output path without extension (default: docs/mup_coord_check)")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    widths = parse_numbers(args.widths, int, "widths")
+    connections = parse_choices(args.connections, CONNECTIONS, "connections")
+    if any(w % args.head_dim for w in widths) or len(widths) < 2:
+        raise UsageError(f"--widths {args.widths!r} must name two or more multiples of --head_dim {args.head_dim}.")
+    if args.steps < 1 or args.n_layer < 1:
+        raise UsageError(f"--steps {args.steps} and --n_layer {args.n_layer} must be positive integers.")
+    setup = Setup(n_layer=args.n_layer, head_dim=args.head_dim, steps=args.steps, lr=args.lr, batch_size=args.batch_size)
+    batches, probe, vocab = shakespeare_batches(Path(args.data_dir), setup)
+    results = coord_check(connections, widths, setup, vocab, batches, probe, log=lambda s: print(s, flush=True))
+    fitted = slopes(results)
+    title = (f"Coordinate check: {setup.n_layer} layers, {setup.steps} AdamW steps at lr {setup.lr:g} "
+             f"(μP base width {min(widths)}); standard vs μP")
+    out = Path(args.out)
+    figures = plot_coord_check(results, setup.n_layer, title, out)
+    table = slope_table(fitted, setup.n_layer)
+    record = {"setup": setup.__dict__, "widths": widths, "layers": layer_names(setup.n_layer), "results": results, "slopes": fitted}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"\n{title}\nSlopes of log(metric) against log(width), standard / μP:\n\n{table}\n")
+    print(f"{time.perf_counter() - started:.0f} s. Written: " + ", ".join(str(p) for p in [out.with_suffix('.json'), *figures]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

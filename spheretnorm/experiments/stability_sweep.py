@@ -1,0 +1,263 @@
+"""Stability sweep: final val loss against peak learning rate, at a short and a long warm-up.
+
+    python scripts/lr_sweep.py                                   # the defaults below
+    python scripts/lr_sweep.py --methods pre_ln,proj_spheret --lrs 3e-4,1e-3,3e-3 --warmups 100,1000 --max_iters 2000
+
+For each method, peak LR and warm-up, one run of the CPU model (24 layers x 128 wide, Tiny
+Shakespeare characters, block 64, batch 16, cosine decay to lr/10 at --max_iters), then a plot
+like Keel's Figure 1a: final val loss against the LR (log scale), one line per method, one
+panel per warm-up. Marked on it: collapsed runs (final val loss no better than the unigram
+loss, drawn on the dotted unigram line's level: a hollow red ring) and diverged runs (the loss
+became non-finite and train.py stopped: a red cross at the panel's top). Any other
+--key=value is passed to every train.py run (e.g. --n_layer=12 --block_size=128).
+
+Writes OUT_DIR/sweep.json (every run's result), OUT_DIR/sweep.md (the table) and
+OUT_DIR/lr_sweep.{png,pdf}. Runs go to OUT_DIR/<study>/<method>/lr<LR>_wu<WARMUP>/ and a
+finished run with the same settings is reused, so the sweep can be extended point by point.
+The defaults (4 methods x 2 LRs x 2 warm-ups x 200 iterations = 16 runs) took 25 minutes on 2
+shared cores; a run costs max_iters / 2 to max_iters seconds on one core.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from spheretnorm.experiments.study import (
+    CPU_MODEL,
+    RESERVED as STUDY_RESERVED,
+    JobResult,
+    add_common_options,
+    as_args,
+    ensure_data,
+    make_job,
+    outcome,
+    parse_train_args,
+    run_jobs,
+    study_name,
+    wall_clock_line,
+    exit_status,
+    study_main,
+)
+from spheretnorm.experiments.figures import method_style, save_figure
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.experiments.grid import (
+    COLLAPSE_MARGIN,
+    parse_numbers,
+    check_overrides,
+    parse_methods,
+    sort_methods,
+    unigram_loss,
+)
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.methods import display_name, method_args
+from spheretnorm.runtime.config import method_dirname
+
+DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"
+DEFAULT_LRS = "1e-3,3e-3"
+DEFAULT_WARMUPS = "10,100"
+DEFAULT_MAX_ITERS = 200
+EVALS_PER_RUN = 4
+RESERVED = {
+    **STUDY_RESERVED,
+    "learning_rate": "--lrs",
+    "min_lr": "--lrs (min_lr is lr / 10)",
+    "warmup_iters": "--warmups",
+    "max_iters": "--max_iters",
+    "lr_decay_iters": "--max_iters (the cosine ends at max_iters)",
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    method: str
+    lr: float
+    warmup: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} lr {self.lr:g} warm-up {self.warmup}"
+
+    def dirname(self) -> str:
+        return f"{method_dirname(self.method)}/lr{self.lr:g}_wu{self.warmup}"
+
+
+def point_args(point: Point, max_iters: int, overrides: list[str]) -> list[str]:
+    settings = {
+        **CPU_MODEL,
+        "learning_rate": point.lr,
+        "min_lr": point.lr / 10,
+        "warmup_iters": point.warmup,
+        "max_iters": max_iters,
+        "lr_decay_iters": max_iters,
+        "eval_interval": max(1, max_iters // EVALS_PER_RUN),
+    }
+    return as_args(settings) + method_args(point.method) + overrides
+
+
+def result_row(point: Point, result: JobResult, unigram: float) -> dict[str, Any]:
+    return {"method": point.method, "lr": point.lr, "warmup": point.warmup, **outcome(result, unigram)}
+
+
+# -----------------------------------------------------------------------------
+# Outputs
+
+
+def cell_text(row: dict[str, Any]) -> str:
+    if row["status"] == "diverged":
+        return "diverged"
+    if row["val_loss"] is None:
+        return row["status"]
+    text = f"{row['val_loss']:.3f}"
+    return text if row["status"] == "ok" else f"{text} ({row['status']})"
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one row per method, one column per (warm-up, LR)."""
+    columns = sorted({(r["warmup"], r["lr"]) for r in rows})
+    cell = {(r["method"], r["warmup"], r["lr"]): r for r in rows}
+    lines = [
+        "| Method | " + " | ".join(f"wu {w}, lr {lr:g}" for w, lr in columns) + " |",
+        "|:--|" + "--:|" * len(columns),
+    ]
+    for m in sort_methods(r["method"] for r in rows):
+        cells = [cell_text(cell[(m, w, lr)]) if (m, w, lr) in cell else "-" for w, lr in columns]
+        lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path) -> list[Path]:
+    """Val loss vs LR, one panel per warm-up; collapsed and diverged runs marked in red."""
+    warmups = sorted({r["warmup"] for r in rows})
+    fig, axes = plt.subplots(1, len(warmups), figsize=(5.2 * len(warmups), 4.2), sharey=True, squeeze=False)
+    finite = [r["val_loss"] for r in rows if r["val_loss"] is not None]
+    top = max(finite + [unigram]) + 0.15
+    for ax, warmup in zip(axes[0], warmups):
+        for method in sort_methods(r["method"] for r in rows):
+            points = sorted((r for r in rows if r["method"] == method and r["warmup"] == warmup), key=lambda r: r["lr"])
+            style = method_style(method)
+            xs = [r["lr"] for r in points if r["val_loss"] is not None]
+            ys = [r["val_loss"] for r in points if r["val_loss"] is not None]
+            ax.plot(xs, ys, marker="o", markersize=4, label=display_name(method), **style)
+            for r in points:
+                if r["status"] == "collapsed":
+                    ax.plot(r["lr"], r["val_loss"], marker="o", markersize=13, markerfacecolor="none", markeredgecolor="red", linestyle="none")
+                elif r["status"] == "diverged":
+                    ax.plot(r["lr"], top, marker="x", markersize=10, color="red", linestyle="none")
+                    ax.annotate(display_name(method).split(" ")[0], (r["lr"], top), textcoords="offset points", xytext=(4, -10), fontsize=7, color=style["color"])
+        ax.axhline(unigram, color="grey", linestyle=":", linewidth=1)
+        ax.annotate("unigram loss (collapse)", (0.02, unigram), xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points", fontsize=7, color="grey")
+        ax.set_xscale("log")
+        ax.set_title(f"warm-up {warmup} iterations")
+        ax.set_xlabel("peak learning rate")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("final val loss (red ring: collapsed, red x: diverged)")
+    axes[0][0].set_ylim(top=top + 0.1)
+    # One legend under the panels, where it hides no point.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return save_figure(fig, out)
+
+
+def findings(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per method: where it collapsed or diverged, and its best point."""
+    lines = []
+    for m in sort_methods(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == m]
+        bad = [f"{r['status']} at lr {r['lr']:g} / warm-up {r['warmup']}" for r in mine if r["status"] != "ok"]
+        ok = [r for r in mine if r["status"] == "ok"]
+        best = min(ok, key=lambda r: r["val_loss"]) if ok else None
+        best_text = f"best {best['val_loss']:.3f} at lr {best['lr']:g} / warm-up {best['warmup']}" if best else "no run trained"
+        lines.append(f"- {display_name(m)}: {best_text}; " + ("; ".join(bad) if bad else "no collapse or divergence") + ".")
+    return lines
+
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+        allow_abbrev=False,
+    )
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods, 'paper' or 'all' (default: {DEFAULT_METHODS})")
+    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"peak learning rates (default: {DEFAULT_LRS})")
+    p.add_argument("--warmups", default=DEFAULT_WARMUPS, help=f"warm-up lengths in iterations (default: {DEFAULT_WARMUPS})")
+    p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
+    p.add_argument("--out_dir", default="out/lr_sweep", help="where runs, table and plot go (default: out/lr_sweep)")
+    add_common_options(p)
+    return p.parse_known_args(argv)
+
+
+def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
+    started = time.perf_counter()
+    check_overrides(overrides, RESERVED)
+    methods = parse_methods(args.methods)
+    lrs = parse_numbers(args.lrs, float, "lrs")
+    warmups = parse_numbers(args.warmups, int, "warmups")
+    if args.max_iters <= max(warmups):
+        raise UsageError(f"--max_iters {args.max_iters} must exceed the longest warm-up ({max(warmups)}); raise it or shorten --warmups.")
+    out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
+    points = [Point(m, lr, w) for w in warmups for lr in lrs for m in methods]
+    name = study_name(parse_train_args(point_args(points[0], args.max_iters, overrides)))
+    meta = ensure_data(data_dir, args.input)
+    jobs = []
+    for point in points:
+        run_dir = out_dir / name / point.dirname()
+        extra = [f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--config_name={name}"]
+        jobs.append(make_job(point.label, point_args(point, args.max_iters, overrides) + extra, run_dir))
+    print(
+        f"LR sweep on {name} ({meta['train_tokens']:,} train characters): {len(methods)} methods x {len(lrs)} LRs x "
+        f"{len(warmups)} warm-ups = {len(jobs)} runs of {args.max_iters} iterations (cosine to lr/10), "
+        f"{args.jobs} at a time, {args.threads} thread(s) each.",
+        flush=True,
+    )
+
+    results = run_jobs(jobs, args.jobs, args.threads)
+
+    unigram = unigram_loss(data_dir)
+    rows = [result_row(p, r, unigram) for p, r in zip(points, results)]
+    title = f"{name}: final val loss after {args.max_iters} iterations"
+    figure_paths = plot_sweep(rows, unigram, title, out_dir / "lr_sweep")
+    table = sweep_table(rows)
+    rule = (f"collapsed: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN} (no better than character "
+            "frequencies); diverged: the loss became non-finite and train.py stopped.")
+    found = findings(rows)
+    wall = time.perf_counter() - started
+    (out_dir / "sweep.md").write_text(f"{title}\n\n{table}\n\n{rule}\n\n" + "\n".join(found) + "\n", encoding="utf-8")
+    summary = {
+        "study": name,
+        "max_iters": args.max_iters,
+        "unigram_loss": unigram,
+        "wall_clock_s": round(wall, 1),  # of this call; runs found finished cost it nothing
+        "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1),
+        "runs": rows,
+    }
+    (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+    print(f"\n{title}\n\n{table}\n\n{rule}\n")
+    print("\n".join(found))
+    print("\n" + wall_clock_line(wall, rows))
+    print("Written: " + ", ".join(str(p) for p in [out_dir / "sweep.md", out_dir / "sweep.json", *figure_paths]))
+    return exit_status(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return study_main(parse_args, sweep, argv)
