@@ -2,20 +2,14 @@
 A GPT language model with a switchable deep connection, in one file.
 
 The model is GPT-2 as in nanoGPT (learned token and position embeddings, causal
-self-attention, GELU MLP, weight-tied head). What changes between experiments is
-the *deep connection*: the rule that combines a hidden state h with the output of
-a sublayer F (attention or MLP). Each rule is one small class below, registered in
-CONNECTIONS; a Block is simply two connection calls.
+self-attention, GELU MLP, weight-tied head), or LLaMA's block. What changes between
+experiments is the *deep connection*: the rule that combines a hidden state h with the
+output of a sublayer F (attention or MLP). Each rule is one small class below, registered
+in CONNECTIONS, that declares its own keys (`params`); a Block is two connection calls.
 
-The maths follows the paper "Sphere Retraction Normalizations" (arXiv 2608.02668)
-and docs/CONNECTIONS.md, which also records the choices made where the paper is
-silent. Equation numbers refer to the paper.
-
-A new connection is one class here (or in your own file) registered with
-@register_connection("name"): it declares its method parameters (`params`), its
-optimizer rules (`optimizer_rule`) and what runs after each optimizer step
-(`after_optimizer_step`); train.py, the launcher, tables, W&B names and the
-Hugging Face export read them from the class. docs/ARCHITECTURE.md walks through it.
+The maths follows the paper "Sphere Retraction Normalizations" (arXiv 2608.02668) and
+docs/CONNECTIONS.md, which records the choices made where the paper is silent; equation
+numbers are the paper's. docs/ARCHITECTURE.md shows how to add a connection.
 """
 
 from __future__ import annotations
@@ -64,66 +58,38 @@ class GPTConfig:
     bias: bool | None = None
     connection: str = "pre_ln"  # a key of CONNECTIONS
     block: str = "gpt2"  # a key of BLOCKS: GPT-2's block (the paper's) or LLaMA's
-    spheret_p: float = 0.5  # p of p-SpheretNorm: angle = p * arctan(beta / p)
     angle_max: float = math.pi / 4  # largest rotation of one sphere update (paper 4.2)
     alpha_decay: str = "sqrt"  # depth decay lambda_l of the sphere step size
     alpha_index: str = "block"  # l counts blocks (1..L) or sublayers (1..2L)
-    dyt_alpha: float = 0.5  # initial scalar a of DyT(x) = g * tanh(a x) + b
-    keel_alpha: float | None = None  # Keel's fixed residual scale; None means 2 * n_layer
-    peri_embed_ln: bool = False  # Peri-LN: also LayerNorm the embedding output
     mup_base_width: int = 0  # μP base width n0: LRs and init transfer from width n0 (0: off; mup.py)
     # How the sphere update runs (same maths): auto | reference | fused | triton
     sphere_impl: str = "auto"
-    # Values of the parameters a connection class declares (Connection.params) that are not
-    # fields above; read as attributes like any other key (config.gain).
+    # The values of the parameters the connection's class declares (Connection.params: spheret_p,
+    # dyt_alpha, keel_alpha, ...), read as attributes like the keys above (config.spheret_p).
     connection_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.connection not in CONNECTIONS:
-            raise ValueError(
-                f"Unknown connection {self.connection!r}; valid connections are: "
-                f"{', '.join(CONNECTIONS)}."
-            )
+            raise ValueError(f"Unknown connection {self.connection!r}; valid connections are: {', '.join(CONNECTIONS)}.")
         self.connection_params = resolve_connection_params(self.connection, self.connection_params)
         if self.block not in BLOCKS:
             raise ValueError(f"Unknown block {self.block!r}; valid blocks are: {', '.join(BLOCKS)}.")
         self.bias = self._resolve_bias()
         CONNECTIONS[self.connection].check_config(self)
         if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                "choose n_embd as a multiple of n_head."
-            )
-        if not self.spheret_p > 0:
-            raise ValueError(f"spheret_p must be > 0, got {self.spheret_p}.")
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose n_embd as a multiple of n_head.")
         if not 0 < self.angle_max <= math.pi:
             raise ValueError(f"angle_max must lie in (0, pi], got {self.angle_max}.")
-        if self.alpha_decay not in ALPHA_DECAYS:
-            raise ValueError(
-                f"Unknown alpha_decay {self.alpha_decay!r}; valid values are: "
-                f"{', '.join(ALPHA_DECAYS)}."
-            )
-        if self.sphere_impl not in SPHERE_IMPLS:
-            raise ValueError(
-                f"Unknown sphere_impl {self.sphere_impl!r}; valid values are: "
-                f"{', '.join(SPHERE_IMPLS)}."
-            )
-        if self.alpha_index not in ALPHA_INDICES:
-            raise ValueError(
-                f"Unknown alpha_index {self.alpha_index!r}; valid values are: "
-                f"{', '.join(ALPHA_INDICES)}."
-            )
+        for name, valid in (("alpha_decay", ALPHA_DECAYS), ("sphere_impl", SPHERE_IMPLS), ("alpha_index", ALPHA_INDICES)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"Unknown {name} {getattr(self, name)!r}; valid values are: {', '.join(valid)}.")
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
-        if self.keel_alpha is not None and not self.keel_alpha > 0:
-            raise ValueError(f"keel_alpha must be > 0 (or None for 2 * n_layer), got {self.keel_alpha}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
         if self.mup_base_width < 0:
-            raise ValueError(
-                f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}."
-            )
+            raise ValueError(f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}.")
 
     def _resolve_bias(self) -> bool:
         allowed = CONNECTIONS[self.connection].biases
@@ -146,10 +112,11 @@ class GPTConfig:
         params = self.__dict__.get("connection_params") or {}
         if name in params:
             return params[name]
-        raise AttributeError(f"GPTConfig has no key {name!r}")
+        raise AttributeError(f"GPTConfig has no key {name!r} (its connection's keys: {', '.join(params) or 'none'})")
 
     @property
     def keel_scale(self) -> float:
+        """Keel's alpha: keel_alpha, or 2 * n_layer where it is None."""
         return float(self.keel_alpha) if self.keel_alpha is not None else 2.0 * self.n_layer
 
     @property
@@ -159,8 +126,23 @@ class GPTConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
-# Keys that say what is trained, not which variant of a connection: never a method parameter.
-RESERVED_PARAM_KEYS = ("connection", "connection_params", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
+def _params_as_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """GPTConfig(connection="p_spheret", spheret_p=0.25): a declared parameter given as a keyword (as
+    configs saved up to commit 3ab3f93 hold it) joins connection_params, winning over a value there."""
+
+    @functools.wraps(init)
+    def __init__(self: GPTConfig, *args: Any, **keys: Any) -> None:
+        params = {k: keys.pop(k) for k in [k for k in keys if k in declared_params()]}  # never a field (register_connection)
+        if params:
+            keys["connection_params"] = {**keys.get("connection_params", {}), **params}
+        init(self, *args, **keys)
+
+    return __init__
+
+
+GPTConfig.__init__ = _params_as_keywords(GPTConfig.__init__)
 
 
 # -----------------------------------------------------------------------------
@@ -198,11 +180,8 @@ def inverse_softplus(y: float) -> float:
 
 
 class ScaleNorm(nn.Module):
-    """Modified ScaleNorm of the embedding output (Eq. 11): puts h on a sphere.
-
-    h1 = clamp(softplus(gamma), 1, sqrt(d)) * x / ||x||, with softplus(gamma) = sqrt(d)
-    at init, so every token starts on the sphere of radius sqrt(d) (RMS 1).
-    """
+    """Modified ScaleNorm of the embedding output (Eq. 11): h1 = clamp(softplus(gamma), 1, sqrt(d)) * x / ||x||,
+    softplus(gamma) = sqrt(d) at init, so every token starts on the sphere of radius sqrt(d) (RMS 1)."""
 
     def __init__(self, ndim: int):
         super().__init__()
@@ -249,11 +228,8 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 def rotary_cos_sin(pos: torch.Tensor, hs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles pos * ROPE_BASE^(-2i/hs) at positions pos (T,) or (B, T),
-    each repeated for the two halves of a head and shaped to broadcast against (B, nh, T, hs).
-
-    Computed in fp32 whatever the activations' dtype (in bf16 a position of a few hundred would
-    lose its last digits), once per attention call for both q and k.
-    """
+    repeated for the two halves of a head, shaped to broadcast against (B, nh, T, hs); in fp32
+    (in bf16 a position of a few hundred would lose its last digits), once for both q and k."""
     inv_freq = ROPE_BASE ** (-torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs)
     angles = pos.to(device=device, dtype=torch.float32)[..., None] * inv_freq  # (T, hs/2) or (B, T, hs/2)
     if angles.dim() == 3:
@@ -289,9 +265,7 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = CONNECTIONS[config.connection].qk_norm(config)
         self.softmax_scale = getattr(self.qk_norm, "softmax_scale", None)  # None: SDPA's 1 / sqrt(hs)
 
-    def heads(
-        self, x: torch.Tensor, pos: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def heads(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of x (B, T, C), each (B, nh, T, hs), with positions and the connection's q/k norm applied."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
@@ -304,32 +278,21 @@ class CausalSelfAttention(nn.Module):
             q, k = self.qk_norm(q, k)
         return q, k, v
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, pos: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Causal self-attention; attn_mask (B, T, T), True where a query may attend, replaces
-        the causal mask and pos (B, T) the positions 0..T-1 (packed zero-shot rows, see
-        GPT.final_hidden)."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal self-attention; attn_mask (B, T, T), True where a query may attend, replaces the
+        causal mask and pos (B, T) the positions 0..T-1 (packed zero-shot rows, see GPT.final_hidden)."""
         B, T, C = x.size()
         q, k, v = self.heads(x, pos)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=None if attn_mask is None else attn_mask[:, None],  # one mask for all heads
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=attn_mask is None,
-            scale=self.softmax_scale,
-        )
+        mask = None if attn_mask is None else attn_mask[:, None]  # one mask for all heads
+        dropout_p = self.dropout if self.training else 0.0
+        causal = attn_mask is None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=self.softmax_scale)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return self.resid_dropout(self.c_proj(y))
 
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """The softmax matrix (B, nh, T, T) that forward's fused attention never materialises.
-
-        For diagnostics only (an attention sink is read off it): the same scores as forward's
-        (scale, positions, causal mask), in fp32.
-        """
+        """The softmax matrix (B, nh, T, T) that forward's fused attention never materialises, for
+        diagnostics (an attention sink): the same scores as forward's (scale, positions, mask), in fp32."""
         q, k, _ = self.heads(x)
         T = x.size(1)
         scale = self.softmax_scale or 1.0 / math.sqrt(q.size(-1))
@@ -392,8 +355,8 @@ def register_connection(name: str) -> Callable[[type], type]:
         if name in CONNECTIONS and CONNECTIONS[name] is not cls:
             raise ValueError(f"Connection name {name!r} is already registered to {CONNECTIONS[name].__name__}.")
         for param in cls.params:
-            if param.key in RESERVED_PARAM_KEYS:
-                raise ValueError(f"{cls.__name__} declares {param.key!r} as a parameter; it is not a method parameter.")
+            if param.key in MODEL_FIELDS:
+                raise ValueError(f"{cls.__name__} declares {param.key!r} as a parameter; it is a GPTConfig field.")
             other = declared_params().get(param.key)
             if other is not None and other != param:
                 raise ValueError(f"{cls.__name__} declares parameter {param.key!r} unlike another connection does ({other}).")
@@ -409,39 +372,55 @@ def declared_params() -> dict[str, MethodParam]:
 
 
 def resolve_connection_params(connection: str, given: dict[str, Any]) -> dict[str, Any]:
-    """connection_params of a config: the declared non-field parameters of `connection`, given
-    values checked by the type of their default, the rest at their defaults."""
-    own = {p.key: p for p in CONNECTIONS[connection].params if p.key not in MODEL_FIELDS}
-    unknown = sorted(set(given) - set(own))
+    """connection_params of a config: the parameters `connection` declares, given values checked
+    (MethodParam.checked), the rest at their defaults. Another connection's key is refused,
+    unless it is any_connection: that is checked too, then left out, as it changes nothing."""
+    own = {p.key: p for p in CONNECTIONS[connection].params}
+    declared = declared_params()
+    unknown = sorted(k for k in given if k not in own and not (k in declared and declared[k].any_connection))
     if unknown:
         raise ValueError(
-            f"connection_params {unknown} are not parameters of connection {connection!r}; "
-            f"its parameters are: {', '.join(own) or 'none'}."
+            f"connection_params {unknown} are not parameters of connection {connection!r}; its parameters are: {', '.join(own) or 'none'}."
         )
-    out = {}
-    for key, param in own.items():
-        value = given.get(key, param.default)
-        kind = type(param.default)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}.")
-        out[key] = value
-    return out
+    for key, value in given.items():
+        if key not in own:
+            declared[key].checked(value)
+    return {key: param.checked(given.get(key, param.default)) for key, param in own.items()}
 
 
 @dataclass(frozen=True)
 class MethodParam:
-    """A model key that makes variants of one connection, such as p of p-SpheretNorm.
+    """A model key that a connection class declares, such as p of p-SpheretNorm (spheret_p): set as
+    --key=value, kept in GPTConfig.connection_params, read as config.key.
 
-    Its value is part of the method's name ('p_spheret:0.5'), run folder ('p_spheret-0.5'),
-    W&B name and table row, and a launcher grid sets it ('--methods p_spheret:0.25'). key may
-    be a GPTConfig field (spheret_p) or a new key, kept in GPTConfig.connection_params.
+    in_key: the value is part of the method key ('p_spheret:0.5'), and so of the run folder, W&B
+    name and table row, and --methods sets it; else a changed value is a folder suffix
+    ('+dyt_alpha=0.3'). any_connection: the other connections accept the key and ignore it (as
+    when the paper's keys were GPTConfig fields); else they refuse it.
     """
 
     key: str
-    default: float | int | str | bool
+    default: Any
     help: str
+    kind: type | None = None  # the values' type; None: the default's (a None default needs it)
+    check: Callable[[Any], bool] | None = None  # a test of every value but None
+    must: str = ""  # what check asks, as the error says it: 'spheret_p must be > 0, got 0.0.'
+    in_key: bool = True
+    any_connection: bool = False
+
+    def checked(self, value: Any) -> Any:
+        """value, if it has the key's type (an int for a float key becomes a float; None only
+        where the default is None) and passes check; else a ValueError naming the key."""
+        kind = self.kind or type(self.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if value is None and self.default is None:
+            return value
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{self.key} must be a {kind.__name__}{' or None' if self.default is None else ''}, got {value!r}.")
+        if self.check is not None and not self.check(value):
+            raise ValueError(f"{self.key} must be {self.must}, got {value}.")
+        return value
 
 
 @dataclass(frozen=True)
@@ -457,7 +436,7 @@ class Connection(nn.Module):
     conn(h, sublayer) -> new h. What a connection needs beyond that, it declares here."""
 
     title = ""  # the paper's name of the method, a format string over params ('{spheret_p:g}-SpheretNorm')
-    params: tuple[MethodParam, ...] = ()  # model keys that make variants of this connection
+    params: tuple[MethodParam, ...] = ()  # the model keys of this connection alone (config.key)
     biases = True  # whether the model's Linear layers may have biases (bias=None: the block decides)
     tie_embeddings = True  # the LM head shares the token embedding's matrix (GPT-2)
     on_sphere = False  # every hidden state keeps its norm: its radial direction is no degree of freedom
@@ -550,6 +529,7 @@ class PreDyT(Connection):
     """Pre-DyT: h = h + F(DyT(h)); the final norm is DyT too."""
 
     title = "Pre-DyT"
+    params = (MethodParam("dyt_alpha", 0.5, "initial scalar a of DyT(x) = g * tanh(a x) + b", in_key=False, any_connection=True),)
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -568,6 +548,7 @@ class PeriLN(Connection):
     """Peri-LN: h = h + LN_out(F(LN_in(h))), optional LN on the embedding."""
 
     title = "Peri-LN"
+    params = (MethodParam("peri_embed_ln", False, "Peri-LN: also LayerNorm the embedding output", in_key=False, any_connection=True),)
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -587,6 +568,10 @@ class Keel(Connection):
     """Keel: h = LN_post(alpha * h + F(LN_in(h))), alpha fixed (default 2L sublayers)."""
 
     title = "Keel"
+    params = (
+        MethodParam("keel_alpha", None, "Keel's fixed residual scale; None means 2 * n_layer", kind=float,
+                    check=lambda a: a > 0, must="> 0 (or None for 2 * n_layer)", in_key=False, any_connection=True),
+    )
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
@@ -628,13 +613,10 @@ def depth_decay(config: GPTConfig, layer_idx: int, slot: int) -> float:
 
 
 class SphereConnection(Connection):
-    """Shared part of GeoNorm and SpheretNorm: tangent projection, step size, retraction.
-
-    A subclass names its retraction: an entry of retractions.RETRACTIONS, whose angle map
-    theta = phi(beta) is all that tells the four updates apart. reference_update below is the
-    update as the paper writes it, the spec in code; the fused paths (kernels.py,
-    triton_kernels.py) compute the same with a hand-derived backward.
-    """
+    """Shared part of GeoNorm and SpheretNorm: tangent projection, step size, retraction. A subclass
+    names its retraction (retractions.RETRACTIONS), whose angle map theta = phi(beta) alone tells the
+    four apart. reference_update is the paper's update, the spec in code; the fused paths
+    (kernels.py, triton_kernels.py) compute the same with a hand-derived backward."""
 
     retraction = ""  # a key of retractions.RETRACTIONS
     on_sphere = True
@@ -712,7 +694,10 @@ class PSpheretNorm(SphereConnection):
     """p-SpheretNorm: theta = p arctan(beta / p), capped at angle_max when p > 1."""
 
     title = "{spheret_p:g}-SpheretNorm"
-    params = (MethodParam("spheret_p", 0.5, "p of p-SpheretNorm: angle = p * arctan(beta / p)"),)
+    params = (
+        MethodParam("spheret_p", 0.5, "p of p-SpheretNorm: angle = p * arctan(beta / p)",
+                    check=lambda p: p > 0, must="> 0", any_connection=True),
+    )
     retraction = "p"
 
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
@@ -720,12 +705,9 @@ class PSpheretNorm(SphereConnection):
         self.p = config.spheret_p
 
 
-# nGPT (Loshchilov et al. 2024, "nGPT: Normalized Transformer with Representation Learning on
-# the Hypersphere", arXiv 2410.01131; reference code NVIDIA/ngpt). Its learnable scales use the
-# paper's parametrisation: a vector s stored at s_scale and used as s * (s_init / s_scale), so it
-# starts at s_init and Adam, whose steps ignore a parameter's scale, moves the used value
-# s_init / s_scale times as fast as the stored one. docs/CONNECTIONS.md lists where this
-# implementation departs from the reference.
+# nGPT (Loshchilov et al. 2024, arXiv 2410.01131; reference code NVIDIA/ngpt). A learnable scale s
+# is stored at s_scale and used as s * (s_init / s_scale); docs/CONNECTIONS.md gives the values
+# and where this implementation departs from the reference.
 
 NGPT_ALPHA_INIT = 0.05  # alpha_A and alpha_M at init (the paper's 0.05; its s_scale is 1 / sqrt(d))
 
@@ -804,13 +786,10 @@ def embedding_axis(name: str) -> int:
 
 @register_connection("ngpt")
 class NGPT(Connection):
-    """nGPT: h = Norm(h + alpha * (Norm(F(h)) - h)), every hidden state on the unit sphere.
-
-    alpha is a learnable eigen learning rate per dimension (|alpha| is used, as NVIDIA/ngpt
-    does); no normalisation layers, no biases, no weight decay; every matrix is renormalised
-    along the embedding dimension after each optimizer step, queries and keys are normalised
-    per head (NormalizedQK), the MLP's pre-activations scaled (ScaledHidden), and the logits
-    too (ScaledHead); the LM head has its own matrix.
+    """nGPT: h = Norm(h + |alpha| * (Norm(F(h)) - h)), alpha a learnable eigen learning rate per
+    dimension. No normalisation layers, biases or weight decay; every matrix renormalised after each
+    optimizer step; q, k, MLP pre-activations and logits scaled (NormalizedQK, ScaledHidden,
+    ScaledHead); an LM head of its own.
     """
 
     title = "nGPT"
@@ -900,9 +879,7 @@ class Block(nn.Module):
         self.conn_attn = connection(config, layer_idx, slot=0)
         self.conn_mlp = connection(config, layer_idx, slot=1)
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, pos: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> torch.Tensor:
         attn = self.attn if attn_mask is None and pos is None else functools.partial(self.attn, attn_mask=attn_mask, pos=pos)
         x = self.conn_attn(x, attn)
         x = self.conn_mlp(x, self.mlp)
@@ -910,12 +887,9 @@ class Block(nn.Module):
 
 
 def transformer_modules(config: GPTConfig, block: Callable[[GPTConfig, int], nn.Module]) -> nn.ModuleDict:
-    """Embeddings, the blocks block(config, l) for l = 1..L, and the final norm, by GPT-2's names.
-
-    LLaMA's block has no position table (wpe): its positions enter the attention by RoPE.
-
-    The exported Hugging Face model (spheretnorm/hf/folder.py) builds its body here too, with its cached block.
-    """
+    """Embeddings, the blocks block(config, l) for l = 1..L, and the final norm, by GPT-2's names
+    (LLaMA's block has no position table wpe: RoPE). The exported Hugging Face model builds its
+    body here too, with its cached block."""
     connection = CONNECTIONS[config.connection]
     modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
     if config.block == "gpt2":
@@ -965,25 +939,18 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; position embeddings excluded by default (as nanoGPT).
-
-        Token embeddings are counted because they are tied to the LM head.
-        """
+        """Parameter count; position embeddings excluded by default, token embeddings (tied to the head) counted, as nanoGPT."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Token embeddings (+ position embeddings in GPT-2's block), then the connection's embedding norm.
-
-        pos (B, T) overrides the positions 0..T-1 (packed rows restart them per segment).
-        """
+        """Token embeddings (+ position embeddings in GPT-2's block), then the connection's embedding
+        norm; pos (B, T) overrides the positions 0..T-1 (packed rows restart them per segment)."""
         b, t = idx.size()
         if t > self.config.block_size:
-            raise ValueError(
-                f"Cannot forward a sequence of length {t}; block_size is {self.config.block_size}."
-            )
+            raise ValueError(f"Cannot forward a sequence of length {t}; block_size is {self.config.block_size}.")
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:  # LLaMA's block places tokens by RoPE, in the attention
             if pos is None:
@@ -992,37 +959,24 @@ class GPT(nn.Module):
         return self.transformer.embed_norm(self.transformer.drop(x))
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        last_only: bool = False,
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, last_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, V) and, given targets, the mean cross-entropy (-1 ignored).
-
-        last_only=True computes logits for the last position only (fast sampling).
-        """
+        """Logits (B, T, V) and, given targets, the mean cross-entropy (-1 ignored); last_only=True
+        computes logits for the last position only (fast sampling)."""
         x = self.final_hidden(idx)
         if targets is not None:
             logits = self.lm_head(x)
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1
-            )
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
             return logits, loss
         if last_only:
             x = x[:, [-1], :]  # a list index keeps the time dimension
         return self.lm_head(x), None
 
-    def final_hidden(
-        self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The hidden states (B, T, d) that the LM head reads, after ln_f.
-
-        Callers that need logits at a few positions only (zero-shot scoring) apply
-        self.lm_head to those rows: the head is the largest matmul of a small model.
-        pos (B, T) and attn_mask (B, T, T, True = may attend) let one row hold several
-        sequences that share a prefix: every connection acts on each token alone, so only
-        the attention and the position embedding need to know where a sequence lies.
-        """
+    def final_hidden(self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The hidden states (B, T, d) that the LM head reads, after ln_f (zero-shot scoring applies
+        the head to the few rows it needs). pos (B, T) and attn_mask (B, T, T, True = may attend) let
+        one row hold several sequences that share a prefix: every connection acts on each token
+        alone, so only the attention and the position embedding need to know where one lies."""
         x = self.embed(idx, pos)
         for block in self.transformer.h:
             x = block(x, attn_mask, pos)
@@ -1040,29 +994,18 @@ class GPT(nn.Module):
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. to fine-tune at a smaller block size)."""
         if block_size > self.config.block_size:
-            raise ValueError(
-                f"block_size={block_size} is larger than the model's {self.config.block_size}."
-            )
+            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}.")
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def configure_optimizers(
-        self,
-        weight_decay: float,
-        learning_rate: float,
-        betas: tuple[float, float],
-        device_type: str,
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
     ) -> torch.optim.AdamW:
-        """AdamW with the connection's rules (Connection.optimizer_rule) for every parameter.
-
-        The paper's rule, every connection's here: decay on matrices and embeddings (dim >= 2)
-        only; biases, norm gains and every connection scalar (sphere a, ScaleNorm gamma, DyT
-        alpha) are 0-dim or 1-dim and so undecayed. Under μP (mup.py) each group also
-        carries lr_scale, the factor of its kind; its lr is learning_rate * lr_scale, and
-        the trainer's schedule multiplies by it too. Groups with equal (decay, lr_scale)
-        are one group, so without μP (or at the base width) there are two.
-        """
+        """AdamW with the connection's rules (Connection.optimizer_rule) for every parameter: the
+        paper's, decay on matrices and embeddings (dim >= 2) only, for every connection but nGPT.
+        Under μP (mup.py) a group's lr is learning_rate * lr_scale, the factor of its kind, which the
+        trainer's schedule applies too. Equal (decay, lr_scale) make one group: two without μP."""
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         ratio = self.config.mup_ratio
         connection = CONNECTIONS[self.config.connection]
@@ -1072,12 +1015,7 @@ class GPT(nn.Module):
             scale = lr_scale(param_kind(name, p), ratio) if ratio != 1.0 else 1.0
             grouped.setdefault((rule.decay, scale * rule.lr_factor), []).append(p)
         groups = [
-            {
-                "params": ps,
-                "weight_decay": weight_decay if decayed else 0.0,
-                "lr": learning_rate * scale,
-                "lr_scale": scale,
-            }
+            {"params": ps, "weight_decay": weight_decay if decayed else 0.0, "lr": learning_rate * scale, "lr_scale": scale}
             for (decayed, scale), ps in grouped.items()
         ]
         ids = [id(p) for g in groups for p in g["params"]]
@@ -1088,10 +1026,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
     def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float) -> float:
-        """Model FLOPs utilisation as a fraction of peak_flops (e.g. 989e12 for H100 bf16).
-
-        FLOPs per token follow the PaLM paper (Appendix B): 6N + 12 L H Q T.
-        """
+        """Model FLOPs utilisation as a fraction of peak_flops (e.g. 989e12 for H100 bf16); FLOPs per
+        token as the PaLM paper (Appendix B) counts them: 6N + 12 L H Q T."""
         cfg = self.config
         N = self.get_num_params()
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
@@ -1100,13 +1036,7 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-    ) -> torch.Tensor:
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
         """Sample max_new_tokens after the prompt idx (B, T); temperature 0 is greedy."""
         for _ in range(max_new_tokens):
             idx_cond = idx[:, -self.config.block_size :]
@@ -1122,7 +1052,3 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-
-
-

@@ -39,8 +39,12 @@ def metrics(out_dir: Path, kind: str, field: str) -> dict[str, float]:
 def test_old_checkpoint_loads() -> None:
     ckpt = load_checkpoint(HERE / "p_spheret_iter6.pt")
     assert ckpt["format"] == CHECKPOINT_FORMAT and "connection_params" not in ckpt["model_config"]
+    assert ckpt["model_config"]["spheret_p"] == 0.5  # at the top level, as GPTConfig fields were written then
     model = load_model(ckpt)
-    assert model.config.connection == "p_spheret" and model.config.connection_params == {}
+    # Read into today's form: the connection's parameter in connection_params, the keys of the
+    # other connections (dyt_alpha, keel_alpha, peri_embed_ln) left out.
+    assert model.config.connection == "p_spheret" and model.config.connection_params == {"spheret_p": 0.5}
+    assert model.config.spheret_p == 0.5 and not hasattr(model.config, "dyt_alpha")
 
 
 def test_same_seed_same_losses(golden_data: Path, tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.cli import REPO_ROOT
-from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, declared_params
+from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, MethodParam, declared_params
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
@@ -156,15 +156,26 @@ _FIELD_DEFAULTS = {f.name: f.default for cls in (GPTConfig, TrainConfig) for f i
 
 
 def param_keys() -> tuple[str, ...]:
-    """The method parameters that connection classes declare beyond GPTConfig's fields
-    (read at call time, so a connection registered after import counts)."""
-    return tuple(k for k in declared_params() if k not in MODEL_FIELDS)
+    """The parameters that connection classes declare (Connection.params), kept in
+    GPTConfig.connection_params (read at call time, so a connection registered after import counts)."""
+    return tuple(declared_params())
+
+
+def method_params(connection: str) -> tuple[MethodParam, ...]:
+    """The parameters of a connection that its method key holds (in_key), in declared order."""
+    return tuple(p for p in CONNECTIONS[connection].params if p.in_key)
+
+
+def param_type(param: MethodParam) -> Any:
+    """A declared parameter's type as a field's hint: float | None for keel_alpha (default None)."""
+    kind = param.kind or type(param.default)
+    return kind | None if param.default is None else kind
 
 
 def _key_type(key: str) -> Any:
     if key in _FIELD_TYPES:
         return _FIELD_TYPES[key]
-    return type(declared_params()[key].default)
+    return param_type(declared_params()[key])
 
 
 def _key_default(key: str) -> Any:
@@ -176,13 +187,11 @@ def _is_key(key: str) -> bool:
 
 
 def split_model_keys(values: dict[str, Any]) -> dict[str, Any]:
-    """GPTConfig keyword arguments of parsed model keys: declared parameters that are no field
-    go into connection_params."""
-    model_keys = {k: v for k, v in values.items() if k in MODEL_KEYS}
-    params = {k: v for k, v in values.items() if k in param_keys()}
-    if params:
-        model_keys["connection_params"] = params
-    return model_keys
+    """The model keys among parsed keys, as GPTConfig keyword arguments: its fields and the
+    declared parameters, which GPTConfig puts into connection_params itself."""
+    return {k: v for k, v in values.items() if k in MODEL_KEYS or k in param_keys()}
+
+
 # Choices of the model's string keys, for the same error message as the training keys.
 _MODEL_CHOICES = {
     "connection": CONNECTIONS,  # the registry itself, so a connection registered later counts
@@ -397,15 +406,15 @@ def param_text(value: Any) -> str:
 
 def method_key(cfg: GPTConfig) -> str:
     """The paper's method name: the connection, then the values of the parameters its class
-    declares (Connection.params), each after a ':'. 'p_spheret:0.5' means connection
-    p_spheret with spheret_p 0.5; a connection without parameters is its name alone."""
-    params = CONNECTIONS[cfg.connection].params
-    return ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in params)])
+    declares with in_key (method_params), each after a ':'. 'p_spheret:0.5' means connection
+    p_spheret with spheret_p 0.5; a connection without such parameters is its name alone."""
+    return ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
 
 
 def method_keys_neutral() -> frozenset[str]:
-    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS)."""
-    return frozenset({"connection", *declared_params()})
+    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS). A
+    parameter without in_key (dyt_alpha) is a setting: a changed value is a folder suffix."""
+    return frozenset({"connection", *(k for k, p in declared_params().items() if p.in_key)})
 
 
 def method_dirname(key: str) -> str:
@@ -496,12 +505,17 @@ def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig
 def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any], source: str = "checkpoint") -> list[str]:
     """'key: <source> has X, ... asks for Y' for every explicitly set model key that differs.
 
-    Execution keys (model.EXECUTION_KEYS, e.g. sphere_impl) change no result: never a conflict.
+    Both sides are compared as model_values gives them (a config saved by older code, with the
+    parameters at the top level, as well): a parameter that the connection does not declare
+    changes nothing, so it is no conflict either. Execution keys (model.EXECUTION_KEYS, e.g.
+    sphere_impl) change no result: never a conflict.
     """
+    have = model_values(saved, connection=GPTConfig.connection)  # a config without the key has the default
+    wanted = model_values(explicit, connection=have.get("connection"))
     return [
-        f"{k}: {source} has {saved[k]!r}, the config/command line asks for {v!r}"
-        for k, v in sorted(explicit.items())
-        if k in saved and saved[k] != v and k not in EXECUTION_KEYS
+        f"{k}: {source} has {have[k]!r}, the config/command line asks for {v!r}"
+        for k, v in sorted(wanted.items())
+        if k in have and have[k] != v and k not in EXECUTION_KEYS
     ]
 
 
@@ -570,7 +584,7 @@ def key_help() -> dict[str, str]:
     """The one-line help of every config key, with its choices where it has any."""
     model_comments, _ = field_comments(GPTConfig)
     train_comments, _ = field_comments(TrainConfig)
-    helps = {**_MODEL_HELP_GAPS, **model_comments, **train_comments}
+    helps = {**_MODEL_HELP_GAPS, **model_comments, **{k: p.help for k, p in declared_params().items()}, **train_comments}
     choices = {**_MODEL_CHOICES, **{f.name: (*f.metadata["choices"], *f.metadata["forms"]) for f in fields(TrainConfig) if "choices" in f.metadata}}
     for key, allowed in choices.items():
         helps[key] = f"{helps.get(key, '')} [one of: {', '.join(allowed)}]".strip()
@@ -607,11 +621,15 @@ def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
 
 
 def _param_entries() -> list[str]:
-    """The method parameters that connection classes declare beyond GPTConfig's fields."""
+    """The parameters that connection classes declare, with the connections that use them; one
+    in the method key (in_key) says so, as a launcher's --methods sets it."""
     params = declared_params()
     owners = {k: [c for c, cls in CONNECTIONS.items() if any(p.key == k for p in cls.params)] for k in param_keys()}
     return [
-        _help_entry(f"--{k}={_default_text(params[k].default)}", f"{params[k].help} (connection {', '.join(owners[k])})")
+        _help_entry(
+            f"--{k}={_default_text(params[k].default)}",
+            f"{params[k].help} (connection {', '.join(owners[k])}{'; in the method key' if params[k].in_key else ''})",
+        )
         for k in param_keys()
     ]
 
@@ -682,20 +700,49 @@ def _type_text(hint: Any) -> str:
 def config_from_dict(d: dict[str, Any]) -> GPTConfig:
     """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling).
 
-    Checkpoints from before connection_params existed have no such key; it defaults to {}.
     The values come from files (a checkpoint, a config.json), so each is checked against its
     field's type first: GPTConfig's own checks compare them with numbers and would fail with a
     TypeError on a string; a ValueError names the key, its type and the value found.
+
+    Configs saved before connection_params existed have no such key (it defaults to {}); those
+    saved up to commit 3ab3f93 hold spheret_p, dyt_alpha, keel_alpha and peri_embed_ln at the
+    top level, for every connection. A declared parameter at the top level is read into
+    connection_params when the connection declares it; another connection's (any_connection)
+    is checked and dropped: no connection but its own ever read it, so it changed nothing.
     """
     if not isinstance(d, dict):
         raise ValueError(f"A model config must be a dict of keys and values, got {type(d).__name__} {d!r:.80}.")
-    known = set(MODEL_FIELDS)
+    known = set(MODEL_FIELDS) | set(param_keys())
     unknown = sorted(set(d) - known, key=str)
     if unknown:
         raise ValueError(
             f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}."
         )
     for key, value in d.items():
-        if not value_fits(value, _MODEL_FIELD_TYPES[key]):
-            raise ValueError(f"{key} must be {_type_text(_MODEL_FIELD_TYPES[key])}, got {value!r:.80}.")
-    return GPTConfig(**d)
+        hint = _MODEL_FIELD_TYPES[key] if key in _MODEL_FIELD_TYPES else _key_type(key)
+        if not value_fits(value, hint):
+            raise ValueError(f"{key} must be {_type_text(hint)}, got {value!r:.80}.")
+    return GPTConfig(**d)  # the parameters at the top level join connection_params (GPTConfig's keywords)
+
+
+def model_keys_of(d: dict[str, Any]) -> dict[str, Any]:
+    """The model keys of a dict that holds other keys too (an exported folder's config.json):
+    GPTConfig's fields and the declared parameters it has at the top level (written so up to
+    commit 3ab3f93), as config_from_dict reads them."""
+    return {k: v for k, v in d.items() if k in MODEL_FIELDS or k in param_keys()}
+
+
+def model_values(d: dict[str, Any], connection: str | None = None) -> dict[str, Any]:
+    """The model keys of a saved or requested config, flat and in today's form, for comparing
+    two of them: every key of GPTConfig but connection_params, then the parameters of the
+    connection (d's own, else `connection`) from connection_params or the top level (configs
+    saved up to 3ab3f93). Parameters the connection does not declare are left out: they change
+    nothing. No value is checked: a run's config.json may be anything."""
+    connection = d.get("connection", connection)
+    declares = {p.key for p in CONNECTIONS[connection].params} if connection in CONNECTIONS else set()
+    nested = d.get("connection_params")
+    params = {**d, **(nested if isinstance(nested, dict) else {})}
+    return {
+        **{k: v for k, v in d.items() if k in MODEL_KEYS},
+        **{k: v for k, v in params.items() if k in declares},
+    }

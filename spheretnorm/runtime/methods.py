@@ -1,8 +1,9 @@
 """Method keys: the paper's names of model variants, as the launcher, tables and exports write them.
 
 A *method key* is a key of ``model.CONNECTIONS`` followed by the values of the parameters its
-class declares (``Connection.params``), each after a ':': ``p_spheret:0.5`` is p-SpheretNorm
-with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm. Keys map to train.py arguments, run
+class declares with ``in_key`` (``Connection.params``, ``config.method_params``), each after a
+':': ``p_spheret:0.5`` is p-SpheretNorm with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm
+(``dyt_alpha``, ``keel_alpha`` and ``peri_embed_ln`` are no part of it). Keys map to train.py arguments, run
 folders and W&B names through ``spheretnorm.runtime.config`` (``method_key``,
 ``method_dirname``, ``resolve_wandb_names``), so every command names a run as train.py does.
 """
@@ -16,14 +17,15 @@ from typing import Any, Mapping
 
 from spheretnorm.model import CONNECTIONS, GPTConfig
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
-from spheretnorm.runtime.config import ConfigError, TrainConfig, method_key, parse_value, resolve_wandb_names, split_model_keys
+from spheretnorm.runtime.config import ConfigError, TrainConfig, method_key, method_params, parse_value, resolve_wandb_names
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
 
 
 def method_form(name: str) -> str:
     """How a method key of connection `name` is written: 'p_spheret:P' for one with a parameter."""
-    return ":".join([name, *(p.key.upper() if len(CONNECTIONS[name].params) > 1 else "P" for p in CONNECTIONS[name].params)])
+    params = method_params(name)
+    return ":".join([name, *(p.key.upper() if len(params) > 1 else "P" for p in params)])
 
 
 
@@ -34,12 +36,12 @@ def valid_methods_text() -> str:
 
 def method_model_keys(key: str) -> dict[str, Any]:
     """The model keys of a method key: the connection, then one value per parameter its class
-    declares (Connection.params): 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5.
+    declares with in_key (method_params): 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5.
     A parameter left out takes its default."""
     connection, *values = key.strip().split(":")
     if connection not in CONNECTIONS:
         raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}.")
-    params = CONNECTIONS[connection].params
+    params = method_params(connection)
     if len(values) > len(params):
         raise UsageError(f"Method {key!r}: {connection} takes the form {method_form(connection)}; valid methods are: {valid_methods_text()}.")
     keys: dict[str, Any] = {"connection": connection}
@@ -47,14 +49,14 @@ def method_model_keys(key: str) -> dict[str, Any]:
         try:
             keys[param.key] = parse_value(param.key, text)
         except ConfigError:
-            raise UsageError(f"Method {key!r}: {param.key} must be a {type(param.default).__name__}, as in {method_form(connection)}.") from None
+            raise UsageError(f"Method {key!r}: {param.key} must be a {(param.kind or type(param.default)).__name__}, as in {method_form(connection)}.") from None
     return keys
 
 
 
 def method_config(key: str) -> GPTConfig:
     try:
-        return GPTConfig(**split_model_keys(method_model_keys(key)))
+        return GPTConfig(**method_model_keys(key))
     except ValueError as e:
         if isinstance(e, UsageError):
             raise
@@ -71,8 +73,7 @@ def canonical_method(key: str) -> str:
 def method_args(key: str) -> list[str]:
     """train.py arguments of a method: ['--connection=p_spheret', '--spheret_p=0.5']."""
     cfg = method_config(key)
-    params = CONNECTIONS[cfg.connection].params
-    return [f"--connection={cfg.connection}", *(f"--{p.key}={getattr(cfg, p.key)}" for p in params)]
+    return [f"--connection={cfg.connection}", *(f"--{p.key}={getattr(cfg, p.key)}" for p in method_params(cfg.connection))]
 
 
 
@@ -89,7 +90,7 @@ def display_name(key: str) -> str:
     except UsageError:
         return key
     connection = CONNECTIONS[cfg.connection]
-    values = {p.key: getattr(cfg, p.key) for p in connection.params}
+    values = {p.key: getattr(cfg, p.key) for p in method_params(cfg.connection)}
     return connection.title.format(**values) if connection.title else cfg.connection
 
 
