@@ -38,7 +38,7 @@ from spheretnorm.hf.release import FORMATS
 from spheretnorm.hf.folder import HFFolderError, export_hf, load_folder_model
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, load_model
-from scripts import export_hf as export_cli
+from spheretnorm.hf import export_cli
 from spheretnorm.runtime.config import ConfigError, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def test_pre_ln_is_a_plain_gpt2_or_llama_and_the_others_carry_their_code(exporte
             assert type(load_hf(folder)) is cls
         else:
             assert config["model_type"] == "spheretnorm" and config["connection"] == ours.config.connection
-            assert code == ["configuration_spheretnorm.py", "modeling_spheretnorm.py"]
+            assert {"configuration_spheretnorm.py", "modeling_spheretnorm.py", "model.py"} <= set(code)
         assert {"model.safetensors", "generation_config.json", "tokenizer.json", "vocab.json", "merges.txt"} <= {p.name for p in folder.iterdir()}
         assert not list(folder.glob("*.bin")) and not list(folder.glob("*.pt"))  # no pickle anywhere
 
@@ -174,7 +174,8 @@ def test_positions_beyond_block_size_are_one_clear_error(exported: dict[str, tup
         hf(torch.zeros(1, BLOCK + 1, dtype=torch.long))
 
 
-BLOCKED_IMPORTS = {"spheretnorm", "model", "common", "data", "eval"}
+# The repository's top-level names (and a test's connection module), which the exported code must never import.
+BLOCKED_IMPORTS = {"spheretnorm", "model", "common", "data", "eval", "tests", "deepnorm_connection"}
 STANDALONE_SCRIPT = """
 import importlib.abc, json, sys
 BLOCKED = set(sys.argv[3].split(","))
@@ -186,51 +187,93 @@ class NoRepository(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoRepository())
+sys.modules["triton"] = None  # as if triton were not installed: importing it fails, find_spec says None
 import torch
 from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
-with torch.no_grad():
-    print(json.dumps(model(torch.tensor(json.loads(sys.argv[2]))).logits[0, -1].tolist()))
+ids = torch.tensor(json.loads(sys.argv[2]))
+logits = []
+for folder in json.loads(sys.argv[1]):  # one after the other, in this one process
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits.append(model(ids).logits)
+torch.save(logits, sys.argv[4])
 """
+
+
+def standalone_logits(folders: list[Path], ids: torch.Tensor, tmp_path: Path) -> list[torch.Tensor]:
+    """The logits of each folder's model on ids, the folders loaded one after the other in one
+    fresh process that can import neither spheretnorm (nor the repository's other modules) nor
+    triton. It runs in the first folder's parent, where the folder's name could pass for a module."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    out = tmp_path / "standalone_logits.pt"
+    args = [json.dumps([str(f) for f in folders]), json.dumps(ids.tolist()), ",".join(sorted(BLOCKED_IMPORTS)), str(out)]
+    result = subprocess.run([sys.executable, "-c", STANDALONE_SCRIPT, *args], cwd=folders[0].parent, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out)
+
+
+def absolute_import_roots(source: str) -> set[str]:
+    """The top-level names a file imports absolutely, anywhere in it."""
+    roots = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+# Besides the standard library: kernels.py imports triton inside the fused paths only, which the
+# exported model never takes (standalone_logits runs it with triton absent).
+STANDALONE_PACKAGES = {"torch", "transformers", "triton"}
 
 
 def test_exported_code_needs_only_torch_and_transformers(exported: dict[str, tuple[GPT, Path]], tmp_path: Path) -> None:
     ours, folder = exported["cay_spheret-sublayer-linear"]
     copy = shutil.copytree(folder, tmp_path / "elsewhere" / "model")
     for path in copy.glob("*.py"):
-        roots = {
-            (node.module or "").split(".")[0] if isinstance(node, ast.ImportFrom) and not node.level else alias.name.split(".")[0]
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and not (isinstance(node, ast.ImportFrom) and node.level)
-            for alias in node.names
-        }
-        assert roots <= {"__future__", "dataclasses", "math", "typing", "torch", "transformers"}, path.name
-    ids = [[3, 1, 4, 1, 5, 9, 2, 6]]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    result = subprocess.run(
-        [sys.executable, "-c", STANDALONE_SCRIPT, str(copy), json.dumps(ids), ",".join(BLOCKED_IMPORTS)],
-        cwd=tmp_path / "elsewhere", env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    theirs = torch.tensor(json.loads(result.stdout.strip().splitlines()[-1]))
-    torch.testing.assert_close(theirs, logits_of(ours, torch.tensor(ids))[0, -1], atol=1e-5, rtol=0)
+        outside = absolute_import_roots(path.read_text()) - set(sys.stdlib_module_names) - STANDALONE_PACKAGES
+        assert not outside, path.name
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    (theirs,) = standalone_logits([copy], ids, tmp_path)
+    torch.testing.assert_close(theirs, logits_of(ours, ids), atol=1e-5, rtol=0)
 
 
-def test_exported_code_is_written_from_model_py() -> None:
-    """The standalone file carries model.py's classes as they are, not a second hand-kept copy."""
-    import inspect
+def test_the_shipped_core_files_are_the_packages_own(exported: dict[str, tuple[GPT, Path]]) -> None:
+    """model.py and the core modules it imports are copied byte for byte, not written from a
+    hand-kept list of names; the wrapper files of spheretnorm/hf/remote/ too."""
+    from transformers.dynamic_module_utils import get_relative_import_files
 
-    from spheretnorm import model
+    package, remote = Path(hf_folder.__file__).parents[1], Path(hf_folder.__file__).with_name("remote")
+    core = {"model.py", "kernels.py", "mup.py", "retractions.py"}  # triton_kernels.py: the fused paths only
+    for variant in ("geonorm", "ngpt-llama", "keel-alpha-3"):
+        folder = exported[variant][1]
+        assert {p.name for p in folder.glob("*.py")} == core | {"configuration_spheretnorm.py", "modeling_spheretnorm.py", "connection_spheretnorm.py"}
+        for name in core:
+            assert (folder / name).read_bytes() == (package / name).read_bytes(), name
+        for name in ("configuration_spheretnorm.py", "modeling_spheretnorm.py"):
+            assert (folder / name).read_bytes() == (remote / name).read_bytes(), name
+        # What transformers copies into its module cache (the files `from .X import` lines name) is every file shipped.
+        copied = {Path(f).name for f in get_relative_import_files(folder / "modeling_spheretnorm.py")}
+        assert copied | {"modeling_spheretnorm.py"} == {p.name for p in folder.glob("*.py")}
 
-    modeling = hf_folder.remote_code_files()["modeling_spheretnorm.py"]
-    written = {*CONNECTIONS.values(), model.SphereConnection, model.ScaleNorm, model.MLP, model.transformer_modules,
-               model.RMSNorm, model.SwiGLU, model.rotate, model.CausalSelfAttention, model.NormalizedQK, model.ScaledHead}
-    for cls in written:
-        source = inspect.getsource(cls)
-        # The export's registry is a plain dict, so a class comes without its @register_connection line.
-        assert source[source.index("class ") if source.startswith("@") else 0 :] in modeling
-    assert "from model import" not in modeling and ">>> model.py" not in modeling
+
+def test_the_core_is_found_by_its_relative_imports_and_may_not_import_spheretnorm_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "model.py").write_text("from .kernels import fused\n")
+    (tmp_path / "kernels.py").write_text("def fused():\n    from . import triton_kernels  # lazily, and transformers sees no such line\n")
+    monkeypatch.setattr(hf_folder, "PACKAGE_DIR", tmp_path)
+    assert sorted(hf_folder.core_files()) == ["kernels.py", "model.py"]
+    (tmp_path / "kernels.py").write_text("import torch\nfrom spheretnorm.runtime import config\n")
+    with pytest.raises(RuntimeError, match=r"kernels\.py imports spheretnorm by name \(line 2\); the export copies it unchanged"):
+        hf_folder.core_files()
+
+
+def test_the_connection_file_registers_the_checkpoints_connection(exported: dict[str, tuple[GPT, Path]]) -> None:
+    text = (exported["p_spheret"][1] / "connection_spheretnorm.py").read_text()
+    assert "from .model import PSpheretNorm, register_connection\n" in text
+    assert text.endswith("\nCONNECTION = register_connection('p_spheret')(PSpheretNorm)\n")
 
 
 # -----------------------------------------------------------------------------

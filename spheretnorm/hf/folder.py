@@ -3,8 +3,9 @@
 Export (scripts/export_hf.py) writes config.json, model.safetensors, generation_config.json,
 the tokenizer and a README model card. A pre_ln model is exactly GPT-2 (block=gpt2) or
 Llama (block=llama), so it becomes a plain GPT2LMHeadModel (hf/gpt2.py) or LlamaForCausalLM
-(hf/llama.py); every other connection, nGPT included, ships its own code (remote/, with
-model.py's classes written in) that transformers loads with trust_remote_code=True.
+(hf/llama.py); every other connection, nGPT included, ships its own code that transformers
+loads with trust_remote_code=True: the wrapper files of remote/ and spheretnorm's model-core
+files, copied whole (see "The custom code" below).
 
 Import (train.py --init_from=hf:DIR) reads either kind of folder, a GPT-2 folder such as
 the hub's `gpt2` saved locally (nanoGPT's init_from=gpt2*), or a Llama folder whose features
@@ -15,37 +16,35 @@ and the weights file.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
-import pprint
-import re
 import shutil
-import textwrap
 import zipfile
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 import spheretnorm.model as model_module
-from spheretnorm.runtime.checkpoint import load_model
 from spheretnorm import mup
-from spheretnorm import kernels, retractions
-from spheretnorm.runtime.token_files import char_vocabulary, read_json_object
 from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
 from spheretnorm.hf.llama import LLAMA_KEYS, from_llama_state, llama_features, to_hf_llama
-from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, Connection, GPTConfig
+from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import (
     apply_umask,
     check_weights,
     is_state_dict,
+    load_model,
     read_safetensors,
     read_torch_file,
     tie_head,
     untie_head,
 )
-from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.config import config_from_dict, model_keys_of
+from spheretnorm.runtime.token_files import char_vocabulary, read_json_object
+
 REMOTE_DIR = Path(__file__).with_name("remote")
 CONFIG_MODULE = "configuration_spheretnorm"
 MODELING_MODULE = "modeling_spheretnorm"
@@ -67,134 +66,193 @@ class HFFolderError(ValueError):
 
 
 # -----------------------------------------------------------------------------
-# The standalone custom code: remote/ with model.py's classes written in
+# The custom code: whole files, copied
+#
+# A folder's code is the two wrapper files of remote/ and model.py with the core modules it
+# imports, each copied as it is; connection_spheretnorm.py, written here, imports the
+# checkpoint's connection and registers it. A connection defined outside model.py adds the
+# file of its module, whose imports of the core are made relative (`from .model import ...`).
+# transformers copies into its module cache the files that `from .X import` lines name,
+# recursively, and imports them as one package: so every file is named in such a line. Its
+# cache entry for a file is named by a hash of the file and of those it imports, and it maps a
+# configuration class to the first model class it loaded for it: the configuration file
+# imports connection_spheretnorm.py as well, so that two exports whose code differs never
+# share a configuration class, nor so a model class (tests/test_export_own_module.py).
 
-_MARKED_BLOCK = r"^([ \t]*)# >>> {name}[^\n]*\n.*?# <<< {name}\n"
+PACKAGE_DIR = Path(model_module.__file__).parent
+CORE_ENTRY = "model"  # the core module the wrapper imports; the rest follow from its imports
+CONNECTION_MODULE = "connection_spheretnorm"
 
 
-def _replace_marked_block(text: str, name: str, replacement: str) -> str:
-    """Swap the lines between '# >>> name' and '# <<< name' (the markers included), the
-    replacement indented as the opening marker is (a block inside a class body)."""
-    pattern = re.compile(_MARKED_BLOCK.format(name=re.escape(name)), re.DOTALL | re.MULTILINE)
-    if len(pattern.findall(text)) != 1:
-        raise RuntimeError(f"spheretnorm/hf/remote/ must mark exactly one block '# >>> {name}'.")
-    return pattern.sub(lambda match: textwrap.indent(replacement, match.group(1)), text)
+def relative_imports(source: str) -> list[str]:
+    """X of every `from .X import ...` in source, inside functions too: what transformers' loader
+    copies beside a file (it reads these lines only, not `from . import X`)."""
+    tree = ast.parse(source)
+    found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module]
+    return sorted(set(found))
 
 
-def _connection_classes() -> list[type]:
-    """Every connection class with its bases before it, in model.py's order.
+def package_imports(source: str) -> list[ast.Import | ast.ImportFrom]:
+    """The statements of source that import spheretnorm by name, or anything relatively, in line order."""
 
-    All of them, not only the checkpoint's: every export then carries the same code, which
-    transformers needs. It registers the model class of a remote config class at its first
-    load, so a second folder in the same process whose configuration file is the same but
-    whose modeling file held another connection would get the first folder's classes.
+    def imports_package(node: ast.AST) -> bool:
+        if isinstance(node, ast.Import):
+            return any(alias.name.split(".")[0] == "spheretnorm" for alias in node.names)
+        return isinstance(node, ast.ImportFrom) and bool(node.level or (node.module or "").split(".")[0] == "spheretnorm")
+
+    nodes = [node for node in ast.walk(ast.parse(source)) if imports_package(node)]
+    return sorted(nodes, key=lambda node: (node.lineno, node.col_offset))
+
+
+def read_source(path: Path) -> str:
+    # Bytes decoded as they are (no newline translation), so a copied file is byte-identical.
+    return path.read_bytes().decode("utf-8")
+
+
+def core_files() -> dict[str, str]:
+    """{file name: source} of model.py and the package modules it imports relatively, recursively.
+
+    They are copied unchanged, so none may import spheretnorm by name: the folder has no package.
     """
-    ordered: list[type] = []
-    for cls in CONNECTIONS.values():
-        for base in reversed(cls.__mro__):
-            if issubclass(base, Connection) and base not in ordered:
-                ordered.append(base)
-    return ordered
+    found: dict[str, str] = {}
+    pending = [CORE_ENTRY]
+    while pending:
+        path = PACKAGE_DIR / f"{pending.pop()}.py"
+        if path.name in found:
+            continue
+        if not path.is_file():
+            raise RuntimeError(f"A module of spheretnorm's model core imports .{path.stem}, which is no file of {PACKAGE_DIR}.")
+        source = found[path.name] = read_source(path)
+        named = [node.lineno for node in package_imports(source) if not isinstance(node, ast.ImportFrom) or not node.level]
+        if named:
+            raise RuntimeError(f"{path} imports spheretnorm by name (line {named[0]}); the export copies it unchanged, so its imports of the core must be relative.")
+        pending += relative_imports(source)
+    return found
 
 
-_REGISTER_LINE = re.compile(r"^@register_connection\(.*\)\n", re.MULTILINE)
+def wrapper_files() -> dict[str, str]:
+    """{file name: source} of the transformers wrapper (remote/), copied unchanged."""
+    return {f"{name}.py": read_source(REMOTE_DIR / f"{name}.py") for name in (CONFIG_MODULE, MODELING_MODULE)}
 
 
-def _sources(objects: list[Callable | type]) -> str:
-    """The objects' source code; the export's registry is a plain dict, so no decorators."""
-    return "\n\n".join(_REGISTER_LINE.sub("", textwrap.dedent(inspect.getsource(obj))).strip() + "\n" for obj in objects)
+def refusal(connection: str, problem: str, remedy: str) -> HFFolderError:
+    """The one-sentence error of a connection whose module a folder cannot ship."""
+    return HFFolderError(f"Connection {connection!r} cannot be exported: {problem}; {remedy}.")
 
 
-def retraction_table_source() -> str:
-    """retractions.py after its imports: the table, EPS and step_size, needing only torch."""
-    text = inspect.getsource(retractions)
-    return text[text.index("\nTensor = ") :].strip() + "\n"
+def relative_statement(node: ast.Import | ast.ImportFrom, core: list[str], connection: str, source_name: str) -> str:
+    """An import of spheretnorm's core (`core`: model, kernels, ...) as the import of the folder's
+    copies: `from spheretnorm.model import X` -> `from .model import X`, `from spheretnorm import
+    model` -> `from . import model`, `import spheretnorm.model as m` -> `from . import model as m`;
+    anything else is refused (an HFFolderError naming the module and what may be imported)."""
+    allowed = ", ".join(f"spheretnorm.{name}" for name in core)
+    remedy = f"a connection's module may import {allowed} (the folder ships them beside it) and packages other than spheretnorm"
+
+    def refuse(what: str) -> HFFolderError:
+        return refusal(connection, f"its module {source_name} imports {what} (line {node.lineno})", remedy)
+
+    if isinstance(node, ast.ImportFrom):
+        if node.level:  # a sibling of the module's package, which the folder does not have
+            raise refuse(f"{'.' * node.level}{node.module or ''} relatively")
+        inner = node.module.removeprefix("spheretnorm").removeprefix(".")
+        names = [alias.name for alias in node.names] if not inner else [inner]
+        outside = [name for name in names if name not in core]
+        if outside:
+            raise refuse(f"spheretnorm.{outside[0]}")
+        return ast.unparse(ast.ImportFrom(module=inner or None, names=node.names, level=1))
+    statements = []
+    others = [alias for alias in node.names if alias.name.split(".")[0] != "spheretnorm"]
+    if others:
+        statements.append(ast.unparse(ast.Import(names=others)))
+    for alias in node.names:
+        if alias in others:
+            continue
+        inner = alias.name.removeprefix("spheretnorm").removeprefix(".")
+        if inner not in core:
+            raise refuse(alias.name)
+        if alias.asname is None:  # binds the name `spheretnorm`, which the folder cannot give
+            raise refusal(connection, f"its module {source_name} imports {alias.name} without `as` (line {node.lineno}), binding the name spheretnorm, which the folder has not",
+                          f"write `from spheretnorm import {inner}` or `import {alias.name} as {inner}`")
+        statements.append(f"from . import {inner} as {alias.asname}")
+    return "; ".join(statements)
 
 
-def _registry_source(name: str, registry: dict[str, Callable | type]) -> str:
-    """A registry dict of model.py (name -> class) as code, over the classes written in."""
-    entries = "".join(f"    {key!r}: {value.__name__},\n" for key, value in registry.items())
-    return f"{name} = {{\n{entries}}}\n"
+def with_relative_core_imports(source: str, core: list[str], connection: str, source_name: str) -> str:
+    """source with every import of spheretnorm's core made relative (relative_statement); each
+    statement is replaced where it stands, the rest of the text is left as it is."""
+    starts = [0]  # byte offset of each line: ast's column offsets count UTF-8 bytes
+    data = source.encode("utf-8")
+    for line in data.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    # Every statement checked in line order (a refusal names the first), then spliced from the end
+    # of the text, so that the offsets of the earlier ones stay valid.
+    edits = [(node, relative_statement(node, core, connection, source_name)) for node in package_imports(source)]
+    for node, statement in reversed(edits):
+        begin = starts[node.lineno - 1] + node.col_offset
+        end = starts[node.end_lineno - 1] + node.end_col_offset
+        data = data[:begin] + statement.encode("utf-8") + data[end:]
+    return data.decode("utf-8")
 
 
-# model.py's constants that its classes written into the export read (RoPE's base, RMSNorm's
-# eps, nGPT's initial eigen learning rate): written as their values.
-MODEL_CONSTANTS = ("ROPE_BASE", "RMS_NORM_EPS", "NGPT_ALPHA_INIT")
+def connection_source_file(connection: str, cls: type) -> Path:
+    """The .py file of the module that defines the connection's class, which must hold the class
+    under its qualified name (that is how the folder imports it)."""
+    module = inspect.getmodule(cls)
+    path = Path(getattr(module, "__file__", None) or "")
+    if module is None or path.suffix != ".py" or not path.is_file():
+        raise refusal(connection, f"its class {cls.__qualname__} is defined in {getattr(module, '__name__', cls.__module__)!r}, which has no Python source file (an interactive session or a notebook, say)",
+                      "define it in a .py file, which the export ships")
+    found: Any = module
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if found is not cls:
+        raise refusal(connection, f"its class {cls.__qualname__} is no top-level name of {path}", "define the class at the top level of its module, from where the folder imports it")
+    return path
 
 
-def standalone_model_source() -> str:
-    """The code model.py contributes to the exported modeling file, self-contained."""
-    standalone = (REMOTE_DIR / "standalone_kernels.py").read_text(encoding="utf-8")
-    stand_ins = standalone[standalone.index("\ndef ") :].strip() + "\n"  # the functions, not the module header
-    constants = "".join(f"{name} = {getattr(model_module, name)!r}\n" for name in MODEL_CONSTANTS)
-    sublayers = [
-        model_module.inverse_softplus,
-        model_module.LayerNorm,
-        model_module.DyT,
-        model_module.ScaleNorm,
-        model_module.RMSNorm,
-        model_module.block_norm,
-        model_module.unit,
-        model_module.rotary_cos_sin,
-        model_module.apply_rotary,
-        model_module.rotate,
-        model_module.CausalSelfAttention,
-        model_module.MLP,
-        model_module.SwiGLU,
-    ]
-    connections = [
-        model_module.depth_decay,
-        model_module.MethodParam,
-        model_module.OptimRule,
-        # nGPT's sublayer scales and head (its connection builds them), and its weight renormalisation
-        model_module.ngpt_scaling,
-        model_module.scaled_vector,
-        model_module.NormalizedQK,
-        model_module.ScaledHidden,
-        model_module.ScaledHead,
-        model_module.UnitNorm,
-        model_module.embedding_axis,
-        *_connection_classes(),
-    ]
+def own_module_file(connection: str, path: Path, core: list[str]) -> str:
+    """The source of a connection's own module as the folder holds it, beside the core modules
+    `core` (model, kernels, ...): its imports of the core made relative."""
+    taken = sorted({*core, CONFIG_MODULE, MODELING_MODULE, CONNECTION_MODULE, "__init__"})
+    if path.stem in taken:
+        raise refusal(connection, f"its module's file name {path.name} is taken in the folder by one of {', '.join(taken)}", "rename the module")
+    if not path.stem.isidentifier():
+        raise refusal(connection, f"its module's file name {path.name} is no Python identifier, so the folder cannot import it", "rename the module")
+    return with_relative_core_imports(read_source(path), core, connection, str(path))
+
+
+def connection_file(connection: str, cls: type, module: str) -> str:
+    """connection_spheretnorm.py: the checkpoint's connection class, imported from its module and
+    registered under the checkpoint's name (model.py's own classes register themselves as well;
+    registering a class again under its name changes nothing)."""
+    top = cls.__qualname__.split(".")[0]
+    if module == CORE_ENTRY:
+        imports = [f"from .{CORE_ENTRY} import {top}, register_connection"]
+    else:
+        imports = [f"from .{CORE_ENTRY} import register_connection", f"from .{module} import {top}"]
     return (
-        "# ---- written from spheretnorm's retractions.py, kernels.py and hf/remote/standalone_kernels.py\n\n"
-        + retraction_table_source()
-        + "\n\n"
-        + _sources([kernels.compute_dtype, kernels.ScaleToRadius, kernels.scale_to_radius])
-        + "\n\n"
-        + stand_ins
-        + "\n\n# ---- written from spheretnorm's model.py\n\n"
-        + constants
-        + "\n\n"
-        + _sources(sublayers)
-        + "\n\n"
-        + _registry_source("BLOCK_MLPS", model_module.BLOCK_MLPS)
-        + "\n\n"
-        + _sources(connections)
-        + "\n\n"
-        + _registry_source("CONNECTIONS", CONNECTIONS)
-        + "\n\n"
-        + _sources([model_module.transformer_modules])
-        + "\n\n# ---- end of model.py's code\n"
+        f'"""The deep connection of this folder, {connection!r}: {cls.__qualname__} of {module}.py, in model.py\'s CONNECTIONS.\n\n'
+        "Written by spheretnorm/hf/folder.py at export. configuration_spheretnorm.py and\n"
+        "modeling_spheretnorm.py import CONNECTION from here. transformers copies a file into its\n"
+        "module cache only where a `from .module import` line names it, so the class's module is\n"
+        'imported in that form.\n"""\n\n'
+        + "\n".join(imports)
+        + f"\n\nCONNECTION = register_connection({connection!r})({cls.__qualname__})\n"
     )
 
 
-def model_defaults() -> dict[str, Any]:
-    """GPTConfig's keys and defaults, less the execution keys (the export runs the reference)."""
-    return {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig) if f.name not in EXECUTION_KEYS}
-
-
-def remote_code_files() -> dict[str, str]:
-    """{file name: text} of the custom code an exported folder carries."""
-    config_text = (REMOTE_DIR / f"{CONFIG_MODULE}.py").read_text(encoding="utf-8")
-    modeling_text = (REMOTE_DIR / f"{MODELING_MODULE}.py").read_text(encoding="utf-8")
-    defaults = f"MODEL_DEFAULTS = {pprint.pformat(model_defaults(), sort_dicts=False)}\n"
-    properties = _sources([GPTConfig.keel_scale.fget, GPTConfig.mlp_hidden.fget])
-    config_text = _replace_marked_block(config_text, "GPTConfig properties", properties)
-    return {
-        f"{CONFIG_MODULE}.py": _replace_marked_block(config_text, "GPTConfig defaults", defaults),
-        f"{MODELING_MODULE}.py": _replace_marked_block(modeling_text, "model.py", standalone_model_source()),
-    }
+def remote_code_files(connection: str) -> dict[str, str]:
+    """{file name: source} of the custom code of a folder whose model runs `connection`: the
+    wrapper, the model core, connection_spheretnorm.py and, for a connection defined outside
+    model.py, its module. An HFFolderError refuses a module the folder cannot ship."""
+    cls = CONNECTIONS[connection]
+    path = connection_source_file(connection, cls)
+    core = core_files()
+    files = {**wrapper_files(), **core}
+    if path.resolve() not in {(PACKAGE_DIR / name).resolve() for name in core}:
+        files[path.name] = own_module_file(connection, path, sorted(Path(name).stem for name in core))
+    files[f"{CONNECTION_MODULE}.py"] = connection_file(connection, cls, path.stem)
+    return files
 
 
 # -----------------------------------------------------------------------------
@@ -299,8 +357,8 @@ def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
             "AutoModelForCausalLM": f"{MODELING_MODULE}.{REMOTE_MODEL_CLASS}",
         },
         **model_keys,
-        # μP's factor on the final hidden state (mup.py), so that the exported code need not
-        # carry the rules table; 1.0 when μP is off.
+        # μP's factor on the final hidden state (1.0 when μP is off), for readers of config.json;
+        # the exported code computes it with its copy of mup.py, as GPT.final_hidden does.
         "logit_multiplier": mup.output_multiplier(cfg.mup_ratio),
         **special,
         "tie_word_embeddings": CONNECTIONS[cfg.connection].tie_embeddings,  # nGPT's head is its own
@@ -308,12 +366,13 @@ def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def write_remote_model(model: GPT, out: Path, special: dict[str, int]) -> None:
-    """Every other connection: the custom code, config.json and our state dict as safetensors."""
+def write_remote_model(model: GPT, out: Path, special: dict[str, int], code: dict[str, str] | None = None) -> None:
+    """Every other connection: the custom code (`code`, remote_code_files of the model's
+    connection when None), config.json and our state dict as safetensors."""
     from safetensors.torch import save_file
 
-    for name, text in remote_code_files().items():
-        (out / name).write_text(text, encoding="utf-8")
+    for name, text in (code or remote_code_files(model.config.connection)).items():
+        (out / name).write_bytes(text.encode("utf-8"))  # bytes: no newline translation, copies stay identical
     (out / "config.json").write_text(json.dumps(remote_config(model.config, special), indent=2) + "\n", encoding="utf-8")
     save_file(untie_head(model.state_dict()), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
 
@@ -342,11 +401,13 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the chec
     kind = tokenizer_kind(ckpt, source)
     model = load_model(ckpt).eval()
     special = special_token_ids(kind)
+    # The code before any file: a connection whose module the folder cannot ship is refused with none written.
+    code = None if plain_model_class(model.config) else remote_code_files(model.config.connection)
     out.mkdir(parents=True, exist_ok=True)
-    if plain_model_class(model.config):
+    if code is None:
         write_plain_model(model, out, special)
     else:
-        write_remote_model(model, out, special)
+        write_remote_model(model, out, special, code)
     write_generation_config(out, special)
     write_tokenizer(out, kind, ckpt)
     for path in out.iterdir():  # the safetensors files come out 0600 (apply_umask says why)
@@ -419,8 +480,8 @@ def folder_model_config(folder: str | Path) -> dict[str, Any]:
         keys = gpt2_model_config(hf)
     elif model_type == "llama":
         keys = llama_model_config(hf)
-    elif model_type == REMOTE_MODEL_TYPE:
-        keys = {k: hf[k] for k in model_defaults() if k in hf}
+    elif model_type == REMOTE_MODEL_TYPE:  # an export, of this code or an older one: its model keys, whatever else it holds
+        keys = model_keys_of(hf)
     else:
         raise HFFolderError(
             f"{str(folder)!r} holds a {model_type!r} model; init_from=hf: reads model types gpt2, llama and {REMOTE_MODEL_TYPE}."

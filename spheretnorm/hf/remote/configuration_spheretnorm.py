@@ -1,19 +1,35 @@
 """Hugging Face configuration of a spheretnorm GPT (custom code, loaded with trust_remote_code=True).
 
-The model keys and their defaults are those of spheretnorm's GPTConfig; spheretnorm/hf/folder.py writes
-them into the exported copy of this file, so the folder needs nothing from the repository.
+This file runs only inside an exported folder, where spheretnorm/hf/folder.py has copied it
+unchanged beside spheretnorm's model.py and the model-core files model.py imports (so its
+relative imports do not resolve in the repository). The model keys and their defaults are
+model.py's GPTConfig fields; modeling_spheretnorm.py turns them back into a GPTConfig.
 """
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
+from typing import Any
+
 from transformers import PretrainedConfig
 
-# >>> GPTConfig defaults: spheretnorm/hf/folder.py replaces these lines with the dict itself.
-from spheretnorm.hf.folder import model_defaults  # noqa: E402
-from spheretnorm.model import GPTConfig  # noqa: E402
+# The folder's connection, registered in model.py's CONNECTIONS (written at export). Imported
+# here as well as in the modeling file so that this file's entry in transformers' module cache,
+# named by a hash of the file and of what it imports relatively, covers all of the folder's
+# code: transformers maps a configuration class to the model class it first loaded for it, so
+# two exports whose code differs must never share this class.
+from .connection_spheretnorm import CONNECTION  # noqa: F401
+from .model import EXECUTION_KEYS, GPTConfig
 
-MODEL_DEFAULTS = model_defaults()
-# <<< GPTConfig defaults
+
+def model_defaults() -> dict[str, Any]:
+    """GPTConfig's keys and defaults (fresh ones: no two configs share a dict), less the execution
+    keys: the exported model always runs the reference sphere update."""
+    return {
+        f.name: f.default_factory() if f.default is MISSING else f.default
+        for f in fields(GPTConfig)
+        if f.name not in EXECUTION_KEYS
+    }
 
 
 class SpheretNormConfig(PretrainedConfig):
@@ -26,19 +42,8 @@ class SpheretNormConfig(PretrainedConfig):
         "max_position_embeddings": "block_size",
     }
 
-    def __init__(self, **kwargs) -> None:
-        for key, default in MODEL_DEFAULTS.items():
+    def __init__(self, **kwargs: Any) -> None:
+        for key, default in model_defaults().items():
             setattr(self, key, kwargs.pop(key, default))
-        # A connection's own parameters are read as attributes, as from spheretnorm's GPTConfig.
-        for key, value in (self.connection_params or {}).items():
-            setattr(self, key, value)
-        # The exported model always runs the reference (unfused) sphere update in plain torch.
-        self.sphere_impl = "reference"
         kwargs.setdefault("tie_word_embeddings", True)
         super().__init__(**kwargs)
-
-    # The GPTConfig properties that model.py's classes read (Keel's scale, the MLP's width).
-    # >>> GPTConfig properties: spheretnorm/hf/folder.py replaces these lines with their source.
-    keel_scale = GPTConfig.keel_scale
-    mlp_hidden = GPTConfig.mlp_hidden
-    # <<< GPTConfig properties

@@ -1,19 +1,18 @@
 """Hugging Face model of a spheretnorm GPT (custom code, loaded with trust_remote_code=True).
 
-The connections, norms and MLP are spheretnorm's model.py classes, written into the exported
-copy of this file by spheretnorm/hf/folder.py (in the repository's template an import stands in their
-place), so that a fix in model.py reaches every later export and the folder needs only torch
-and transformers. What is added
-here is what transformers needs: attention with a key/value cache, padding masks, and the
-PreTrainedModel / GenerationMixin interface. Parameter names are model.py's, so the
-safetensors file holds GPT.state_dict() as it is.
+This file runs only inside an exported folder, where spheretnorm/hf/folder.py has copied it
+unchanged beside spheretnorm's model.py and the model-core files model.py imports, whole
+(kernels.py, mup.py, retractions.py): the connections, norms, MLP and GPTConfig below are
+model.py's own, so the folder needs only torch and transformers. connection_spheretnorm.py,
+written at export, registers the checkpoint's connection (and imports the module it was
+defined in, when that is not model.py). What is added here is what transformers needs:
+attention with a key/value cache, padding masks, and the PreTrainedModel / GenerationMixin
+interface. Parameter names are model.py's, so the safetensors file holds GPT.state_dict() as it is.
 """
 
 from __future__ import annotations
 
-import math  # noqa: F401 - model.py's classes, written in below, use it
-from dataclasses import dataclass  # noqa: F401 - so does the retraction table
-from typing import Any, Callable  # noqa: F401
+from dataclasses import fields
 
 import torch
 import torch.nn as nn
@@ -23,13 +22,20 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_spheretnorm import SpheretNormConfig
+from .connection_spheretnorm import CONNECTION  # noqa: F401 - registers the folder's connection in CONNECTIONS
+from .model import BLOCK_MLPS, CONNECTIONS, EXECUTION_KEYS, CausalSelfAttention, GPTConfig, transformer_modules
+from .mup import output_multiplier
 
 # transformers 5.2x renamed the model outputs' past_key_values to cache: use this version's name.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# >>> model.py: spheretnorm/hf/folder.py replaces these lines with model.py's classes.
-from spheretnorm.model import BLOCK_MLPS, CONNECTIONS, CausalSelfAttention, transformer_modules  # noqa: E402
-# <<< model.py
+
+def model_config(config: SpheretNormConfig) -> GPTConfig:
+    """model.py's GPTConfig of the folder's config, so that model.py's classes read their keys,
+    properties (mlp_hidden, keel_scale) and a connection's declared parameters as in training.
+    The sphere updates run the reference path, in plain torch (no fused or Triton kernel)."""
+    keys = {f.name: getattr(config, f.name) for f in fields(GPTConfig) if f.name not in EXECUTION_KEYS}
+    return GPTConfig(**keys, sphere_impl="reference")
 
 
 def causal_padding_mask(
@@ -58,7 +64,7 @@ class SpheretNormAttention(CausalSelfAttention):
     q/k norm (nGPT) applied, so the cache holds keys as the attention reads them.
     """
 
-    def __init__(self, config: SpheretNormConfig, cache_index: int):
+    def __init__(self, config: GPTConfig, cache_index: int):
         super().__init__(config)
         self.cache_index = cache_index  # 0-based, as transformers' caches count layers
 
@@ -81,7 +87,7 @@ class SpheretNormAttention(CausalSelfAttention):
 class SpheretNormBlock(nn.Module):
     """model.py's Block: two connection calls, the first around the cached attention."""
 
-    def __init__(self, config: SpheretNormConfig, layer_idx: int):
+    def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         connection = CONNECTIONS[config.connection]
         self.attn = SpheretNormAttention(config, layer_idx - 1)
@@ -114,9 +120,10 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: SpheretNormConfig):
         super().__init__(config)
-        connection = CONNECTIONS[config.connection]
-        self.transformer = transformer_modules(config, SpheretNormBlock)
-        self.lm_head = connection.lm_head(config)  # nGPT's scales its logits
+        self.gpt_config = model_config(config)  # what model.py's classes read; self.config is transformers'
+        connection = CONNECTIONS[self.gpt_config.connection]
+        self.transformer = transformer_modules(self.gpt_config, SpheretNormBlock)
+        self.lm_head = connection.lm_head(self.gpt_config)  # nGPT's scales its logits
         if not connection.tie_embeddings:
             self._tied_weights_keys = {}  # nGPT's head has its own matrix, in the weights file
         self.post_init()
@@ -167,7 +174,9 @@ class SpheretNormForCausalLM(SpheretNormPreTrainedModel, GenerationMixin):
         x = self.transformer.embed_norm(self.transformer.drop(x))
         for block in self.transformer.h:
             x = block(x, cache, mask, positions)
-        x = self.transformer.ln_f(x) * getattr(self.config, "logit_multiplier", 1.0)  # μP (model.py's final_hidden)
+        x = self.transformer.ln_f(x)
+        multiplier = output_multiplier(self.gpt_config.mup_ratio)  # μP, as model.py's GPT.final_hidden
+        x = x if multiplier == 1.0 else x * multiplier
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         logits = self.lm_head(x)
