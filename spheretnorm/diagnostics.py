@@ -2,8 +2,14 @@
 
 residual_stream_report runs one batch through a GPT (model.py), hands each hidden state and
 each attention matrix to these functions and returns the numbers; train.py decides when to
-call it and where to write them. The model does not import this module. Every function reduces to a plain float, averaged over the tokens of
-the batch, so a metrics row stays small at any model size.
+call it and where to write them. The model does not import this module. Every function reduces
+to a plain float, averaged over the tokens of the batch, so a metrics row stays small at any
+model size.
+
+DIAGNOSTICS is the one table of what an eval row holds besides the losses: each entry's key,
+what its index counts, its labels, its scale, whether it is drawn, shown on the console and
+summarised in the CPU studies' tables. Every reader (runtime/tracking.py, experiments/figures.py,
+experiments/study.py) takes the diagnostics from it; none keeps a list of its own.
 
 Shapes: a hidden state h is (B, T, d); an attention matrix is (B, n_head, T, T) with rows the
 queries (each row sums to 1 over the keys it may see).
@@ -11,7 +17,9 @@ queries (each row sums to 1 over the keys it may see).
 
 from __future__ import annotations
 
-from typing import Any
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -20,16 +28,119 @@ from spheretnorm.model import SphereConnection
 
 # Guards the divisions below against an all-zero state (never seen in a trained model).
 EPS = 1e-12
-# The per-layer lists of residual_stream_report, and what their index counts (for W&B names and plots).
-DIAGNOSTIC_SERIES = {
-    "rms": "layer",
-    "massive_ratio": "layer",
-    "massive_top": "layer",
-    "attn_sink": "block",
-    "angle": "sublayer",
-    "contribution": "sublayer",
-    "update_ratio": "sublayer",
+
+# What a series' index counts: the layer states (the embedding output, then each block's
+# output), the blocks, or the connection calls (two per block).
+INDEXES = ("layer", "block", "sublayer")
+SCALES = ("linear", "log")
+# Where a diagnostic is measured: one val batch through the model (residual_stream_report), or
+# the model's parameters alone (step_sizes).
+SOURCES = ("batch", "parameters")
+
+
+def _last_over_first(values: list[float]) -> float | None:
+    # Below 1: the last sublayer does less than the first (the curse of depth); no ratio to a 0.
+    return values[-1] / values[0] if values[0] > 0 else None
+
+
+# How a study reduces a diagnostic of one eval row to one number (Summary.reduce).
+REDUCTIONS: dict[str, Callable[[Any], float | None]] = {
+    "value": lambda value: value,
+    "mean": statistics.fmean,
+    "max": max,
+    "last/first": _last_over_first,
 }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One number a study's table shows of a diagnostic of a run's last evaluation."""
+
+    key: str  # its key in the study's rows (and <study>.json)
+    reduce: str  # a name of REDUCTIONS
+    header: str  # its column header
+    fmt: str  # its format spec in a table cell
+
+    def __post_init__(self) -> None:
+        if self.reduce not in REDUCTIONS:
+            raise ValueError(f"Summary {self.key!r}: reduce={self.reduce!r} is none of {', '.join(REDUCTIONS)}.")
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One diagnostic of an eval row: its key, what its values are, and how every reader shows it.
+
+    The console line, the metrics rows, W&B (runtime/tracking.py), the figures
+    (experiments/figures.py) and the CPU studies' tables (experiments/study.py) all read
+    DIAGNOSTICS; an entry here and its numbers in the row are all a new diagnostic needs.
+    """
+
+    name: str  # its key in the eval row; W&B: diag.<name>/<index>_NN per entry and diag/<name>_mean, ...
+    index: str | None  # what a list's index counts (INDEXES); None: one number per row
+    label: str  # what it is, in figure titles and colour bars
+    short: str  # its name on the console line
+    source: str = "batch"  # SOURCES
+    scale: str = "linear"  # SCALES: the colour (or y) scale of its figure
+    drawn: bool = False  # plot.py --diagnostics draws it (a heatmap for a series, a line per run for a number)
+    console: str = ""  # its format spec on the eval console line; "": not shown there
+    summaries: tuple[Summary, ...] = ()  # the columns a study's table gives it
+
+    def __post_init__(self) -> None:
+        for field_name, value, allowed in (("index", self.index, (None, *INDEXES)), ("scale", self.scale, SCALES), ("source", self.source, SOURCES)):
+            if value not in allowed:
+                raise ValueError(f"Diagnostic {self.name!r}: {field_name}={value!r} is none of {', '.join(map(str, allowed))}.")
+
+    @property
+    def is_series(self) -> bool:
+        return self.index is not None
+
+    def summarise(self, value: Any) -> dict[str, float | None]:
+        """Its study columns for one eval row's value (None: the row lacks it, or it is empty)."""
+        present = value is not None and value != []
+        return {s.key: REDUCTIONS[s.reduce](value) if present else None for s in self.summaries}
+
+
+# Every diagnostic of an eval row. The series are in the order residual_stream_report fills
+# them, so a metrics row keeps its key order; final_cosine, the collapse alarm's number, leads
+# the console line and the study tables.
+DIAGNOSTICS: tuple[Diagnostic, ...] = (
+    Diagnostic("final_cosine", None, "mean pairwise cosine of the final states", "final cosine", console=".3f",
+               summaries=(Summary("final_cosine", "value", "final cosine", ".3f"),)),
+    Diagnostic("rms", "layer", "RMS of the state", "rms", console=".2f"),
+    # The two ratios span decades between the first and the last layers, the attention sink does not.
+    Diagnostic("massive_ratio", "layer", "max |h| / median |h|", "massive max/med", scale="log", drawn=True,
+               summaries=(Summary("massive_ratio", "max", "massive max/med", ".1f"),)),
+    Diagnostic("massive_top", "layer", "max |h|", "massive max"),
+    Diagnostic("attn_sink", "block", "attention mass on the first token", "attn sink", drawn=True,
+               summaries=(Summary("attn_sink", "mean", "attn sink", ".3f"),)),
+    Diagnostic("angle", "sublayer", "angle (radians) between h before and h after", "angle"),
+    Diagnostic("contribution", "sublayer", "layer contribution 1 - cos(h before, h after)", "1 - cos", scale="log", drawn=True,
+               summaries=(Summary("contribution", "mean", "1 - cos", ".4f"), Summary("contribution_last_first", "last/first", "last/first", ".2f"))),
+    Diagnostic("update_ratio", "sublayer", "update ||h after - h before|| / ||h before||", "update", scale="log", drawn=True,
+               summaries=(Summary("update_ratio", "mean", "update", ".3f"),)),
+    Diagnostic("step_sizes", "sublayer", "sphere step size alpha", "alpha", source="parameters"),
+)
+
+
+# The same entries by eval-row key (a view of DIAGNOSTICS, not a second list).
+DIAGNOSTIC_BY_NAME: dict[str, Diagnostic] = {d.name: d for d in DIAGNOSTICS}
+
+
+def lacking(rows_per_run: Sequence[Sequence[dict[str, Any]]], entries: Iterable[Diagnostic]) -> dict[str, int]:
+    """{name: how many runs have eval rows but none with it}, for the entries some runs lack.
+
+    A run written before a diagnostic existed has no key for it; an empty list (step_sizes of a
+    Euclidean model) is a value, not an absence, and a run with no eval row yet lacks nothing.
+    """
+    evaluated = [rows for rows in rows_per_run if rows]
+    counts = {d.name: sum(not any(d.name in row for row in rows) for rows in evaluated) for d in entries}
+    return {name: n for name, n in counts.items() if n}
+
+
+def lacking_note(counts: dict[str, int], runs: int, consequence: str) -> str:
+    """One sentence naming each diagnostic some runs lack, how many lack it, and what that means."""
+    named = ", ".join(f"{name} ({n} of {runs} runs)" for name, n in counts.items())
+    return f"note: runs written before a diagnostic existed lack it, so it is {consequence} for them: {named}."
 
 
 def rms(h: torch.Tensor) -> float:
@@ -99,11 +210,11 @@ def final_cosine(h: torch.Tensor) -> float:
 
 @torch.no_grad()
 def residual_stream_report(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, Any]:
-    """Every series of DIAGNOSTIC_SERIES and final_cosine for one batch through a GPT (model.py):
-    the embedding output, then each block's two connection calls, with the attention weights
-    read where the connection hands the attention its input."""
+    """Every batch diagnostic of DIAGNOSTICS for one batch through a GPT (model.py): the
+    embedding output, then each block's two connection calls, with the attention weights read
+    where the connection hands the attention its input."""
     x = model.embed(idx)
-    out: dict[str, Any] = {key: [] for key in DIAGNOSTIC_SERIES}
+    out: dict[str, Any] = {d.name: [] for d in DIAGNOSTICS if d.source == "batch" and d.is_series}
     _record_layer(out, x)
     for block in model.transformer.h:
         sink: list[float] = []

@@ -15,16 +15,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 import train
-from spheretnorm.runtime import methods
 from spheretnorm.runtime.run_folder import EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, EXIT_OK, CollapseError
-from spheretnorm.runtime.tracking import wandb_payload
-from spheretnorm.diagnostics import residual_stream_report
+from spheretnorm.runtime.tracking import RunLog, wandb_payload
+from spheretnorm.diagnostics import DIAGNOSTICS, residual_stream_report
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.experiments import grid as runs
@@ -216,6 +216,38 @@ def test_eval_rows_carry_the_diagnostics_and_their_cost(data_dir: Path, tmp_path
     assert row["eval_s"] > 0 and row["diag_s"] > 0
     payload = wandb_payload(row)
     assert "diag.attn_sink/block_01" in payload and "diag.update_ratio/sublayer_03" in payload
+    # The row's format: the diagnostics sit between eval_s and diag_s, in this order.
+    assert list(row) == ["kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s", "rms",
+                         "massive_ratio", "massive_top", "attn_sink", "angle", "contribution", "update_ratio", "final_cosine",
+                         "step_sizes", "diag_s"]
+
+
+def test_every_diagnostic_of_the_table_reaches_the_row_and_w_and_b(data_dir: Path, tmp_path: Path) -> None:
+    """The table and the eval row agree both ways: no diagnostic is written that the table lacks,
+    and every entry is in the row and in W&B under its index."""
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=2", "--eval_interval=2", "--connection=geonorm"))
+    row = read_metrics(tmp_path, "eval")[-1]
+    report = residual_stream_report(tiny_model("geonorm"), tokens())
+    assert set(report) == {d.name for d in DIAGNOSTICS if d.source == "batch"}
+    losses_and_times = {"kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s", "diag_s"}
+    assert set(row) - losses_and_times == {d.name for d in DIAGNOSTICS}
+    payload = wandb_payload(row)
+    assert all(isinstance(v, (int, float)) for v in payload.values())  # every list flattened
+    for entry in DIAGNOSTICS:
+        if entry.is_series:
+            assert len(row[entry.name]) > 0, entry.name
+            assert f"diag.{entry.name}/{entry.index}_00" in payload and f"diag/{entry.name}_mean" in payload
+        else:
+            assert payload[f"diag/{entry.name}"] == row[entry.name]
+
+
+def test_the_eval_console_line_shows_the_tables_console_diagnostics(capsys: pytest.CaptureFixture) -> None:
+    row = {"kind": "eval", "iter": 5, "train_eval_loss": 2.1, "val_loss": 2.0, "val_ppl": math.exp(2.0), "rms": [1.0, 1.5, 2.0],
+           "final_cosine": 0.2, "attn_sink": [0.5], "step_sizes": []}
+    RunLog(None, True, None).log_eval(row)
+    assert capsys.readouterr().out == "eval iter 5 | train 2.1000 | val 2.0000 (ppl 7.39) | final cosine 0.200 | rms 1.00 -> 2.00\n"
+    RunLog(None, True, None).log_eval({k: v for k, v in row.items() if k != "rms"})  # a row without it: left out
+    assert capsys.readouterr().out == "eval iter 5 | train 2.1000 | val 2.0000 (ppl 7.39) | final cosine 0.200\n"
 
 
 def test_classify_reads_the_collapse_exit_code_and_stop_rows(tmp_path: Path) -> None:
@@ -239,7 +271,7 @@ def orthonormal_complement(point: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("connection", ["pre_ln", "geonorm", "p_spheret", "ngpt"])
 @pytest.mark.parametrize("scope", ["self", "prefix"])
 def test_jacobian_singular_values_match_the_dense_jacobian(connection: str, scope: str) -> None:
-    from scripts import jacobian
+    from spheretnorm.experiments import conditioning as jacobian
 
     model = tiny_model(connection).double()
     with torch.no_grad():
@@ -266,7 +298,7 @@ def test_lanczos_on_a_tangent_space_finds_the_true_smallest_singular_value() -> 
     values in 0.42-0.73, one of 2.3 and one of 0.02): without the projection onto the tangent
     space, the rounding-level radial part of the Lanczos vectors grew into a whole vector and a
     spurious sigma_min of about 1e-8 replaced the true 0.02."""
-    from scripts import jacobian
+    from spheretnorm.experiments import conditioning as jacobian
 
     d = 128
     g = torch.Generator().manual_seed(3)
@@ -286,7 +318,7 @@ def test_lanczos_on_a_tangent_space_finds_the_true_smallest_singular_value() -> 
 
 
 def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path) -> None:
-    from scripts import jacobian
+    from spheretnorm.experiments import conditioning as jacobian
 
     for name, connection in (("a", "pre_ln"), ("b", "geonorm")):
         train.main(tiny_args(data_dir, tmp_path / name, "--max_iters=2", "--eval_interval=2", f"--connection={connection}"))
@@ -300,7 +332,7 @@ def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path)
 
 
 def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from scripts import launch
+    from spheretnorm.experiments import launcher as launch
 
     filters = ["--runs_root", str(tmp_path), "--methods", "pre_ln,geonorm", "--scales", "S", "--datasets", "openwebtext"]
     stopped = tmp_path / "openwebtext_s" / "geonorm"
@@ -314,29 +346,102 @@ def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, cap
     assert runs.exit_text(3) == "stopped: collapse (exit status 3)" and runs.exit_text(7) == "exit status 7"
 
 
+def eval_rows(scale: float, drop: tuple[str, ...] = ()) -> list[dict]:
+    """Three eval rows of a 2-block model with every drawn diagnostic, less those in drop."""
+    rows = [
+        {"kind": "eval", "iter": i, "attn_sink": [0.1 * scale] * 2, "massive_ratio": [5.0 + i] * 3,
+         "contribution": [1e-3 * (k + 1) for k in range(4)], "update_ratio": [0.1 * (k + 1) for k in range(4)], "final_cosine": 0.1 * scale}
+        for i in (0, 10, 20)
+    ]
+    return [{k: v for k, v in r.items() if k not in drop} for r in rows]
+
+
 def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
     from spheretnorm.experiments import figures as plot
 
     def run(method: str, alpha_index: str, scale: float) -> runs.Run:
-        evals = [
-            {"kind": "eval", "iter": i, "attn_sink": [0.1 * scale] * 2, "massive_ratio": [5.0 + i] * 3,
-             "contribution": [1e-3 * (k + 1) for k in range(4)], "update_ratio": [0.1 * (k + 1) for k in range(4)]}
-            for i in (0, 10, 20)
-        ]
-        return runs.Run(tmp_path, {"method": method, "alpha_index": alpha_index}, evals, None)
+        return runs.Run(tmp_path, {"method": method, "alpha_index": alpha_index}, eval_rows(scale), None)
 
     chosen = [run("p_spheret:0.5", "sublayer", 2.0), run("pre_ln", "block", 1.0), run("p_spheret:0.5", "block", 3.0)]
     assert plot.diagnostic_matrix(chosen[0], "update_ratio")[1].shape == (4, 3)  # sublayers x evaluations
     paths = plot.plot_diagnostics(chosen, "tiny", tmp_path / "fig")
-    assert sorted(p.name for p in paths) == sorted(f"fig_{k}.{ext}" for k in plot.HEATMAPS for ext in ("png", "pdf"))
+    drawn = [d.name for d in DIAGNOSTICS if d.drawn]
+    assert drawn == ["massive_ratio", "attn_sink", "contribution", "update_ratio"]
+    assert sorted(p.name for p in paths) == sorted(f"fig_{k}.{ext}" for k in drawn for ext in ("png", "pdf"))
     assert all(p.stat().st_size > 0 for p in paths)
     assert plot.run_label(chosen[0]) == "0.5-SpheretNorm (alpha_index=sublayer)"
-    with pytest.raises(methods.UsageError, match="predate the diagnostics"):
-        plot.plot_diagnostics([runs.Run(tmp_path, {"method": "pre_ln"}, [{"kind": "eval", "iter": 0}], None)], "old", tmp_path / "old")
+
+
+def record_figures(plot: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """{file stem: figure} of every figure plot writes from now on; the files are still written."""
+    figures: dict[str, Any] = {}
+    save = plot.save_figure
+
+    def recording(fig: Any, out: Path) -> list[Path]:
+        figures[out.name] = fig
+        return save(fig, out)
+
+    monkeypatch.setattr(plot, "save_figure", recording)
+    return figures
+
+
+def test_runs_without_any_diagnostic_are_drawn_blank_with_one_note(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from spheretnorm.experiments import figures as plot
+
+    figures = record_figures(plot, monkeypatch)
+    old = runs.Run(tmp_path, {"method": "pre_ln"}, [{"kind": "eval", "iter": 0, "val_loss": 3.0}], None)
+    paths = plot.plot_diagnostics([old], "old", tmp_path / "old")
+    drawn = [d.name for d in DIAGNOSTICS if d.drawn]
+    assert sorted(p.name for p in paths) == sorted(f"old_{k}.{ext}" for k in drawn for ext in ("png", "pdf"))
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert all(not fig.axes[0].images for fig in figures.values())  # every panel empty
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note == ("note: runs written before a diagnostic existed lack it, so it is drawn blank for them: "
+                    "massive_ratio (1 of 1 runs), attn_sink (1 of 1 runs), contribution (1 of 1 runs), update_ratio (1 of 1 runs).")
+
+
+def test_a_newer_diagnostic_is_drawn_blank_for_the_runs_that_predate_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from spheretnorm.experiments import figures as plot
+
+    figures = record_figures(plot, monkeypatch)
+    new = runs.Run(tmp_path, {"method": "geonorm"}, eval_rows(1.0), None)
+    old = runs.Run(tmp_path, {"method": "pre_ln"}, eval_rows(2.0, drop=("update_ratio",)), None)  # written before update_ratio
+    paths = plot.plot_diagnostics([new, old], "mixed", tmp_path / "mixed")
+    assert len(paths) == 2 * len([d for d in DIAGNOSTICS if d.drawn]) and all(p.stat().st_size > 0 for p in paths)
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.endswith("drawn blank for them: update_ratio (1 of 2 runs).")
+    # Panels in the paper's method order: Pre-LN (the old run), then GeoNorm.
+    old_panel, new_panel = figures["mixed_update_ratio"].axes[:2]
+    assert old_panel.get_title() == "Pre-LN" and not old_panel.images
+    assert "no update_ratio" in old_panel.texts[0].get_text()
+    assert new_panel.get_title() == "GeoNorm" and new_panel.images[0].get_array().shape == (4, 3)
+    assert all(len(ax.images) == 1 for ax in figures["mixed_attn_sink"].axes[:2])  # its other figures are whole
+
+    # A single number is a line per run: the run without it has none.
+    plot.plot_diagnostic([new, runs.Run(tmp_path, {"method": "pre_ln"}, eval_rows(2.0, drop=("final_cosine",)), None)],
+                         "final_cosine", "mixed", tmp_path / "cosine")
+    (line,) = figures["cosine"].axes[0].lines
+    assert line.get_label() == "GeoNorm" and list(line.get_ydata()) == [0.1, 0.1, 0.1]
+
+
+def test_study_summaries_leave_a_newer_diagnostic_blank_with_one_note(capsys: pytest.CaptureFixture) -> None:
+    from spheretnorm.experiments import study
+
+    new, old = eval_rows(1.0)[-1], eval_rows(2.0, drop=("update_ratio",))[-1]
+    summaries = study.diagnostic_summaries([new, old, None])  # None: a run with no evaluation yet
+    assert summaries[0] == {"final_cosine": 0.1, "massive_ratio": 25.0, "attn_sink": pytest.approx(0.1),
+                            "contribution": pytest.approx(2.5e-3), "contribution_last_first": pytest.approx(4.0), "update_ratio": pytest.approx(0.25)}
+    assert summaries[1]["update_ratio"] is None and summaries[1]["attn_sink"] == pytest.approx(0.2) and summaries[2] == {}
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.endswith("so it is '-' in the table for them: update_ratio (1 of 2 runs).")
+    assert [c.header for c in study.summary_columns()] == ["final cosine", "massive max/med", "attn sink", "1 - cos", "last/first", "update"]
+    assert study.summary_cells(summaries[1]) == ["0.200", "25.0", "0.200", "0.0025", "4.00", "-"]
 
 
 def test_lanczos_finds_every_eigenvalue_of_a_singular_operator() -> None:
-    from scripts import jacobian
+    from spheretnorm.experiments import conditioning as jacobian
 
     # diag(3, 2, 1, 0) as J J^T: exact in 4 steps, the zero included.
     eigen = torch.tensor([9.0, 4.0, 1.0, 0.0], dtype=torch.float64)

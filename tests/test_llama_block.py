@@ -7,13 +7,12 @@ alone.
 
 from __future__ import annotations
 
-import importlib.util
 import math
+from collections.abc import Iterator
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -288,42 +287,49 @@ def test_gpt2_pre_ln_state_dict_is_unchanged() -> None:
     assert isinstance(model.transformer.h[0].conn_attn.ln, LayerNorm)
 
 
+# What the package before --block computes: run in a subprocess on that commit's own package
+# (git archive), so that the comparison holds however the package is laid out today.
+OLD_PACKAGE_SCRIPT = """
+import sys, torch
+from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
+idx = torch.randint(0, 48, (2, 16), generator=torch.Generator().manual_seed(5))
+out = {}
+for connection in CONNECTIONS:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=48, connection=connection)).eval()
+    with torch.no_grad():
+        out[connection] = {"state": model.state_dict(), "logits": model(idx)[0], "idx": idx}
+torch.save(out, sys.argv[1])
+"""
+
+
 @pytest.fixture(scope="module")
-def model_before_blocks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    """model.py as it was before --block, imported under its own name (it shares the rest of the package)."""
-    source = subprocess.run(
-        ["git", "show", f"{COMMIT_BEFORE_BLOCKS}:spheretnorm/model.py"], cwd=REPO, capture_output=True, text=True
-    )
-    if source.returncode != 0:
-        pytest.skip(f"no git history with {COMMIT_BEFORE_BLOCKS} here: {source.stderr.strip()[:200]}")
-    path = tmp_path_factory.mktemp("old_model") / "model_before_blocks.py"
-    path.write_text(source.stdout)
-    name = "model_before_blocks"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and get_type_hints look the module up by name
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[name]
+def before_blocks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
+    """Per connection of the package before --block: its initial weights at seed 0 and its logits."""
+    root = tmp_path_factory.mktemp("before_blocks")
+    archive = subprocess.run(["git", "archive", "--format=tar", COMMIT_BEFORE_BLOCKS, "spheretnorm"], cwd=REPO, capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"no git history with {COMMIT_BEFORE_BLOCKS} here: {archive.stderr.decode().strip()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    out = root / "before.pt"
+    # That commit's spheretnorm, not the installed one; the fused update in eager ops, as in this test.
+    env = {**os.environ, "PYTHONPATH": str(root), "SPHERETNORM_EAGER_KERNELS": "1"}
+    result = subprocess.run([sys.executable, "-c", OLD_PACKAGE_SCRIPT, str(out)], cwd=root, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return torch.load(out, weights_only=True)
 
 
-def test_gpt2_block_builds_and_computes_as_before(model_before_blocks: ModuleType) -> None:
-    old = model_before_blocks
-    idx = torch.randint(0, 48, (2, 16), generator=torch.Generator().manual_seed(5))
-    assert set(old.CONNECTIONS) <= set(CONNECTIONS)
-    for connection in old.CONNECTIONS:
+def test_gpt2_block_builds_and_computes_as_before(before_blocks: dict[str, dict[str, torch.Tensor]]) -> None:
+    assert set(before_blocks) <= set(CONNECTIONS) and len(before_blocks) >= 10
+    for connection, old in before_blocks.items():
         keys = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=48, connection=connection)
-        torch.manual_seed(0)
-        before = old.GPT(old.GPTConfig(**keys)).eval()
         now = seeded_model(**keys)
-        want, got = before.state_dict(), now.state_dict()
+        want, got = old["state"], now.state_dict()
         assert list(got) == list(want), connection
         for key in want:
             assert torch.equal(got[key], want[key]), f"{connection}: {key} differs at the same seed"
         with torch.no_grad():
-            assert torch.equal(now(idx)[0], before(idx)[0]), connection
+            assert torch.equal(now(old["idx"])[0], old["logits"]), connection
 
 
 # -----------------------------------------------------------------------------

@@ -18,11 +18,13 @@ from typing import Any, Callable
 
 import pytest
 
+from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.experiments import grid as runs, tabulate as tables
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE_S = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # the paper's S
+LENGTHS = {"layer": 13, "block": 12, "sublayer": 24}  # values per eval row at S: the embedding output and 12 blocks, two sublayers each
 
 # -----------------------------------------------------------------------------
 # A healthy runs root
@@ -37,7 +39,7 @@ def write_run(root: Path, dataset: str, method: str, val: float, zero_shot: dict
     out = run_dir(root, dataset, method)
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps({"dataset": dataset, "method": method, "max_iters": 100, **SHAPE_S}))
-    diagnostics = {"attn_sink": [0.5] * 12, "massive_ratio": [3.0] * 25, "contribution": [0.1] * 24, "update_ratio": [0.2] * 24}
+    diagnostics = {d.name: [0.5] * LENGTHS[d.index] if d.is_series else 0.5 for d in DIAGNOSTICS}
     rows = [
         {"kind": "train", "iter": 50, "train_loss": val + 0.5, "train_loss_avg200": val + 0.5},
         {"kind": "eval", "iter": 50, "val_loss": val + 0.4, **diagnostics},
@@ -167,6 +169,25 @@ def test_plot_refuses_a_damaged_file_in_one_line(root: Path, name: str, case: st
     path = damage(run_dir(root, "openwebtext", "pre_ln"), name, CASES[name][case])
     proc = run_script("scripts/plot.py", "--runs_root", root, "--dataset", "openwebtext", "--scale", "S", "--diagnostics", "--out", root / "fig")
     assert_refused(proc, path)
+
+
+# Runs written before a diagnostic existed are no damage: plot.py draws them blank, with one note.
+DRAWN = tuple(d.name for d in DIAGNOSTICS if d.drawn)
+PREDATING = {"a newer diagnostic": DRAWN[-1:], "every diagnostic": DRAWN}
+
+
+@pytest.mark.parametrize("lacks", list(PREDATING))
+def test_plot_draws_runs_that_predate_a_diagnostic_blank_with_one_note(root: Path, lacks: str) -> None:
+    dropped = PREDATING[lacks]
+    damage(run_dir(root, "openwebtext", "pre_ln"), "metrics.jsonl", in_eval_rows(lambda r: {k: v for k, v in r.items() if k not in dropped}))
+    proc = run_script("scripts/plot.py", "--runs_root", root, "--dataset", "openwebtext", "--scale", "S", "--diagnostics", "--out", root / "fig")
+    assert proc.returncode == 0, proc.stderr
+    named = ", ".join(f"{key} (1 of 2 runs)" for key in dropped)
+    assert proc.stderr.splitlines() == [f"note: runs written before a diagnostic existed lack it, so it is drawn blank for them: {named}."]
+    for key in DRAWN:
+        for ext in ("png", "pdf"):
+            assert (root / f"fig_{key}.{ext}").stat().st_size > 0
+            assert f"written: {root / f'fig_{key}.{ext}'}" in proc.stdout
 
 
 # -----------------------------------------------------------------------------

@@ -40,6 +40,8 @@ from spheretnorm.experiments.study import (
     add_run_options,
     as_args,
     diagnostic_summary,
+    summary_cells,
+    summary_columns,
     ensure_data,
     exit_status,
     make_job,
@@ -145,17 +147,15 @@ def study_table(rows: list[dict[str, Any]]) -> str:
 
     base = {(r["name"], r["seed"]): r["val_loss"] for r in rows}
     lines = [
-        "| variant | seed | val loss | minus Pre-LN | final cosine | attn sink | massive max/med | 1 - cos | last/first | update | ms/step | status |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|",
+        f"| variant | seed | val loss | minus Pre-LN | {' | '.join(c.header for c in summary_columns())} | ms/step | status |",
+        "|:--|--:|--:|--:|" + "--:|" * len(summary_columns()) + "--:|:--|",
     ]
     for r in rows:
         reference = base.get((r["baseline"], r["seed"]))
         gap = r["val_loss"] - reference if r["val_loss"] is not None and reference is not None else None
         lines.append(
-            f"| {r['name']} | {r['seed']} | {num(r['val_loss'], '.3f')} | {num(gap, '+.3f')} | {num(r['final_cosine'], '.3f')} | "
-            f"{num(r.get('attn_sink'), '.3f')} | {num(r.get('massive_ratio'), '.1f')} | {num(r.get('contribution'), '.4f')} | "
-            f"{num(r.get('contribution_last_first'), '.2f')} | {num(r.get('update_ratio'), '.3f')} | {num(r['ms_per_step'], '.0f')} | "
-            f"{r['status']} |"
+            f"| {r['name']} | {r['seed']} | {num(r['val_loss'], '.3f')} | {num(gap, '+.3f')} | {' | '.join(summary_cells(r))} | "
+            f"{num(r['ms_per_step'], '.0f')} | {r['status']} |"
         )
     return "\n".join(lines)
 

@@ -36,6 +36,8 @@ from spheretnorm.experiments.study import (
     add_run_options,
     as_args,
     diagnostic_summary,
+    summary_cells,
+    summary_columns,
     ensure_data,
     exit_status,
     make_job,
@@ -126,15 +128,13 @@ def study_table(rows: list[dict[str, Any]]) -> str:
         return "-" if v is None else format(v, fmt)
 
     lines = [
-        "| method | seed | val loss | final cosine | attn sink | massive max/med | 1 - cos | last/first | update | status | last eval |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|:--|--:|",
+        f"| method | seed | val loss | {' | '.join(c.header for c in summary_columns())} | status | last eval |",
+        "|:--|--:|--:|" + "--:|" * len(summary_columns()) + ":--|--:|",
     ]
     for r in rows:
         name = display_name(r["method"]) + (" (alpha_index=sublayer)" if r["alpha_index"] == "sublayer" else "")
         lines.append(
-            f"| {name} | {r['seed']} | {num(r['val_loss'], '.3f')} | {num(r['final_cosine'], '.3f')} | "
-            f"{num(r.get('attn_sink'), '.3f')} | {num(r.get('massive_ratio'), '.1f')} | {num(r.get('contribution'), '.4f')} | "
-            f"{num(r.get('contribution_last_first'), '.2f')} | {num(r.get('update_ratio'), '.3f')} | {r['status']} | "
+            f"| {name} | {r['seed']} | {num(r['val_loss'], '.3f')} | {' | '.join(summary_cells(r))} | {r['status']} | "
             f"{num(r['last_eval_iter'], 'd')} |"
         )
     return "\n".join(lines)

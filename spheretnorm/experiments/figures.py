@@ -4,10 +4,12 @@
     python scripts/plot.py --runs_root out --dataset fineweb_edu --scale L --smooth 0.95 --out figs/fwe_l
     python scripts/plot.py --runs_root out/depth_study/seed1337 --dataset shakespeare_char --scale 24x128 --diagnostics
 
-With --diagnostics, also one figure per residual-stream diagnostic (OUT_<name>.png/.pdf): a
-heatmap per method, layer (or sublayer) against iteration, from the eval rows' per-layer lists
-(attention sink, massive activations, layer contribution 1 - cos, update ratio; see
-diagnostics.py), all panels of a figure on one colour scale.
+With --diagnostics, also one figure per drawn diagnostic of spheretnorm.diagnostics.DIAGNOSTICS
+(OUT_<name>.png/.pdf; today the attention sink, massive activations, layer contribution 1 - cos
+and update ratio): for a per-layer list a heatmap per method, layer (or sublayer) against
+iteration, all panels of a figure on one colour scale; for a single number a line per method. A
+run written before a diagnostic existed is drawn blank in that figure (an empty panel, no
+line), and one note on stderr names the diagnostics some runs lack.
 
 Writes OUT.png and OUT.pdf (default OUT: <runs_root>/figures/<dataset>_<scale>): the train loss
 of every logged iteration smoothed by an exponential moving average (bias-corrected, as
@@ -23,11 +25,10 @@ them are refused. A damaged run file is one error line naming it.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-
-
-import argparse
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -38,22 +39,13 @@ matplotlib.use("Agg")  # files only: no display needed, also on clusters and in 
 import matplotlib.pyplot as plt
 
 from spheretnorm.zeroshot.errors import NUMBER
-from spheretnorm.diagnostics import DIAGNOSTIC_SERIES
+from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic, lacking, lacking_note
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.experiments.grid import PAPER_METHODS, Run, group_label, index_runs, sort_methods
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import display_name, is_sphere_method
 from spheretnorm.experiments.tabulate import check_value, groups_text, load_checked_run, scan_runs
-
-# The per-layer diagnostics drawn as heatmaps: eval-row key -> (what it is, log colour scale).
-# The two ratios span decades between the first and the last layers, the other two do not.
-HEATMAPS = {
-    "attn_sink": ("attention mass on the first token", False),
-    "massive_ratio": ("max |h| / median |h|", True),
-    "contribution": ("layer contribution 1 - cos(h before, h after)", True),
-    "update_ratio": ("update ||h after - h before|| / ||h before||", True),
-}
 
 # Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
 # from flattening the part of the curves where the methods differ.
@@ -151,60 +143,139 @@ def run_label(run: Run) -> str:
     return display_name(run.method) + extra
 
 
+def diagnostic_rows(run: Run, entry: Diagnostic) -> list[dict[str, Any]]:
+    """The eval rows of a run that hold values of `entry`, each checked; a damaged row is one
+    UsageError naming the run's metrics.jsonl.
+
+    A row without the key predates the diagnostic, an empty list has nothing to draw (the step
+    sizes of a Euclidean model): both are left out.
+    """
+    rows = [r for r in run.of_kind("eval") if entry.name in r and r[entry.name] != []]
+    path = run.path / METRICS_NAME
+    schema = [NUMBER] if entry.is_series else NUMBER
+    what = f"a list of numbers, one per {entry.index}, as train.py writes" if entry.is_series else "a number, as train.py writes"
+    for row in rows:
+        check_value(row, {entry.name: schema}, f"{path}, eval row of iteration {row['iter']}", what)
+    return rows
+
+
 def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
     """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run.
 
     Each eval row's list must hold numbers, as many as the first row's; a damaged row is one
-    UsageError naming the run's metrics.jsonl.
+    UsageError naming the run's metrics.jsonl. A run without the diagnostic gives an empty array.
     """
-    evals = [r for r in run.of_kind("eval") if r.get(key)]
-    path = run.path / METRICS_NAME
+    entry = DIAGNOSTIC_BY_NAME[key]
+    evals = diagnostic_rows(run, entry)
     for row in evals:
-        subject = f"{path}, eval row of iteration {row['iter']}"
-        check_value(row, {key: [NUMBER]}, subject, f"a list of numbers, one per {DIAGNOSTIC_SERIES[key]}, as train.py writes")
         if len(row[key]) != len(evals[0][key]):
             raise UsageError(
-                f"{subject}: {key} has {len(row[key])} values but the row of iteration {evals[0]['iter']} has "
-                f"{len(evals[0][key])}; one run's rows must all have one value per {DIAGNOSTIC_SERIES[key]}."
+                f"{run.path / METRICS_NAME}, eval row of iteration {row['iter']}: {key} has {len(row[key])} values but the row "
+                f"of iteration {evals[0]['iter']} has {len(evals[0][key])}; one run's rows must all have one value per {entry.index}."
             )
     return [r["iter"] for r in evals], np.array([r[key] for r in evals], dtype=float).T
 
 
-def plot_diagnostic(runs: list[Run], key: str, title: str, out: Path) -> list[Path]:
-    """One heatmap per run (layer against iteration) of the diagnostic `key`, on one colour scale."""
-    what, log = HEATMAPS[key]
-    mats = [(run, *diagnostic_matrix(run, key)) for run in runs]
-    mats = [(run, iters, m) for run, iters, m in mats if m.size]
-    if not mats:
-        raise UsageError(f"No eval row of these runs has {key!r}; they predate the diagnostics (train.py writes them at every evaluation).")
-    values = np.concatenate([m.ravel() for _, _, m in mats])
-    positive = values[values > 0]
-    norm = LogNorm(positive.min(), positive.max()) if log and positive.size else Normalize(values.min(), values.max())
-    cols = min(len(mats), 4)
-    rows = (len(mats) + cols - 1) // cols
+def grid_axes(panels: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A figure of one panel per run, at most four to a row; the spare panels are hidden."""
+    cols = min(max(panels, 1), 4)
+    rows = (max(panels, 1) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.2, 2.8 * rows + 0.8), squeeze=False, layout="constrained")
-    for ax, (run, iters, m) in zip(axes.flat, mats):
-        image = ax.imshow(np.clip(m, positive.min(), None) if log else m, aspect="auto", origin="lower", norm=norm, cmap="viridis", interpolation="nearest")
+    for ax in list(axes.flat)[panels:]:
+        ax.axis("off")
+    return fig, list(axes.flat)[:panels]
+
+
+def colour_norm(mats: list[np.ndarray], log: bool) -> Normalize | None:
+    """One colour scale for all panels (log over the positive values when asked); None when nothing is drawn."""
+    values = np.concatenate([m.ravel() for m in mats]) if mats else np.array([])
+    if not values.size:
+        return None
+    positive = values[values > 0]
+    if log and positive.size:
+        return LogNorm(positive.min(), positive.max())
+    return Normalize(values.min(), values.max())
+
+
+def blank_panel(ax: plt.Axes, entry: Diagnostic) -> None:
+    # Said in the panel, so an empty panel is not read as a run whose values were all zero.
+    ax.text(0.5, 0.5, f"no {entry.name}\nin this run's rows", ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_heatmaps(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> list[Path]:
+    """One heatmap per run (layer against iteration) of a per-layer diagnostic, on one colour scale;
+    a run without it is an empty panel."""
+    mats = [(run, *diagnostic_matrix(run, entry.name)) for run in runs]
+    norm = colour_norm([m for _, _, m in mats if m.size], entry.scale == "log")
+    fig, axes = grid_axes(len(mats))
+    image = None
+    for ax, (run, iters, m) in zip(axes, mats):
+        ax.set_title(run_label(run), fontsize=9)
+        if not m.size:
+            blank_panel(ax, entry)
+            continue
+        # The log scale has no place for values <= 0: they take its lowest colour.
+        shown = np.clip(m, norm.vmin, None) if isinstance(norm, LogNorm) else m
+        image = ax.imshow(shown, aspect="auto", origin="lower", norm=norm, cmap="viridis", interpolation="nearest")
         ticks = np.linspace(0, len(iters) - 1, min(len(iters), 5)).round().astype(int)
         ax.set_xticks(ticks, [str(iters[i]) for i in ticks])
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # rows are layer indices: no tick between two
-        ax.set_title(run_label(run), fontsize=9)
         ax.set_xlabel("iteration")
-        ax.set_ylabel(DIAGNOSTIC_SERIES[key])
-    for ax in list(axes.flat)[len(mats):]:
-        ax.axis("off")
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9, label=what)
-    fig.suptitle(f"{title}: {what}")
+        ax.set_ylabel(entry.index)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.9, label=entry.label)
+    fig.suptitle(f"{title}: {entry.label}")
     return save_figure(fig, out)
 
 
+def plot_lines(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> list[Path]:
+    """One line per run of a single-number diagnostic against iteration; a run without it has no line."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    for run in runs:
+        rows = diagnostic_rows(run, entry)
+        if rows:
+            ax.plot([r["iter"] for r in rows], [r[entry.name] for r in rows], marker="o", markersize=3, linewidth=1.4,
+                    label=run_label(run), **method_style(run.method))
+    if ax.lines:
+        ax.legend(fontsize=8, frameon=False)
+    else:
+        blank_panel(ax, entry)
+    ax.set_yscale(entry.scale)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(entry.label)
+    ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: {entry.label}")
+    return save_figure(fig, out)
+
+
+def plot_diagnostic(runs: list[Run], key: str, title: str, out: Path) -> list[Path]:
+    """The figure of the diagnostic `key`: heatmaps of a per-layer list, lines of a single number."""
+    entry = DIAGNOSTIC_BY_NAME[key]
+    draw = plot_heatmaps if entry.is_series else plot_lines
+    return draw(runs, entry, title, out)
+
+
+def drawn_diagnostics() -> list[Diagnostic]:
+    """The entries of DIAGNOSTICS that plot.py --diagnostics draws, in table order."""
+    return [entry for entry in DIAGNOSTICS if entry.drawn]
+
+
 def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
-    """Every HEATMAPS figure of the runs, as out_<key>.png/.pdf; runs in the paper's method order."""
+    """Every drawn diagnostic of the runs, as out_<key>.png/.pdf; runs in the paper's method order.
+
+    A diagnostic that some runs predate is drawn blank for them, with one note on stderr.
+    """
     order = {m: i for i, m in enumerate(sort_methods(r.method for r in runs))}
     runs = sorted(runs, key=lambda r: (order[r.method], r.config.get("alpha_index", "")))
+    entries = drawn_diagnostics()
+    missing = lacking([run.of_kind("eval") for run in runs], entries)
+    if missing:
+        print(lacking_note(missing, len(runs), "drawn blank"), file=sys.stderr)
     paths = []
-    for key in HEATMAPS:
-        paths += plot_diagnostic(runs, key, title, out.with_name(f"{out.name}_{key}"))
+    for entry in entries:
+        paths += plot_diagnostic(runs, entry.name, title, out.with_name(f"{out.name}_{entry.name}"))
     return paths
 
 

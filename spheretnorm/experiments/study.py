@@ -24,6 +24,7 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
+from spheretnorm.diagnostics import DIAGNOSTICS, Summary, lacking, lacking_note
 from spheretnorm.runtime.token_files import load_meta
 from spheretnorm.data.preparation import prepare
 from spheretnorm.experiments.grid import (
@@ -293,24 +294,38 @@ def exit_status(rows: list[dict[str, Any]]) -> int:
 
 
 def diagnostic_summary(row: dict[str, Any]) -> dict[str, float | None]:
-    """One number per diagnostic of an eval row, so that runs fit side by side in a table.
+    """The study columns of an eval row: each Summary of DIAGNOSTICS, None where the row lacks the
+    diagnostic (a run written before it existed), so that runs fit side by side in a table.
 
-    attn_sink: mean over blocks; massive: the largest max/median over layers; contribution and
-    update: mean over sublayers, and the last sublayer's contribution over the first's (below 1:
-    the deep layers do less, the curse of depth).
+    Today: final_cosine; the largest max/median over layers; the attention sink's mean over
+    blocks; contribution and update ratio as means over sublayers, and the last sublayer's
+    contribution over the first's (below 1: the deep layers do less, the curse of depth).
     """
+    out: dict[str, float | None] = {}
+    for entry in DIAGNOSTICS:
+        out.update(entry.summarise(row.get(entry.name)))
+    return out
 
-    def mean(key: str) -> float | None:
-        return statistics.fmean(row[key]) if row.get(key) else None
 
-    contrib = row.get("contribution") or []
-    return {
-        "attn_sink": mean("attn_sink"),
-        "massive_ratio": max(row["massive_ratio"]) if row.get("massive_ratio") else None,
-        "contribution": mean("contribution"),
-        "contribution_last_first": contrib[-1] / contrib[0] if contrib and contrib[0] > 0 else None,
-        "update_ratio": mean("update_ratio"),
-    }
+def diagnostic_summaries(finals: list[dict[str, Any] | None]) -> list[dict[str, float | None]]:
+    """diagnostic_summary of each run's last eval row ({} for a run with none), with one note on
+    stderr naming the diagnostics that some runs predate."""
+    summarised = [entry for entry in DIAGNOSTICS if entry.summaries]
+    evaluated = [[final] for final in finals if final is not None]
+    missing = lacking(evaluated, summarised)
+    if missing:
+        print(lacking_note(missing, len(evaluated), "'-' in the table"), file=sys.stderr)
+    return [diagnostic_summary(final) if final is not None else {} for final in finals]
+
+
+def summary_columns() -> list[Summary]:
+    """The diagnostic columns of a study's table, in DIAGNOSTICS order (header, key, format)."""
+    return [column for entry in DIAGNOSTICS for column in entry.summaries]
+
+
+def summary_cells(row: dict[str, Any]) -> list[str]:
+    """A study row's diagnostic cells under summary_columns(); '-' where it has no number."""
+    return ["-" if row.get(c.key) is None else format(row[c.key], c.fmt) for c in summary_columns()]
 
 
 def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from spheretnorm.runtime.config import ConfigError, TrainConfig, wandb_mode
-from spheretnorm.diagnostics import DIAGNOSTIC_SERIES
+from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run
 
 
@@ -38,11 +38,21 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
-# The per-layer diagnostics in W&B. The UI makes a section of every key prefix before the first
-# '/': one section per series (diag.rms/layer_03, ...), collapsible, keeps a 36-layer run's ~440
-# panels readable, and the section `diag` holds one summary panel per series (its mean over the
-# layers, its first and last layer) beside final_cosine.
-DIAG_SERIES = {**DIAGNOSTIC_SERIES, "step_sizes": "sublayer"}
+# The diagnostics in W&B. The UI makes a section of every key prefix before the first '/': one
+# section per series (diag.rms/layer_03, ...), collapsible, keeps a 36-layer run's ~440 panels
+# readable, and the section `diag` holds one summary panel per series (its mean over the layers,
+# its first and last layer) beside the single numbers (diag/final_cosine).
+
+
+def wandb_diagnostic(entry: Diagnostic, value: Any) -> dict[str, Any]:
+    """The W&B keys of one diagnostic of a metrics row."""
+    if not entry.is_series:
+        return {f"diag/{entry.name}": value}
+    out = {f"diag.{entry.name}/{entry.index}_{i:02d}": v for i, v in enumerate(value)}
+    if value:
+        out[f"diag/{entry.name}_mean"] = sum(value) / len(value)
+        out[f"diag/{entry.name}_first"], out[f"diag/{entry.name}_last"] = value[0], value[-1]
+    return out
 
 
 def wandb_payload(row: dict[str, Any]) -> dict[str, Any]:
@@ -51,17 +61,28 @@ def wandb_payload(row: dict[str, Any]) -> dict[str, Any]:
     for key, value in row.items():
         if key in ("kind", "iter"):
             continue
-        if key in DIAG_SERIES:
-            for i, v in enumerate(value):
-                out[f"diag.{key}/{DIAG_SERIES[key]}_{i:02d}"] = v
-            if value:
-                out[f"diag/{key}_mean"] = sum(value) / len(value)
-                out[f"diag/{key}_first"], out[f"diag/{key}_last"] = value[0], value[-1]
-        elif key == "final_cosine":
-            out["diag/final_cosine"] = value
+        entry = DIAGNOSTIC_BY_NAME.get(key)
+        if entry is not None:
+            out.update(wandb_diagnostic(entry, value))
         elif value is not None:
             out[key] = value
     return out
+
+
+def console_diagnostics(row: dict[str, Any]) -> list[str]:
+    """The console parts of a row's diagnostics ('final cosine 0.123', 'rms 1.00 -> 2.31'), in table order.
+
+    A series shows its first and last entry (for a layer series: the embedding output and the
+    last block's output); a diagnostic the row lacks, or an empty one, is left out.
+    """
+    parts = []
+    for entry in DIAGNOSTICS:
+        value = row.get(entry.name)
+        if not entry.console or value is None or value == []:
+            continue
+        shown = f"{value[0]:{entry.console}} -> {value[-1]:{entry.console}}" if entry.is_series else f"{value:{entry.console}}"
+        parts.append(f"{entry.short} {shown}")
+    return parts
 
 
 def start_wandb(train: TrainConfig, run_config: dict[str, Any], run_id: str | None) -> Any:
@@ -242,11 +263,8 @@ class RunLog:
     def log_eval(self, row: dict[str, Any]) -> None:
         if self.is_master:
             ppl = f"{row['val_ppl']:.2f}" if row["val_ppl"] is not None else "inf"
-            print(
-                f"eval iter {row['iter']} | train {row['train_eval_loss']:.4f} | val {row['val_loss']:.4f} "
-                f"(ppl {ppl}) | final cosine {row['final_cosine']:.3f} | "
-                f"rms {row['rms'][0]:.2f} -> {row['rms'][-1]:.2f}"
-            )
+            parts = [f"eval iter {row['iter']}", f"train {row['train_eval_loss']:.4f}", f"val {row['val_loss']:.4f} (ppl {ppl})"]
+            print(" | ".join(parts + console_diagnostics(row)))
         self.log(row)
 
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
