@@ -25,13 +25,12 @@ import torch
 
 from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
 from spheretnorm.runtime.token_files import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
-from spheretnorm.data.tokenizer import EOT_TOKEN, TokenizerUnavailableError, get_gpt2_encoding
+from spheretnorm.data.tokenizer import EOT_TOKEN, TOKENIZERS, TokenizerUnavailableError, get_gpt2_encoding, tokenizer_of
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 CKPT_NAME = "ckpt.pt"
 FILE_PREFIX = "FILE:"
-TOKENIZERS = ("gpt2", "char")
 SEPARATOR = "---------------"
 
 
@@ -209,8 +208,8 @@ def char_tokenizer(meta: dict[str, Any], source: str) -> Tokenizer:
     )
 
 
-def tokenizer_for(meta: dict[str, Any], source: str) -> Tokenizer:
-    kind = meta.get("tokenizer")
+def tokenizer_for(meta: dict[str, Any], vocab_size: int, source: str) -> Tokenizer:
+    kind = tokenizer_of(meta, vocab_size)
     if kind == "gpt2":
         return gpt2_tokenizer()
     if kind == "char":
@@ -247,7 +246,7 @@ def generate(args: SampleArgs) -> list[str]:
     ckpt_path = checkpoint_file(args.checkpoint)
     ckpt = read_checkpoint(ckpt_path)
     meta, source = find_meta(ckpt, args.meta, ckpt_path)
-    tokenizer = tokenizer_for(meta, source)
+    tokenizer = tokenizer_for(meta, ckpt["model_config"]["vocab_size"], source)
     ids = prompt_ids(tokenizer, args.start)
     device = get_device(args.device)
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]

@@ -6,10 +6,10 @@ Train a GPT with a chosen deep connection, on one CPU/GPU or many GPUs with DDP.
     torchrun --standalone --nproc_per_node=8 train.py config/fineweb_edu_m.py --connection=geonorm
     python train.py config/openwebtext_s.py --connection=geonorm --init_from=resume
 
-Every key of GPTConfig (spheretnorm/model.py) and TrainConfig (spheretnorm/config.py) can be
+Every key of GPTConfig (spheretnorm/model.py) and TrainConfig (spheretnorm/runtime/config.py) can be
 set in a config file or as --key=value. The global batch (global_batch_size sequences) is fixed;
 the number of micro-steps per optimizer step follows from batch_size and the number of
-processes, and the sequences of step k are a function of (seed, k) only (spheretnorm/batches.py),
+processes, and the sequences of step k are a function of (seed, k) only (spheretnorm/runtime/batches.py),
 so neither the GPU count nor a resume changes the optimisation.
 
 Outputs in out_dir: ckpt.pt (written atomically), metrics.jsonl (one JSON object per line, see
@@ -220,8 +220,8 @@ def warn_changed_train_keys(train: TrainConfig, saved: dict[str, Any]) -> None:
 
 
 # -----------------------------------------------------------------------------
-# The trainer: the model, the optimizer and the loop (evaluation: spheretnorm/evaluation.py,
-# the rows it writes: spheretnorm/tracking.py)
+# The trainer: the model, the optimizer and the loop (validation loss: spheretnorm/runtime/validation.py,
+# the rows it writes: spheretnorm/runtime/tracking.py)
 
 
 class Trainer:

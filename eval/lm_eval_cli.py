@@ -1,6 +1,6 @@
 """lm-eval's command line with this project's `nanogpt` model: python -m eval.lm_eval_cli run --model nanogpt ...
 
-The code lives in `spheretnorm.eval.lm_eval_cli`; this file is the command.
+The code lives in `spheretnorm.zeroshot.lm_eval_entry`; this file is the command.
 """
 
 import sys

@@ -1,6 +1,6 @@
 """Fill the Hugging Face cache for offline evaluation: python eval/prefetch.py --tasks paper.
 
-The code lives in `spheretnorm.eval.prefetch`; this file is the command.
+The code lives in `spheretnorm.zeroshot.hub_prefetch`; this file is the command.
 """
 
 import sys

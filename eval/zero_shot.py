@@ -1,6 +1,6 @@
 """Zero-shot evaluation of a checkpoint: python eval/zero_shot.py --ckpt PATH --tasks paper (see eval/README.md).
 
-The code lives in `spheretnorm.eval.zero_shot`; this file is the command.
+The code lives in `spheretnorm.zeroshot.driver`; this file is the command.
 """
 
 import sys

@@ -1,6 +1,6 @@
 """Loss curves and diagnostic heatmaps from run folders: python scripts/plot.py --runs_root out ...
 
-The code lives in `spheretnorm.plots`; this file is the command.
+The code lives in `spheretnorm.experiments.figures`; this file is the command.
 """
 
 import sys

@@ -1,6 +1,6 @@
 """The paper's Tables 2-5 from your runs beside the paper's numbers: python scripts/tables.py --runs_root out ...
 
-The code lives in `spheretnorm.tables`; this file is the command.
+The code lives in `spheretnorm.experiments.tabulate`; this file is the command.
 """
 
 import sys

@@ -3,30 +3,28 @@
 It declares what it needs as any connection does (model.py's Connection): a method parameter
 (`res_gain`), its own optimizer rule (no weight decay on the token embedding) and a step after
 each optimizer step (token embeddings renormalised to unit rows, as nGPT does). Nothing outside
-this file knows it: train.py, the launcher's --dry_run, the tables and the Hugging Face export
-must all read what they need from the class.
+this file knows it: train.py, the launcher's --dry_run and the tables must all read what they need
+from the class; the Hugging Face export, which ships a connection's module, refuses this one,
+whose module imports the training runtime.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import train
-from scripts import export_hf as export_cli
-from scripts import launch
+from spheretnorm.hf import export_cli
+from spheretnorm.experiments import launcher as launch
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.experiments import grid as runs, tabulate as tables
 from spheretnorm.runtime.config import method_key, parse_config
 from spheretnorm.model import CONNECTIONS, GPT, Connection, LayerNorm, MethodParam, OptimRule, register_connection
-from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from markov_data import write_markov_data
 from test_train import tiny_args
 
@@ -117,24 +115,13 @@ def test_train_launch_tables_and_export(gain_connection, char_data: Path, tmp_pa
     assert tables.main(["--runs_root", str(tmp_path / "runs")]) == 0
     assert "Pre-LN x0.25" in capsys.readouterr().out
 
-    # The Hugging Face export carries the class, and transformers computes the same logits.
+    # The Hugging Face export ships the file of a connection's module, which this file cannot be:
+    # it imports the training runtime. Refused in one line, before any file is written
+    # (tests/test_export_own_module.py exports a connection from a module of its own).
     folder = tmp_path / "hf"
-    export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(folder)])
-    assert "class GainPreLN(Connection)" in (folder / "modeling_spheretnorm.py").read_text()
-    idx = torch.randint(0, ckpt["model_config"]["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ours = load_model(run / "ckpt.pt").eval()(idx)[0][0]
-    torch.save(idx, tmp_path / "idx.pt")
-    # A fresh process, so that no remote-code class cached by other tests stands in.
-    script = (
-        "import sys, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True, dtype=torch.float32).eval()\n"
-        "with torch.no_grad():\n"
-        "    torch.save(m(torch.load(sys.argv[2])).logits[0], sys.argv[3])\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "idx.pt"), str(tmp_path / "logits.pt")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    theirs = torch.load(tmp_path / "logits.pt")
-    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
-    assert math.isfinite(theirs.sum().item())
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(folder)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and not folder.exists()
+    assert err.startswith(f"error: Connection {NAME!r} cannot be exported: its module {__file__} imports spheretnorm.hf (line ")

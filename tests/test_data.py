@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tiktoken
 
-from spheretnorm.data import common
+from spheretnorm.runtime import token_files
 from spheretnorm.runtime.token_files import PrepareError, decode_char, load_meta, open_split
 from spheretnorm.data.pipeline import flatten_tokens
 from spheretnorm.data.preparation import main, prepare
@@ -306,7 +306,7 @@ def write_tokens(root: Path, train: list[int], **meta) -> Path:
 
 
 def test_open_split_refuses_token_ids_beyond_the_vocabulary(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "SCAN_CHUNK", 3)  # several chunks, the bad id in the last one
+    monkeypatch.setattr(token_files, "SCAN_CHUNK", 3)  # several chunks, the bad id in the last one
     good = write_tokens(tmp_path / "good", [0, 9, 3, 4, 5, 6, 7])
     assert open_split(good, "train").max() == 9
     bad = write_tokens(tmp_path / "bad", [0, 9, 3, 4, 5, 6, 12])
@@ -322,7 +322,7 @@ def test_open_split_refuses_token_ids_beyond_the_vocabulary(tmp_path, monkeypatc
 def test_a_scan_for_the_largest_id_runs_once_per_file_version(tmp_path, monkeypatch):
     """train.py opens a split afresh for every batch: the scan of a file must not run each time."""
     scanned = {}
-    monkeypatch.setattr(common, "_SCANNED_MAX", scanned)
+    monkeypatch.setattr(token_files, "_SCANNED_MAX", scanned)
     data = write_tokens(tmp_path, [0, 9, 3])
     open_split(data, "train")
     assert list(scanned.values()) == [9]

@@ -1,4 +1,4 @@
-"""Tests of the offline benchmarks (spheretnorm/eval/local_tasks.py) and the HF cache prefetch (eval/prefetch.py).
+"""Tests of the offline benchmarks (spheretnorm/zeroshot/local_tasks.py) and the HF cache prefetch (spheretnorm/zeroshot/hub_prefetch.py).
 
 Every benchmark gets a few realistic records in its authors' original release format, written
 into a tmp folder. The same documents are also written here by hand in the schema of the Hugging

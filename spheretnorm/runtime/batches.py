@@ -38,7 +38,7 @@ class TokenData:
 
 
 def load_data(data_dir: str) -> TokenData:
-    """The one place that knows the on-disk layout (spheretnorm/data/common.py's readers)."""
+    """The one place that knows the on-disk layout (spheretnorm/runtime/token_files.py's readers)."""
     try:
         meta = load_meta(data_dir)
         for split in SPLITS:

@@ -1,6 +1,6 @@
 """What a training run leaves in its out_dir, and the ways a run can end.
 
-train.py writes a run folder; the experiment scripts (spheretnorm/runs.py, tables, export)
+train.py writes a run folder; the experiment scripts (spheretnorm/experiments/, the export)
 read it. Both sides take the file names, the exit statuses and the stop reasons from here, so
 this module imports nothing of the project's heavy parts (no torch, no model).
 """
@@ -21,7 +21,6 @@ CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "config.json"
 AVG_WINDOW = 200  # the paper reports the train loss averaged over the last 200 iterations
-SPLITS = ("train", "val")
 
 
 # Exit statuses of train.py, one per way a run can end (README, "Training"). A stopped or

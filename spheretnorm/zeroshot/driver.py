@@ -233,7 +233,7 @@ def results_skipped(results: dict[str, Any]) -> dict[str, str]:
 def incomplete_reason(results: dict[str, Any]) -> str | None:
     """Why a results JSON is not a final evaluation (--limit, tasks skipped), or None when it is.
 
-    What decides whether a run is evaluated (spheretnorm/runs.py's is_evaluated) should ask this.
+    What decides whether a run is evaluated (spheretnorm/experiments/grid.py's is_evaluated) should ask this.
     """
     limit = results_limit(results)
     if limit is not None:

@@ -1,6 +1,6 @@
 """lm-eval model class for this project's checkpoints, registered as ``nanogpt``.
 
-    from spheretnorm.eval.harness import NanoGPTLM
+    from spheretnorm.zeroshot.harness import NanoGPTLM
     lm = NanoGPTLM(ckpt="out/ckpt.pt", batch_size=16)
     lm_eval.simple_evaluate(model=lm, tasks=["piqa"])
 
@@ -30,7 +30,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from spheretnorm.runtime.device import autocast_context, get_device, resolve_dtype
-from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
+from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding, tokenizer_of
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
@@ -60,14 +60,13 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
 
 def check_gpt2_tokenizer(ckpt: dict[str, Any], source: str) -> None:
     """Refuse checkpoints whose token ids are not GPT-2 BPE ids (e.g. char-level models)."""
-    meta = ckpt.get("data_meta")
-    tokenizer = meta.get("tokenizer") if isinstance(meta, dict) else None
+    vocab_size = ckpt["model_config"].get("vocab_size", 0)
+    tokenizer = tokenizer_of(ckpt.get("data_meta"), vocab_size)
     if tokenizer is not None and tokenizer != "gpt2":
         raise EvalError(
             f"{source} was trained with the {tokenizer!r} tokenizer, but zero-shot benchmarks need "
             "a model trained on GPT-2 BPE tokens."
         )
-    vocab_size = ckpt["model_config"].get("vocab_size", 0)
     if vocab_size < GPT2_VOCAB_SIZE:
         raise EvalError(
             f"{source} has vocab_size {vocab_size}, smaller than GPT-2's {GPT2_VOCAB_SIZE}, so it "

@@ -69,7 +69,7 @@ def _name(data_dir: str | Path, relative: str) -> str:
 
 
 # -----------------------------------------------------------------------------
-# The fields of each benchmark's release records (schemas as in spheretnorm/eval/errors.py)
+# The fields of each benchmark's release records (schemas as in spheretnorm/zeroshot/errors.py)
 #
 # Each record is checked before any conversion: lm-eval would otherwise meet a renamed or null
 # field deep inside its prompt templates, as a traceback far from the file that caused it.
