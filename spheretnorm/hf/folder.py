@@ -260,17 +260,16 @@ def remote_code_files(connection: str) -> dict[str, str]:
 
 REMOTE_CONFIG_CLASS = "SpheretNormConfig"
 REMOTE_MODEL_CLASS = "SpheretNormForCausalLM"
-TOKENIZERS = ("gpt2", "char")
 
 
 def tokenizer_kind(ckpt: dict[str, Any], source: str = "the checkpoint") -> str:
     """'gpt2' or 'char': the tokenizer the checkpoint's dataset was prepared with (`source`
     names the checkpoint in the errors)."""
-    from spheretnorm.data.tokenizer import GPT2_VOCAB_SIZE
+    from spheretnorm.data.tokenizer import GPT2_VOCAB_SIZE, TOKENIZERS, tokenizer_of
 
     meta = ckpt.get("data_meta") or {}
     vocab_size = ckpt["model_config"]["vocab_size"]
-    kind = meta.get("tokenizer") or ("gpt2" if vocab_size >= GPT2_VOCAB_SIZE else None)
+    kind = tokenizer_of(meta, vocab_size)
     if kind not in TOKENIZERS:
         raise HFFolderError(
             f"The tokenizer of {source} is {kind!r} (vocab_size {vocab_size}, no dataset meta.json recorded); "

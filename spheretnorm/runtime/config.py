@@ -242,11 +242,6 @@ def _optional_inner(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _type_name(tp: Any) -> str:
-    inner, optional = _optional_inner(tp)
-    return f"{inner.__name__} or None" if optional else tp.__name__
-
-
 def parse_value(key: str, raw: str) -> Any:
     """Convert a command-line string to the type of the field `key`."""
     tp, optional = _optional_inner(_key_type(key))
@@ -277,7 +272,7 @@ def parse_value(key: str, raw: str) -> Any:
         pass
     else:
         raise TypeError(f"no parser for the type {tp!r} of {key}")
-    raise ConfigError(f"--{key}={raw!r}: expected a value of type {_type_name(_key_type(key))}.")
+    raise ConfigError(f"--{key}={raw!r}: expected {type_text(_key_type(key))}.")
 
 
 def check_value(key: str, value: Any, where: str) -> Any:
@@ -286,7 +281,7 @@ def check_value(key: str, value: Any, where: str) -> Any:
         tp, _ = _optional_inner(_key_type(key))
         return float(value) if tp is float and value is not None else value
     raise ConfigError(
-        f"{key} = {value!r} ({where}): expected a value of type {_type_name(_key_type(key))}, "
+        f"{key} = {value!r} ({where}): expected {type_text(_key_type(key))}, "
         f"got {type(value).__name__}."
     )
 
@@ -658,7 +653,7 @@ def config_help(
         parts += ["", "Options of this program:", *(_help_entry(k, v) for k, v in extra_options.items())]
     parts += ["", "Model keys (model.GPTConfig), as --key=DEFAULT:", *_key_entries(GPTConfig, helps), *_param_entries()]
     if train_keys:
-        parts += ["", "Training keys (spheretnorm.config.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps)]
+        parts += ["", "Training keys (spheretnorm.runtime.config.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps)]
     return "\n".join(parts) + "\n"
 
 
@@ -671,12 +666,10 @@ def wants_help(argv: list[str]) -> bool:
 _MODEL_FIELD_TYPES = get_type_hints(GPTConfig)
 
 
-
 def _type_options(hint: Any) -> tuple[type, ...]:
     """The classes a field's type hint allows: (float, NoneType) for float | None, (dict,) for dict[str, Any]."""
     options = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
     return tuple(get_origin(option) or option for option in options)
-
 
 
 def value_fits(value: Any, hint: Any) -> bool:
@@ -687,14 +680,18 @@ def value_fits(value: Any, hint: Any) -> bool:
     return isinstance(value, options) or (float in options and isinstance(value, int))
 
 
+# How every error of the project names a type: config keys, model configs read from files, and
+# the JSON files of the evaluation and the tables (zeroshot/errors.py).
+TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object",
+              list: "a list", type(None): "None"}
 
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a dict", type(None): "None"}
 
-
-
-def _type_text(hint: Any) -> str:
-    return " or ".join(_TYPE_WORDS.get(option, option.__name__) for option in _type_options(hint))
-
+def type_text(hint: Any) -> str:
+    """'an integer', 'a number or None', ...: a type hint (float | None) or a tuple of classes, in
+    words; "a number" covers the integers, so (int, float) is "a number"."""
+    options = hint if isinstance(hint, tuple) else _type_options(hint)
+    words = [TYPE_WORDS.get(option, f"a {option.__name__}") for option in options if not (option is int and float in options)]
+    return " or ".join(dict.fromkeys(words))
 
 
 def config_from_dict(d: dict[str, Any]) -> GPTConfig:
@@ -721,7 +718,7 @@ def config_from_dict(d: dict[str, Any]) -> GPTConfig:
     for key, value in d.items():
         hint = _MODEL_FIELD_TYPES[key] if key in _MODEL_FIELD_TYPES else _key_type(key)
         if not value_fits(value, hint):
-            raise ValueError(f"{key} must be {_type_text(hint)}, got {value!r:.80}.")
+            raise ValueError(f"{key} must be {type_text(hint)}, got {value!r:.80}.")
     return GPTConfig(**d)  # the parameters at the top level join connection_params (GPTConfig's keywords)
 
 

@@ -65,7 +65,7 @@ def method_config(key: str) -> GPTConfig:
 
 
 def canonical_method(key: str) -> str:
-    """The key train.py records for this method (spheretnorm.config.method_key), e.g. 'p_spheret:0.5'."""
+    """The key train.py records for this method (spheretnorm.runtime.config.method_key), e.g. 'p_spheret:0.5'."""
     return method_key(method_config(key))
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.runtime.config import TYPE_WORDS, type_text
+
 
 class EvalError(Exception):
     """A bad input to the evaluation tools, with a message that says how to fix it."""
@@ -45,17 +47,9 @@ def read_text_file(path: str | Path) -> str:
 Schema = Any
 NUMBER = (int, float)  # a JSON number: 3 and 3.0 alike (JSON's true/false are not numbers here)
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "an object", list: "a list"}
-
-
 def kind_of(value: Any) -> str:
     """What a JSON value is, as an error says it: 'null', 'a string', 'a list', ..."""
-    return "null" if value is None else _TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-def _type_names(types: tuple[type, ...]) -> str:
-    # "a number" already covers the integers.
-    return " or ".join(_TYPE_NAMES[t] for t in types if not (t is int and float in types))
+    return "null" if value is None else TYPE_WORDS.get(type(value), type(value).__name__)
 
 
 def schema_text(schema: Schema) -> str:
@@ -96,7 +90,7 @@ def schema_problem(value: Any, schema: Schema, where: str = "") -> str | None:
     types = schema if isinstance(schema, tuple) else (schema,)
     # JSON's true and false are Python ints too; only a field meant to be a bool may hold one.
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        return f"{where} is {kind_of(value)}, not {_type_names(types)}"
+        return f"{where} is {kind_of(value)}, not {type_text(types)}"
     return None
 
 
