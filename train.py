@@ -380,12 +380,12 @@ class Trainer:
         progress = self.progress
         row = self.evaluator.evaluate()
         self.outputs.log_eval(row)
-        # A state that may be collapsing is never saved: the checkpoint stays the last good one.
         suspect = self.evaluator.collapse_suspect(row)
         improved = row["val_loss"] < progress.best_val_loss
         progress.best_val_loss = min(progress.best_val_loss, row["val_loss"])
-        if progress.iter_num > 0 and not suspect and (self.cfg.always_save_checkpoint or improved):
+        if saves_this_state(self.cfg, progress, suspect, improved):
             self.save_checkpoint()
+        self.evaluator.stop_if_collapsed()  # an alarm at the final evaluation: after the save
 
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float) -> None:
         mfu = None
@@ -418,6 +418,8 @@ class Trainer:
         self.evaluator.stop_requested = lambda: any_rank(stop.requested, self.dist, self.device)
         progress.start()
         print0(summary_line(self))
+        if resumed and not cfg.eval_only:
+            print0(f"resumed from iter {progress.iter_num} ({progress.checkpoint})")
         if cfg.eval_only:
             try:
                 row = self.evaluator.evaluate()
@@ -468,10 +470,23 @@ class Trainer:
             if stop_now:
                 self.stop_for_signal(stop)
                 return
-        print0(f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}.")
+        print0(done_line(self))
 
     def close(self) -> None:
         self.outputs.close()
+
+
+def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improved: bool) -> bool:
+    """Whether an evaluation's state is checkpointed (the same on every rank).
+
+    A state that may be collapsing (suspect) is not saved mid-run: the checkpoint stays the last
+    good one. The final state (max_iters) is saved whatever the collapse alarm says: the alarm
+    decides whether a run stops, not whether a run that reached its end leaves a checkpoint.
+    always_save_checkpoint=false keeps the best state, and the final one when there is none yet.
+    """
+    final = progress.iter_num >= cfg.max_iters
+    wanted = cfg.always_save_checkpoint or improved or (final and progress.saved_iter < 0)
+    return progress.iter_num > 0 and (final or not suspect) and wanted
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path) -> None:
@@ -490,6 +505,20 @@ def summary_line(t: Trainer) -> str:
         f"{t.cfg.global_batch_size} seqs ({t.tokens_per_step:,} tokens) per step | "
         f"{t.device} {t.dtype} | compile={t.cfg.compile} | out_dir {t.cfg.out_dir}"
     )
+
+
+def done_line(t: Trainer) -> str:
+    """The last line of a run that reached max_iters: its checkpoint, and a warning when its
+    final state was suspect (saved all the same: the collapse alarm only stops runs)."""
+    progress, cfg = t.progress, t.cfg
+    saved = f"checkpoint {progress.checkpoint} (iter {progress.saved_iter})" if progress.saved_iter >= 0 else "no checkpoint"
+    line = f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}; {saved}."
+    if t.evaluator.final_suspect:
+        line += (
+            f" Its final_cosine is above collapse_cosine={cfg.collapse_cosine}: the final state is saved all the "
+            "same (a run that reaches max_iters always saves it); check it for collapse before using it."
+        )
+    return line
 
 
 def pick_device(train: TrainConfig, dist: DistInfo) -> str:

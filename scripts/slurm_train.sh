@@ -7,8 +7,16 @@
 # Three minutes before the time limit SLURM signals this script (USR1); it forwards USR1 through
 # srun to every node, the workers finish the current step, write ckpt.pt and exit 0, and the
 # script requeues the job. Pre-emption by another job sends SIGTERM, which does the same.
-# train.py runs with --init_from=auto: a requeued job (SLURM_RESTART_COUNT > 0), or any job whose
-# out_dir already holds ckpt.pt, resumes from it; otherwise training starts from scratch.
+# train.py runs with --init_from=auto (unless the arguments choose another --init_from): a requeued
+# job (SLURM_RESTART_COUNT > 0), or any job whose out_dir already holds ckpt.pt, resumes from it;
+# otherwise training starts from scratch.
+# Threads: each of the node's GPUS_PER_NODE workers gets OMP_NUM_THREADS = SLURM_CPUS_PER_TASK /
+# GPUS_PER_NODE (at least 1; SLURM_CPUS_ON_NODE when no --cpus-per-task was given), unless
+# OMP_NUM_THREADS is set already. srun gets --cpus-per-task itself (SLURM >= 22.05 no longer
+# hands it down from sbatch) and --export=ALL, so the threads and the user's variables (the
+# offline ones: HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE, WANDB_MODE) reach
+# every worker even when the job was submitted with --export=NONE.
+# Run outside a SLURM job, it prints its usage and exits 2.
 #
 # How USR1 reaches the workers depends on the torchrun found on PATH:
 #  - torch >= 2.10: torchrun itself forwards it (--signals_to_handle) and gives the workers
@@ -66,7 +74,21 @@ run_node_forwarding_signals() {
   wait_for_exit "$LAUNCHER_PID"
 }
 
-CONFIG=${1:?usage: sbatch scripts/slurm_train.sh config/NAME.py [--key=value ...]}
+USAGE="usage: sbatch [sbatch options] scripts/slurm_train.sh config/NAME.py [--key=value ...]"
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  echo "$USAGE"
+  exit 0
+fi
+if [[ -z ${1:-} ]]; then
+  echo "$USAGE" >&2
+  exit 2
+fi
+if [[ -z ${SLURM_JOB_ID:-} || -z ${SLURM_JOB_NODELIST:-} ]]; then
+  echo "$USAGE" >&2
+  echo "error: this is not a SLURM job (SLURM_JOB_ID and SLURM_JOB_NODELIST are not set); submit the script with sbatch, or run train.py (under torchrun) directly." >&2
+  exit 2
+fi
+CONFIG=$1
 shift
 if ! command -v torchrun >/dev/null 2>&1; then
   echo "error: torchrun is not on PATH; activate the environment that has torch before running sbatch." >&2
@@ -76,12 +98,43 @@ fi
 GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=${MASTER_PORT:-29500}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-echo "job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}: train.py --init_from=auto resumes if a checkpoint exists"
+
+# CPU threads per worker: the task's CPUs shared among the node's workers, at least 1.
+if [[ -n ${OMP_NUM_THREADS:-} ]]; then
+  echo "threads: OMP_NUM_THREADS=$OMP_NUM_THREADS per worker (set before the job)"
+else
+  CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-}}
+  [[ $CPUS =~ ^[0-9]+$ ]] || CPUS=$(nproc)
+  WORKERS=$GPUS_PER_NODE
+  [[ $WORKERS =~ ^[0-9]+$ && $WORKERS -gt 0 ]] || WORKERS=1
+  OMP_NUM_THREADS=$((CPUS / WORKERS))
+  ((OMP_NUM_THREADS >= 1)) || OMP_NUM_THREADS=1
+  echo "threads: OMP_NUM_THREADS=$OMP_NUM_THREADS per worker ($CPUS CPUs per node task / $WORKERS workers)"
+fi
+export OMP_NUM_THREADS
+
+SRUN_OPTIONS=(--kill-on-bad-exit=1 --export=ALL)
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+  SRUN_OPTIONS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
+fi
+
+OFFLINE=()
+for name in HF_HUB_OFFLINE HF_DATASETS_OFFLINE TRANSFORMERS_OFFLINE WANDB_MODE; do
+  [[ -n ${!name:-} ]] && OFFLINE+=("$name=${!name}")
+done
+((${#OFFLINE[@]})) && echo "offline settings for every worker: ${OFFLINE[*]}"
+
+# One --init_from: auto, unless the arguments choose one (launch.py passes --init_from=auto itself).
+# (A string, not an array: bash < 4.4 calls an empty array unbound under set -u.)
+INIT_FROM=--init_from=auto
+for arg in "$@"; do
+  [[ $arg == --init_from=* || $arg == --init_from ]] && INIT_FROM=""
+done
+echo "job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}: train.py ${INIT_FROM:-with the --init_from given}; --init_from=auto resumes if a checkpoint exists"
 
 TORCHRUN=(
   torchrun
-  --nnodes="$SLURM_JOB_NUM_NODES"
+  --nnodes="${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}"
   --nproc_per_node="$GPUS_PER_NODE"
   --rdzv_id="$SLURM_JOB_ID"
   --rdzv_backend=c10d
@@ -101,7 +154,7 @@ SRUN_PID=""
 # srun passes the signals it receives on to its tasks (torchrun, or the per-node shell).
 trap 'echo "time limit near: asking the workers to checkpoint"; STOPPING=1; [ -n "$SRUN_PID" ] && kill -USR1 "$SRUN_PID"' USR1
 
-srun --kill-on-bad-exit=1 "${LAUNCH[@]}" train.py "$CONFIG" --init_from=auto "$@" &
+srun "${SRUN_OPTIONS[@]}" "${LAUNCH[@]}" train.py "$CONFIG" ${INIT_FROM:+"$INIT_FROM"} "$@" &
 SRUN_PID=$!
 
 wait_for_exit "$SRUN_PID"

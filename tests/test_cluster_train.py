@@ -1,6 +1,8 @@
 """Tests of training on a cluster (issue 10, points 5, 6, 7, 9 and 10): run folders of changed
 settings, no silent overwrite and init_from=auto, --help of every entry point, progress and the
-W&B key check, and checkpoints that cannot run code when loaded.
+W&B key check, and checkpoints that cannot run code when loaded; and (a SLURM day's issue,
+points 1 and 7) the final checkpoint that a run reaching max_iters always writes, whatever the
+collapse alarm says, and the line a resume prints.
 
 Training runs use the tiny model and synthetic data of test_train.py.
 """
@@ -23,7 +25,9 @@ from spheretnorm.runtime.validation import EvalProgress
 from spheretnorm.runtime.tracking import check_wandb, format_duration, wandb_key_source
 from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
 from spheretnorm.model import GPTConfig
+from spheretnorm.experiments import grid
 from spheretnorm.experiments import launcher as launch
+from spheretnorm.runtime.run_folder import CollapseError
 from test_train import SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (fixture)
 from spheretnorm.runtime.config import (
     MODEL_KEYS,
@@ -298,3 +302,53 @@ def test_resume_from_a_malicious_checkpoint_is_a_config_error(data_dir: Path, tm
     with pytest.raises(ConfigError, match="contains disallowed objects"):
         train.main(tiny_args(data_dir, tmp_path / "run", "--init_from=auto"))
     assert not marker.exists()
+
+
+# -----------------------------------------------------------------------------
+# A SLURM day, point 1: a run that reaches max_iters always leaves its final checkpoint
+
+# A tiny deep model driven into collapse (final_cosine near 1 from iter 5 on): tests/test_diagnostics.py's.
+COLLAPSING = ("--connection=geonorm", "--n_layer=8", "--eval_interval=5", "--warmup_iters=1", "--learning_rate=0.1", "--min_lr=0.01")
+
+
+def test_a_suspect_final_state_is_checkpointed(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """final_cosine above collapse_cosine at the last two evaluations (of 3 before a stop): the run
+    ends at max_iters, exit 0, and its final state is saved all the same (mid-run it would not be)."""
+    train.main(tiny_args(data_dir, tmp_path, *COLLAPSING, "--max_iters=10", "--collapse_evals=3"))
+    out = capsys.readouterr().out
+    evals = read_metrics(tmp_path, "eval")
+    assert [r["iter"] for r in evals] == [0, 5, 10] and all(r["final_cosine"] > 0.95 for r in evals[1:])
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 10
+    assert "(1 of 3 evaluations before the collapse stop); this state is not checkpointed." in out  # iter 5
+    assert "(2 of 3 evaluations before the collapse stop); this is the final state (iter 10): it is checkpointed all the same" in out
+    assert re.search(r"^Done: iter 10, .*; checkpoint .*ckpt\.pt \(iter 10\)\. Its final_cosine is above collapse_cosine=0\.95", out, re.M), out
+    assert read_metrics(tmp_path, "stop") == []
+    assert grid.is_finished(tmp_path, 10)
+
+
+def test_a_collapse_stop_at_the_final_evaluation_saves_the_final_state(data_dir: Path, tmp_path: Path) -> None:
+    """The alarm decides whether a run stops (exit status 3, its stop row), not whether the last state is saved."""
+    with pytest.raises(CollapseError, match=r"for 2 evaluations in a row \(iter 10\).*the final state is saved all the same"):
+        train.main(tiny_args(data_dir, tmp_path, *COLLAPSING, "--max_iters=10", "--collapse_evals=2"))
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 10
+    (stop,) = read_metrics(tmp_path, "stop")
+    assert stop["reason"] == "collapse" and stop["exit_code"] == 3 and stop["checkpoint_iter"] == 10
+
+
+def test_the_launcher_counts_a_run_without_ckpt_as_not_finished(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "eval", "iter": 20, "val_loss": 3.0}\n')
+    assert grid.reached_max_iters(tmp_path, 20) and not grid.is_finished(tmp_path, 20)
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    assert grid.is_finished(tmp_path, 20) and not grid.is_finished(tmp_path, 21)
+
+
+# -----------------------------------------------------------------------------
+# A SLURM day, point 7: a resume says where it starts
+
+
+def test_a_resume_prints_the_iteration_it_starts_from(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=4"))
+    assert "resumed from" not in capsys.readouterr().out  # a fresh run
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=6", "--eval_interval=3", "--init_from=auto"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resumed from")]
+    assert lines == [f"resumed from iter 4 ({tmp_path / 'ckpt.pt'})"]

@@ -331,7 +331,7 @@ def test_absent_benchmarks_are_left_to_the_hub_and_named(release_dir: Path, tmp_
     assert f"boolq ({partial / 'boolq' / 'dev.jsonl'}), mmlu need the hub" in note
 
 
-def test_zero_shot_says_which_tasks_are_local_and_which_need_the_hub(
+def test_zero_shot_refuses_absent_task_files_naming_them_and_skip_missing(
     release_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     torch.manual_seed(0)
@@ -341,15 +341,35 @@ def test_zero_shot_says_which_tasks_are_local_and_which_need_the_hub(
     data = tmp_path / "data"
     (data / "sciq").mkdir(parents=True)
     (data / "sciq" / "test.json").write_text((release_dir / "sciq" / "test.json").read_text())
-    # Index only boolq's built-in YAML and the local tasks (lm-eval's full index takes long).
-    builtin_boolq = str(BUILTIN / "super_glue" / "boolq")
-    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: TaskManager(include_path=[builtin_boolq, *paths], include_defaults=False))
-    argv = ["--ckpt", str(ckpt), "--tasks", "sciq,boolq", "--local_data", str(data), "--bootstrap_iters", "0"]
+    (data / "piqa").mkdir()
+    (data / "piqa" / "valid.jsonl").write_text(jsonl(PIQA))  # its labels file is missing
+    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: pytest.fail("the task index was built before the files were checked"))
+    argv = ["--ckpt", str(ckpt), "--tasks", "sciq,boolq,piqa,arc_easy", "--local_data", str(data), "--bootstrap_iters", "0"]
+    assert zero_shot.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: --local_data {str(data)!r} lacks the files of boolq ({data / 'boolq' / 'dev.jsonl'}), "
+        f"piqa ({data / 'piqa' / 'valid-labels.lst'}) and arc_easy ({data / 'arc' / 'ARC-Easy-Test.jsonl'}), and nothing is "
+        "fetched from the hub with --local_data; add them (layout in eval/README.md), or pass --skip_missing to leave "
+        "these tasks out (marked skipped in the printed table and the results JSON)."
+    )
+
+
+def test_absent_task_files_go_to_the_hf_cache_when_it_holds_the_dataset(
+    sciq_only: Path, tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import datasets.config
+
+    # boolq's dataset (aps/super_glue) seems to be in the cache: the folder is there, its files are not.
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
+    (tmp_path / "hf_datasets" / "aps___super_glue").mkdir(parents=True)
+    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: fast_task_manager("super_glue/boolq")(paths))
+    argv = ["--ckpt", str(tiny_ckpt), "--tasks", "sciq,boolq", "--local_data", str(sciq_only), "--bootstrap_iters", "0"]
     assert zero_shot.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after datasets' progress bars
-    assert err.startswith("error: lm-eval could not load a dataset")
-    assert f"supplied sciq from local files; boolq ({data / 'boolq' / 'dev.jsonl'}) need the hub" in err
-    assert "eval.prefetch" in err
+    assert err.startswith("error: lm-eval could not load a dataset (ConnectionError: Couldn't reach 'aps/super_glue' on the Hub")
+    assert f"supplied sciq from local files; boolq ({sciq_only / 'boolq' / 'dev.jsonl'}) need the hub" in err
+    assert "the hub is off here (--local_data" in err and "eval.prefetch" in err
 
 
 # -----------------------------------------------------------------------------
@@ -482,11 +502,11 @@ def test_skip_missing_leaves_out_absent_tasks_and_says_so(
     cells = dict(zip(*([c.strip() for c in lines[i].strip("|").split("|")] for i in (header, header + 2))))
     assert cells["BoolQ"] == "skipped" and cells["ARC-C"] == "-" and float(cells["SciQ"]) >= 0
     assert f"SKIPPED: boolq (files absent under --local_data: {sciq_only / 'boolq' / 'dev.jsonl'}); not a complete paper evaluation." in printed
-    # Without the flag, boolq goes to the hub, which is offline here: the one-line refusal stays, and names the flag.
-    monkeypatch.setattr(zero_shot, "make_task_manager", lambda paths: fast_task_manager("super_glue/boolq")(paths))
+    # Without the flag, boolq's absent file is refused before anything else, in one line naming the file and the flag.
     assert zero_shot.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: lm-eval could not load a dataset") and "--skip_missing" in err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --local_data {str(sciq_only)!r} lacks the files of boolq ({sciq_only / 'boolq' / 'dev.jsonl'})")
+    assert "pass --skip_missing to leave this task out" in err and "\n" not in err
 
 
 @pytest.mark.parametrize(
@@ -516,9 +536,9 @@ def test_lm_eval_cli_scores_local_data_offline(
     assert set(results["results"]) == {"sciq"} and results["n-samples"]["sciq"]["effective"] == 2
     assert results["configs"]["sciq"]["dataset_path"] == "json"  # read from the release file, not the hub
     assert f"skipped: boolq (files absent under --local_data: {sciq_only / 'boolq' / 'dev.jsonl'})" in capsys.readouterr().err
-    # Without --skip_missing, boolq needs the hub: offline, one line, no traceback.
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", fast_task_manager("super_glue/boolq"))
+    # Without --skip_missing, boolq's absent file is refused before lm-eval starts: one line, no traceback.
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda *a, **k: pytest.fail("lm-eval started before the files were checked"))
     assert lm_eval_cli.main([*argv, "--local_data", str(sciq_only)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: lm-eval could not load a dataset (ConnectionError: Couldn't reach")
-    assert f"supplied sciq from local files; boolq ({sciq_only / 'boolq' / 'dev.jsonl'}) need the hub" in err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --local_data {str(sciq_only)!r} lacks the files of boolq ({sciq_only / 'boolq' / 'dev.jsonl'})")
+    assert "--skip_missing" in err and "\n" not in err

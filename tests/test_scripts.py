@@ -290,6 +290,7 @@ def test_dry_run_filters_skips_finished_and_resumes(tmp_path: Path, capsys: pyte
     done = tmp_path / "openwebtext_s" / "pre_ln"
     done.mkdir(parents=True)
     (done / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 50_000, "val_loss": 3.0}) + "\n")
+    (done / "ckpt.pt").write_bytes(b"")  # finished: its last evaluation at max_iters, and its checkpoint
     half = tmp_path / "openwebtext_s" / "p_spheret-0.5"
     half.mkdir(parents=True)
     (half / "ckpt.pt").write_bytes(b"")

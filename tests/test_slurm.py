@@ -8,9 +8,12 @@ Nothing here needs SLURM or a GPU. A tmp dir put first on PATH holds:
              their own children, in new sessions, as the real torchrun does.
   srun       runs its command once per node (SLURM_JOB_NUM_NODES) and forwards USR1/TERM to
              those task processes only (not to their descendants): the least that real srun does.
+             It records its options, and passes the environment on as srun does: all of it with
+             --export=ALL, else only SLURM's own variables when SLURM_EXPORT_ENV is NONE (what
+             sbatch --export=NONE leaves in a job).
   scontrol   `show hostnames` prints node names; `requeue` is recorded.
-The fake worker records its arguments and the signal that stopped it, then exits 0, as
-train.py does after checkpointing.
+The fake worker records its arguments, the variables of WORKER_ENV and the signal that stopped
+it, then exits 0, as train.py does after checkpointing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm_train.sh"
 NEW_FLAGS = ("--signals_to_handle", "--shutdown_timeout")
 TIMEOUT_S = 15
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+WORKER_ENV = ("OMP_NUM_THREADS", *OFFLINE)  # what the fake worker records of its environment
 
 FAKE_TORCHRUN = r'''#!{python}
 """Stand-in torchrun of the {kind!r} kind."""
@@ -82,7 +87,7 @@ import json, os, signal, sys, time
 
 log_dir = os.environ["FAKE_LOG_DIR"]
 name = os.path.join(log_dir, "worker-%s-%s.json" % (os.environ["FAKE_NODE"], os.environ["LOCAL_RANK"]))
-record = {{"argv": sys.argv[1:], "signal": None}}
+record = {{"argv": sys.argv[1:], "signal": None, "env": {{k: os.environ.get(k) for k in {worker_env!r}}}}}
 
 def save():
     with open(name + ".tmp", "w") as f:
@@ -106,11 +111,22 @@ sys.exit(3)  # never signalled
 '''
 
 FAKE_SRUN = r'''#!/bin/bash
-# Stand-in srun: options are skipped; the command runs once per node.
-while [[ $# -gt 0 && $1 == -* ]]; do echo "$1" >> "$FAKE_LOG_DIR/srun_options"; shift; done
+# Stand-in srun: options are recorded; the command runs once per node. Without --export=ALL, a
+# job whose SLURM_EXPORT_ENV is NONE gives its tasks SLURM's variables only (and the tests' own).
+export_all=0
+while [[ $# -gt 0 && $1 == -* ]]; do
+  echo "$1" >> "$FAKE_LOG_DIR/srun_options"
+  [[ $1 == --export=ALL* ]] && export_all=1
+  shift
+done
+task_env=(env)  # env execs the task: its pid is the task's
+if [[ $export_all == 0 && ${SLURM_EXPORT_ENV:-} == NONE* ]]; then
+  task_env=(env -i)
+  while IFS= read -r name; do task_env+=("$name=${!name}"); done < <(compgen -e | grep -E '^(SLURM_|FAKE_|PATH$|HOME$)')
+fi
 pids=()
 for ((node = 0; node < ${SLURM_JOB_NUM_NODES:-1}; node++)); do
-  SLURM_NODEID=$node "$@" &
+  "${task_env[@]}" SLURM_NODEID=$node "$@" &
   pids+=($!)
 done
 echo "${pids[*]}" > "$FAKE_LOG_DIR/srun_tasks"
@@ -145,11 +161,13 @@ def fake_cluster(tmp_path: Path, kind: str) -> dict[str, str]:
     bin_dir.mkdir()
     log_dir.mkdir()
     write_executable(bin_dir / "torchrun", FAKE_TORCHRUN.format(python=sys.executable, kind=kind))
-    write_executable(tmp_path / "worker.py", FAKE_WORKER.format(python=sys.executable, timeout=TIMEOUT_S))
+    write_executable(tmp_path / "worker.py", FAKE_WORKER.format(python=sys.executable, timeout=TIMEOUT_S, worker_env=WORKER_ENV))
     write_executable(bin_dir / "srun", FAKE_SRUN)
     write_executable(bin_dir / "scontrol", FAKE_SCONTROL)
+    # No thread count or offline setting from the machine running the tests, nor a SLURM job of its own.
+    outside = {k: v for k, v in os.environ.items() if k not in WORKER_ENV and not k.startswith("SLURM_")}
     return {
-        **os.environ,
+        **outside,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "FAKE_LOG_DIR": str(log_dir),
         "FAKE_WORKER": str(tmp_path / "worker.py"),
@@ -241,12 +259,70 @@ def test_job_runs_to_the_end_with_either_torchrun(tmp_path: Path, kind: str) -> 
     assert not requeued(env)
 
 
-def test_user_init_from_overrides_auto(tmp_path: Path) -> None:
-    """--init_from=auto comes before the user's keys, so an explicit choice (later) wins."""
+def test_user_init_from_replaces_auto(tmp_path: Path) -> None:
+    """An explicit --init_from is the only one train.py gets, as is launch.py's --init_from=auto."""
     env = {**fake_cluster(tmp_path, "new"), "FAKE_WORKER_MODE": "finish", "SLURM_RESTART_COUNT": "3"}
     finish(start_job(env, "--init_from=resume"))
     argv = worker_records(env)[0]["argv"]
-    assert argv[2:] == ["--init_from=auto", "--init_from=resume"]
+    assert argv[2:] == ["--init_from=resume"]
+    for path in Path(env["FAKE_LOG_DIR"]).glob("worker-*.json"):
+        path.unlink()
+    finish(start_job(env, "--connection=geonorm", "--init_from=auto"))  # as launch.py submits it
+    argv = worker_records(env)[0]["argv"]
+    assert argv[2:] == ["--connection=geonorm", "--init_from=auto"]
+
+
+def srun_options(env: dict[str, str]) -> list[str]:
+    path = Path(env["FAKE_LOG_DIR"]) / "srun_options"
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.mark.parametrize("cpus, threads", [("16", "8"), ("3", "1"), ("1", "1")])
+def test_threads_follow_cpus_per_task_and_srun_gets_it(tmp_path: Path, cpus: str, threads: str) -> None:
+    """--cpus-per-task=16 with 2 workers per node: 8 threads each (at least 1); newer srun does
+    not inherit --cpus-per-task from sbatch, so the script passes it."""
+    env = {**fake_cluster(tmp_path, "new"), "FAKE_WORKER_MODE": "finish", "SLURM_CPUS_PER_TASK": cpus, "SLURM_CPUS_ON_NODE": "64"}
+    out = finish(start_job(env))
+    records = worker_records(env)
+    assert len(records) == 4, out
+    assert {r["env"]["OMP_NUM_THREADS"] for r in records} == {threads}
+    assert f"--cpus-per-task={cpus}" in srun_options(env)
+    assert f"OMP_NUM_THREADS={threads} per worker" in out
+
+
+def test_threads_without_cpus_per_task_share_the_nodes_cpus(tmp_path: Path) -> None:
+    env = {**fake_cluster(tmp_path, "new"), "FAKE_WORKER_MODE": "finish", "SLURM_CPUS_ON_NODE": "12"}
+    finish(start_job(env))
+    assert {r["env"]["OMP_NUM_THREADS"] for r in worker_records(env)} == {"6"}
+    assert not any(o.startswith("--cpus-per-task") for o in srun_options(env))  # srun's own default
+
+
+def test_offline_variables_and_threads_reach_the_workers_of_an_export_none_job(tmp_path: Path) -> None:
+    """A job submitted with --export=NONE (SLURM_EXPORT_ENV=NONE) would give srun's tasks nothing
+    of the batch shell's environment; srun --export=ALL hands it on."""
+    env = {**fake_cluster(tmp_path, "old"), "FAKE_WORKER_MODE": "finish", "SLURM_EXPORT_ENV": "NONE", "SLURM_CPUS_PER_TASK": "4", **OFFLINE}
+    out = finish(start_job(env))
+    records = worker_records(env)
+    assert len(records) == 4, out
+    for record in records:
+        assert record["env"] == {"OMP_NUM_THREADS": "2", **OFFLINE}, out
+    assert "--export=ALL" in srun_options(env)
+    assert "offline settings for every worker: HF_HUB_OFFLINE=1" in out
+
+
+@pytest.mark.parametrize("args", [["config/shakespeare_char.py", "--connection=geonorm"], []])
+def test_outside_slurm_the_script_prints_its_usage(tmp_path: Path, args: list[str]) -> None:
+    env = fake_cluster(tmp_path, "new")
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT"):
+        del env[name]
+    result = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("usage: sbatch [sbatch options] scripts/slurm_train.sh config/NAME.py")
+    assert "unbound variable" not in result.stderr
+    assert len(result.stderr.splitlines()) == (2 if args else 1)
+    assert torchrun_calls(env) == [] and result.stdout == ""
+    help_text = subprocess.run(["bash", str(SCRIPT), "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert help_text.returncode == 0 and help_text.stdout.startswith("usage: ")
 
 
 @pytest.mark.parametrize("kind", ["old", "new"])

@@ -15,8 +15,17 @@ Writes OUT.png and OUT.pdf (default OUT: <runs_root>/figures/<dataset>_<scale>):
 of every logged iteration smoothed by an exponential moving average (bias-corrected, as
 TensorBoard does; --smooth 0 plots the raw values) and the val loss of every evaluation,
 unsmoothed. Curves come from metrics.jsonl only. Sphere methods are drawn solid, the others
-dashed; a method keeps its colour in every figure. In W&B the same runs share the group
-<config_name> (e.g. openwebtext_s), so these curves can be compared there as well.
+dashed; a method keeps its colour in every figure. Both panels share one iteration axis, from
+the first logged iteration of any run to the last. A run that has not reached max_iters (still
+training, stopped or diverged) is named "(unfinished)" in the legend and its last point, in
+both panels, is a hollow circle, so a run with a single evaluation is not a bare dot. In W&B
+the same runs share the group <config_name> (e.g. openwebtext_s), so these curves can be
+compared there as well.
+
+Runs of both blocks (--block=gpt2 and --block=llama) may share --runs_root: each run of a block
+other than GPT-2's is its own curve, in its method's colour with square markers, labelled with
+the block ('0.5-SpheretNorm (LLaMA)'), and the figure titles name the blocks; a folder of GPT-2
+runs is drawn as before.
 
 Only the runs of --dataset at --scale are read (beyond each run's config.json), so other
 experiments under the same --runs_root do not stop the plot; two runs of one method among
@@ -42,9 +51,20 @@ from spheretnorm.zeroshot.errors import NUMBER
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic, lacking, lacking_note
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.experiments.grid import PAPER_METHODS, Run, group_label, index_runs, sort_methods
+from spheretnorm.experiments.grid import (
+    BLOCKS,
+    DEFAULT_BLOCK,
+    PAPER_METHODS,
+    Run,
+    blocks_text,
+    group_label,
+    index_runs,
+    row_label,
+    sort_methods,
+    sort_rows,
+)
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.methods import display_name, is_sphere_method
+from spheretnorm.runtime.methods import is_sphere_method
 from spheretnorm.experiments.tabulate import check_value, groups_text, load_checked_run, scan_runs
 
 # Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
@@ -95,16 +115,57 @@ def _y_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float]
     return lo - pad, hi + pad
 
 
+def block_style(block: str) -> dict[str, object]:
+    """Markers of a block's curves: circles for GPT-2's (the paper's), squares for any other."""
+    return {"marker": "o" if block == DEFAULT_BLOCK else "s"}
+
+
+def is_unfinished(run: Run) -> bool:
+    """Whether a run has not reached max_iters (a config without max_iters counts as finished)."""
+    return "max_iters" in run.config and not run.finished
+
+
+UNFINISHED = " (unfinished)"
+
+
+def x_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float] | None:
+    """The iterations both panels show: from the first point of any series to the last, padded a little."""
+    iters = [i for xs, _ in series for i in xs]
+    if not iters:
+        return None
+    lo, hi = min(iters), max(iters)
+    pad = 0.02 * (hi - lo or 1)
+    return lo - pad, hi + pad
+
+
+def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -> None:
+    """A hollow circle on the last point of an unfinished run's curve (not in the legend)."""
+    iters, values = series
+    if iters:
+        ax.plot(iters[-1:], values[-1:], linestyle="none", marker="o", markersize=8, markerfacecolor="none",
+                markeredgecolor=color, markeredgewidth=1.6, label="_nolegend_", zorder=3)
+
+
 def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Path]:
-    """Two panels (train, val) with one curve per run; writes out.png and out.pdf."""
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    by_method = {r.method: r for r in runs}
+    """Two panels (train, val) on one iteration axis, with one curve per run; writes out.png and out.pdf.
+
+    A run is a method in a block (Run.row); an unfinished run is named so in the legend and its
+    last points are hollow circles.
+    """
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True, sharey=True)
+    by_row = {r.row: r for r in runs}
     train_series, val_series = [], []
-    for method in sort_methods(by_method):
-        train, val = curves(by_method[method], smooth)
-        style = method_style(method)
-        ax_train.plot(*train, label=display_name(method), linewidth=1.4, **style)
-        ax_val.plot(*val, marker="o", markersize=3, linewidth=1.4, label=display_name(method), **style)
+    for row in sort_rows(by_row):
+        run = by_row[row]
+        train, val = curves(run, smooth)
+        style = method_style(run.method)
+        label = row_label(row) + (UNFINISHED if is_unfinished(run) else "")
+        marks = {} if run.block == DEFAULT_BLOCK else {**block_style(run.block), "markersize": 3, "markevery": 0.1}
+        ax_train.plot(*train, label=label, linewidth=1.4, **marks, **style)
+        ax_val.plot(*val, markersize=3, linewidth=1.4, label=label, **block_style(run.block), **style)
+        if is_unfinished(run):
+            mark_last(ax_train, train, style["color"])
+            mark_last(ax_val, val, style["color"])
         train_series.append(train)
         val_series.append(val)
     smoothing = f"EMA {smooth:g} over logged iterations" if smooth else "not smoothed"
@@ -113,6 +174,9 @@ def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Pat
     ax_train.set_xlabel(f"iteration (train loss, {smoothing})")
     ax_val.set_title("validation")
     ax_val.set_xlabel("iteration (val loss at each evaluation, not smoothed)")
+    span = x_range(train_series + val_series)
+    if span:
+        ax_train.set_xlim(*span)  # shared: the val panel starts where the train panel does
     y_range = _y_range(train_series + val_series)
     if y_range:
         ax_train.set_ylim(*y_range)
@@ -138,9 +202,10 @@ def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
 
 
 def run_label(run: Run) -> str:
-    """The method's name, with alpha_index when a run counts layers by sublayer (the ablation)."""
+    """The row's name (the method, and the block unless GPT-2's), with alpha_index when a run
+    counts layers by sublayer (the ablation)."""
     extra = " (alpha_index=sublayer)" if run.config.get("alpha_index") == "sublayer" else ""
-    return display_name(run.method) + extra
+    return row_label(run.row) + extra
 
 
 def diagnostic_rows(run: Run, entry: Diagnostic) -> list[dict[str, Any]]:
@@ -268,7 +333,8 @@ def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
     A diagnostic that some runs predate is drawn blank for them, with one note on stderr.
     """
     order = {m: i for i, m in enumerate(sort_methods(r.method for r in runs))}
-    runs = sorted(runs, key=lambda r: (order[r.method], r.config.get("alpha_index", "")))
+    blocks = {b: i for i, b in enumerate(BLOCKS)}
+    runs = sorted(runs, key=lambda r: (order[r.method], blocks.get(r.block, len(blocks)), r.config.get("alpha_index", "")))
     entries = drawn_diagnostics()
     missing = lacking([run.of_kind("eval") for run in runs], entries)
     if missing:
@@ -282,7 +348,7 @@ def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
 def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:
     """The runs of one dataset and scale under runs_root, their files checked; the error names the pairs there are.
 
-    Only these runs' metrics are read, and two runs of one method are refused among them only.
+    Only these runs' metrics are read, and two runs of one method in one block are refused among them only.
     """
     folders = scan_runs(runs_root)
     chosen = [f for f in folders if f.dataset == dataset and f.scale == scale]
@@ -299,10 +365,11 @@ def plot_group(
         raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
     chosen = select_runs(runs_root, dataset, scale)
     out = out or Path(runs_root) / "figures" / f"{dataset}_{scale}"
-    title = f"{group_label(dataset, scale)}: loss per method"
-    paths = plot_runs(chosen, title, Path(out), smooth)
+    blocks = blocks_text(r.row for r in chosen)  # '' for GPT-2 runs only: the titles stay as they were
+    group = group_label(dataset, scale) + (f" ({blocks})" if blocks else "")
+    paths = plot_runs(chosen, f"{group}: loss per method", Path(out), smooth)
     if diagnostics:
-        paths += plot_diagnostics(chosen, group_label(dataset, scale), Path(out))
+        paths += plot_diagnostics(chosen, group, Path(out))
     return paths
 
 

@@ -12,8 +12,10 @@ zero-shot results of eval/zero_shot.py go beside the checkpoint as ``ckpt_zero_s
 (a --limit evaluation writes ``ckpt_zero_shot_limit<N>.json`` instead: partial, never final).
 Tables and plots read only these structured files, never logs.
 
-A run is *finished* when its metrics.jsonl has an eval row at iter >= max_iters: train.py
-evaluates at the last iteration, so this row exists exactly when training ran to the end.
+A run is *finished* when its metrics.jsonl has an eval row at iter >= max_iters (train.py
+evaluates at the last iteration, so this row exists exactly when training ran to the end) and
+its ckpt.pt is there (train.py always saves the final state; a run folder from before that
+rule may lack it, and then counts as not finished).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
-from spheretnorm.runtime.methods import canonical_method, scale_of, valid_methods_text
+from spheretnorm.runtime.methods import canonical_method, display_name, scale_of, valid_methods_text
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
-from spheretnorm.model import CONNECTIONS, GPTConfig
+from spheretnorm.model import BLOCKS, CONNECTIONS, GPTConfig
 from spheretnorm.runtime.run_folder import (
     read_metrics,
     CKPT_NAME,
@@ -183,10 +185,16 @@ def last_eval_iter(out_dir: Path) -> int | None:
     return max(iters) if iters else None
 
 
-def is_finished(out_dir: Path, max_iters: int) -> bool:
-    """True when metrics.jsonl has an eval row at iter >= max_iters (see the module docstring)."""
+def reached_max_iters(out_dir: Path, max_iters: int) -> bool:
+    """True when metrics.jsonl has an eval row at iter >= max_iters: training ran to its end."""
     last = last_eval_iter(out_dir)
     return last is not None and last >= max_iters
+
+
+def is_finished(out_dir: Path, max_iters: int) -> bool:
+    """True when training ran to its end (reached_max_iters) and left its checkpoint (see the
+    module docstring): a run without ckpt.pt has nothing to evaluate or resume, so it is not done."""
+    return reached_max_iters(out_dir, max_iters) and has_checkpoint(out_dir)
 
 
 # Stops that a resume would only repeat (the same data and weights give the same outcome).
@@ -246,6 +254,58 @@ def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
     return [f"{k}: the run has {saved[k]!r}, asked for {v!r}" for k, v in wanted.items() if k in saved and saved[k] != v]
 
 
+# -----------------------------------------------------------------------------
+# Runs: what identifies one in tables and plots
+#
+# A run's *row* is its method key, and for a block other than GPT-2's (the paper's, train.py's
+# default) the block too: 'p_spheret:0.5' and 'p_spheret:0.5+block=llama' (as the run folders
+# are named), shown as '0.5-SpheretNorm' and '0.5-SpheretNorm (LLaMA)'. So runs of both blocks
+# share one results folder, one table and one figure; a folder of GPT-2 runs reads as before.
+
+DEFAULT_BLOCK = GPTConfig.block
+BLOCK_TITLES = {"gpt2": "GPT-2", "llama": "LLaMA"}
+_ROW_BLOCK = "+block="
+
+
+def block_title(block: str) -> str:
+    """'LLaMA' for 'llama': a block as tables and figures name it."""
+    return BLOCK_TITLES.get(block, block)
+
+
+def row_key(method: str, block: str = DEFAULT_BLOCK) -> str:
+    """The row of a method in a block: the method key alone for the default block, else '<method>+block=<block>'."""
+    return method if block == DEFAULT_BLOCK else f"{method}{_ROW_BLOCK}{block}"
+
+
+def split_row(row: str) -> tuple[str, str]:
+    """(method key, block) of a row key."""
+    method, _, block = row.partition(_ROW_BLOCK)
+    return method, block or DEFAULT_BLOCK
+
+
+def row_label(row: str) -> str:
+    """The name of a row: '0.5-SpheretNorm', or '0.5-SpheretNorm (LLaMA)' for a non-default block."""
+    method, block = split_row(row)
+    return display_name(method) + ("" if block == DEFAULT_BLOCK else f" ({block_title(block)})")
+
+
+def sort_rows(rows: Iterable[str]) -> list[str]:
+    """Rows in the paper's method order (sort_methods), each method's default block first."""
+    rows = set(rows)
+    order = {m: i for i, m in enumerate(sort_methods(split_row(r)[0] for r in rows))}
+    blocks = {b: i for i, b in enumerate(BLOCKS)}
+    return sorted(rows, key=lambda r: (order[split_row(r)[0]], blocks.get(split_row(r)[1], len(blocks)), split_row(r)[1]))
+
+
+def blocks_text(rows: Iterable[str]) -> str:
+    """'' when every row is of the default block, else 'GPT-2 and LLaMA blocks' or 'LLaMA block', for titles."""
+    blocks = sorted({split_row(r)[1] for r in rows}, key=lambda b: (BLOCKS.index(b) if b in BLOCKS else len(BLOCKS), b))
+    if blocks in ([], [DEFAULT_BLOCK]):
+        return ""
+    names = [block_title(b) for b in blocks]
+    return (" and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]) + (" blocks" if len(names) > 1 else " block")
+
+
 @dataclass
 class Run:
     """One run folder: its config.json, metrics rows and (optional) zero-shot paper columns."""
@@ -263,6 +323,16 @@ class Run:
     @property
     def dataset(self) -> str:
         return self.config["dataset"]
+
+    @property
+    def block(self) -> str:
+        """The run's block; a run from before the block key is GPT-2's."""
+        return self.config.get("block") or DEFAULT_BLOCK
+
+    @property
+    def row(self) -> str:
+        """Its row in tables and its curve in figures (row_key): the method, and the block unless GPT-2's."""
+        return row_key(self.method, self.block)
 
     @property
     def scale(self) -> str:
@@ -330,16 +400,53 @@ def find_runs(root: Path) -> list[Run]:
     return [load_run(p.parent) for p in sorted(root.rglob(CONFIG_NAME)) if (p.parent / METRICS_NAME).is_file()]
 
 
+# Keys of config.json that say nothing about what a run computed: where and how it ran and logged
+# (config.RUN_NEUTRAL_KEYS), and what train.py derives from the others.
+_DERIVED_KEYS = frozenset({"method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params"})
+_SHOWN_DIFFERENCES = 4
+
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """'seed (1337 vs 1338)' for each setting where two runs' config.json differ (block defaulted, a
+    missing key shown as absent); neutral and derived keys left out."""
+    from spheretnorm.runtime.config import run_neutral_keys
+
+    ignored = run_neutral_keys() | _DERIVED_KEYS
+    a = {"block": DEFAULT_BLOCK, **a}
+    b = {"block": DEFAULT_BLOCK, **b}
+    absent = object()
+    keys = sorted(k for k in {*a, *b} - ignored if a.get(k, absent) != b.get(k, absent))
+
+    def text(v: Any) -> str:
+        return "absent" if v is absent else json.dumps(v) if isinstance(v, (dict, list)) else repr(v)
+
+    return [f"{k} ({text(a.get(k, absent))} vs {text(b.get(k, absent))})" for k in keys]
+
+
+def _collision(first: Run, second: Run) -> str:
+    """Why two runs cannot share a cell: both folders, and the settings in which they differ."""
+    block = "" if first.block == DEFAULT_BLOCK else f" with the {block_title(first.block)} block"
+    differences = config_differences(first.config, second.config)
+    if differences:
+        shown = ", ".join(differences[:_SHOWN_DIFFERENCES])
+        more = f" and {len(differences) - _SHOWN_DIFFERENCES} more" if len(differences) > _SHOWN_DIFFERENCES else ""
+        how = f"; their config.json files differ in {shown}{more}"
+    else:
+        how = "; their config.json files hold the same settings (a copied folder?)"
+    return (
+        f"Two runs of {first.method}{block} on {first.dataset} at scale {first.scale}: {first.path} and {second.path}{how}; "
+        "point --runs_root at the folder of one experiment."
+    )
+
+
 def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
-    """{(dataset, scale, method): run}; two runs of one cell are refused, not silently merged."""
+    """{(dataset, scale, row): run}, row = Run.row (the method, and the block unless GPT-2's); two
+    runs of one cell are refused, not silently merged, naming the settings in which they differ."""
     index: dict[tuple[str, str, str], Run] = {}
     for run in runs:
-        key = (run.dataset, run.scale, run.method)
+        key = (run.dataset, run.scale, run.row)
         if key in index:
-            raise UsageError(
-                f"Two runs of {run.method} on {run.dataset} at scale {run.scale}: {index[key].path} and "
-                f"{run.path}; point --runs_root at the folder of one experiment."
-            )
+            raise UsageError(_collision(index[key], run))
         index[key] = run
     return index
 

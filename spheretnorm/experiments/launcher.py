@@ -7,6 +7,7 @@
     python scripts/launch.py --mode slurm --sbatch_args="--partition=gpu --account=lab --time=12:00:00"
     python scripts/launch.py --nnodes 2 --node_rank 0 --rdzv_endpoint node0:29500   # on each node
     python scripts/launch.py --stage zero_shot --scales L --eval_args "--local_data ../shared/evaldata"
+    python scripts/launch.py --mode slurm --chain_zero_shot              # + each run's zero-shot job, afterok
 
 Each run is `train.py config/<dataset>_<scale>.py --connection=... [--<method parameter>=...]
 --out_dir=<runs_root>/<dataset>_<scale>/<method>` (e.g. out/openwebtext_s/p_spheret-0.5); its W&B
@@ -31,23 +32,42 @@ resume would stop again), and when its folder holds a run with other settings (r
 overwritten; the other runs are still planned). A run that ends with a non-zero exit status is
 reported by what the status means (train.py's EXIT_* codes: crashed, stopped: collapse, ...). Every command carries
 --init_from=auto, so a run resumes from its checkpoint whenever one exists by the time it
-starts. --stage zero_shot runs eval/zero_shot.py on finished runs that have no
-ckpt_zero_shot.json yet; scripts/tables.py reads those files for Tables 4 and 5.
+starts. A run counts as finished only when its ckpt.pt is there too: one that reached max_iters
+without it (a folder from before train.py always saved the final state) trains again. --stage
+zero_shot runs eval/zero_shot.py on finished runs that have no ckpt_zero_shot.json yet;
+scripts/tables.py reads those files for Tables 4 and 5.
+
+--mode slurm submits nothing twice. It asks squeue which of the user's jobs of this grid (by job
+name: spheretnorm-<run> for training, spheretnorm-zero_shot-<run> for evaluation) are queued or
+running, and reads the lock each submission leaves in its run folder (slurm_train.lock,
+slurm_zero_shot.lock: the job id); a run whose job is still listed is skipped, one line saying
+which job, and a lock whose job squeue no longer lists is stale and ignored. Every job id is
+also recorded in the run folder's slurm_jobs.json. --chain_zero_shot (with --stage train) also
+submits each run's zero-shot job with --dependency=afterok:<training job id>, so it starts when
+training has succeeded (after a job already queued, too; a finished run's evaluation at once).
+The variables HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE and WANDB_MODE, when set
+here, are passed to every job by name in its --export.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import getpass
+import json
 import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from spheretnorm.runtime.run_folder import CKPT_NAME
+from spheretnorm.runtime.run_folder import CKPT_NAME, SLURM_JOBS_NAME, slurm_lock_name, write_json_atomic
 from spheretnorm.experiments.grid import (
     PAPER_DATASETS,
     PAPER_SCALES,
@@ -61,6 +81,7 @@ from spheretnorm.experiments.grid import (
     is_finished,
     last_eval_iter,
     parse_choices,
+    reached_max_iters,
     parse_methods,
     stopped_row,
 )
@@ -74,6 +95,8 @@ from spheretnorm.runtime.tracking import check_wandb
 MODES = ("local", "print", "slurm")
 STAGES = ("train", "zero_shot")
 SLURM_SCRIPT = "scripts/slurm_train.sh"
+# Set on the submitting machine, these reach every job by name (an air-gapped cluster's settings).
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE")
 # Keys the launcher sets itself, and the option to use instead (the method's keys: check_overrides).
 RESERVED = {
     "dataset": "--datasets",
@@ -203,6 +226,20 @@ def torchrun_command(run: GridRun, layout: Layout) -> list[str]:
     return [*launcher, "train.py", *run.args()]
 
 
+def job_name(run: GridRun, stage: str) -> str:
+    """The SLURM job name of a run's training or zero-shot job: what squeue is asked for."""
+    return f"spheretnorm-{run.slug}" if stage == "train" else f"spheretnorm-zero_shot-{run.slug}"
+
+
+def export_option(extra: list[str], env: dict[str, str] | None = None) -> str:
+    """--export=ALL plus `extra` and the offline variables set in `env`, by name: they reach the
+    job even where the cluster's sbatch would not pass the submitting environment on."""
+    env = os.environ if env is None else env
+    # A value with a comma cannot be written in --export; ALL still carries it.
+    offline = [f"{k}={env[k]}" for k in OFFLINE_VARIABLES if env.get(k) and "," not in env[k]]
+    return "--export=" + ",".join(["ALL", *extra, *offline])
+
+
 def sbatch_command(run: GridRun, layout: Layout, wrapped: list[str] | None = None) -> list[str]:
     """sbatch of scripts/slurm_train.sh for training, or of `wrapped` (one GPU) for evaluation.
 
@@ -211,20 +248,25 @@ def sbatch_command(run: GridRun, layout: Layout, wrapped: list[str] | None = Non
     """
     options = [
         "sbatch",
-        f"--job-name=spheretnorm-{run.slug}",
+        f"--job-name={job_name(run, 'train' if wrapped is None else 'zero_shot')}",
         f"--output={run.out_dir}/slurm-%x-%j.out",
         *layout.sbatch_args,
     ]
     if wrapped is not None:
-        return [*options, "--nodes=1", "--gpus-per-node=1", f"--wrap={shlex.join(wrapped)}"]
+        return [*options, "--nodes=1", "--gpus-per-node=1", export_option([]), f"--wrap={shlex.join(wrapped)}"]
     return [
         *options,
         f"--nodes={layout.nnodes}",
         f"--gpus-per-node={layout.nproc_per_node}",
-        f"--export=ALL,GPUS_PER_NODE={layout.nproc_per_node}",
+        export_option([f"GPUS_PER_NODE={layout.nproc_per_node}"]),
         SLURM_SCRIPT,
         *run.args(),
     ]
+
+
+def with_dependency(command: list[str], job_id: str) -> list[str]:
+    """An sbatch command that starts only once job `job_id` has ended with exit status 0."""
+    return [command[0], f"--dependency=afterok:{job_id}", *command[1:]]
 
 
 def zero_shot_command(run: GridRun, eval_args: list[str]) -> list[str]:
@@ -238,34 +280,288 @@ def zero_shot_command(run: GridRun, eval_args: list[str]) -> list[str]:
     ]
 
 
-def plan(runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: list[str]) -> tuple[list[tuple[GridRun, list[str]]], list[str]]:
-    """([(run, command) to run], [why each other run is skipped])."""
+# -----------------------------------------------------------------------------
+# What SLURM already has: squeue, and the locks the submissions leave in the run folders
+
+
+@dataclass
+class QueuedJob:
+    """One line of squeue."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, ...
+    reason: str  # why it is pending, e.g. Priority, Dependency, DependencyNeverSatisfied
+    name: str
+
+
+# States squeue may still show for a while after a job ended: no longer queued or running.
+ENDED_STATES = frozenset({
+    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
+    "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT",
+})
+# squeue's fields, the name last: it is the one field that may hold the separator.
+SQUEUE_FORMAT = "%i|%T|%r|%j"
+
+
+def parse_squeue(text: str) -> list[QueuedJob]:
+    """The jobs of `squeue --noheader --format=SQUEUE_FORMAT` output that are queued or running.
+
+    Robust to what squeue prints besides: blank lines, a header line, warnings, padding, array
+    and heterogeneous job ids (123_4, 123+0: the job id is 123), states such as "CANCELLED by 0".
+    """
+    jobs = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split("|", 3)]
+        if len(parts) != 4:
+            continue
+        match = re.fullmatch(r"(\d+)(?:[_+]\S*)?", parts[0])
+        state = parts[1].split(" ")[0].upper()
+        if match is None or not state or state in ENDED_STATES:
+            continue
+        jobs.append(QueuedJob(match.group(1), state, parts[2], parts[3]))
+    return jobs
+
+
+def slurm_user() -> str:
+    """The name squeue lists this user's jobs under (its uid when there is no name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+@dataclass
+class Active:
+    """A job of one run and stage that SLURM still has: why a submission is skipped."""
+
+    job_id: str | None  # None: a launcher elsewhere is submitting it right now
+    text: str
+
+
+# A lock without a job id is a submission under way; one older than this was abandoned.
+PENDING_LOCK_S = 600.0
+
+
+class Queue:
+    """This user's queued and running jobs of the grid (squeue), and the run folders' locks.
+
+    jobs is None when squeue could not be asked (problem says why): a lock then counts as live,
+    since nothing can tell that its job is gone, and only locks can prevent a second submission.
+    """
+
+    def __init__(self, jobs: list[QueuedJob] | None, problem: str = ""):
+        self.jobs = jobs
+        self.problem = problem
+        self.notes: list[str] = []  # stale locks ignored, one line each
+        self.stale: dict[Path, dict[str, Any] | None] = {}  # lock -> its content when found stale
+
+    @classmethod
+    def ask(cls, names: list[str]) -> Queue:
+        """squeue for the jobs named `names` of this user."""
+        squeue = shutil.which("squeue")
+        if squeue is None:
+            return cls(None, "squeue is not on PATH")
+        if not names:
+            return cls([])
+        command = [squeue, "--noheader", f"--user={slurm_user()}", f"--name={','.join(names)}", f"--format={SQUEUE_FORMAT}"]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return cls(None, f"squeue failed: {e}")
+        if result.returncode != 0:
+            detail = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+            return cls(None, f"squeue failed: {detail}")
+        wanted = set(names)
+        return cls([job for job in parse_squeue(result.stdout) if job.name in wanted])
+
+    @property
+    def known(self) -> bool:
+        return self.jobs is not None
+
+    def listed(self, job_id: str) -> QueuedJob | None:
+        return next((job for job in self.jobs or [] if job.job_id == job_id), None)
+
+    def active(self, run: GridRun, stage: str, submitting: bool = True) -> Active | None:
+        """The job of `stage` that SLURM still has for `run`, else None (a stale lock is noted
+        when a job of that stage is about to be submitted)."""
+        lock_path = run.path / slurm_lock_name(stage)
+        lock = read_lock(lock_path)
+        job_id = lock.get("job_id") if lock else None
+        if lock is not None and job_id is None:  # a submission under way, or one abandoned
+            age = time.time() - float(lock.get("claimed_at", 0) or 0)
+            if age < PENDING_LOCK_S and lock_owner_alive(lock):
+                return Active(None, f"a launch.py (pid {lock.get('pid')} on {lock.get('host')}) is submitting its {stage} job right now ({run.out_dir / lock_path.name})")
+        if job_id is not None and not self.known:
+            return Active(str(job_id), f"{stage} job {job_id} was submitted ({run.out_dir / lock_path.name}) and {self.problem}, so it may still be queued; delete that lock if job {job_id} is gone")
+        mine = self.listed(str(job_id)) if job_id is not None else None
+        if mine is not None:
+            return Active(mine.job_id, f"{stage} job {mine.job_id} is already {describe_state(mine)} ({run.out_dir / lock_path.name})")
+        named = [job for job in self.jobs or [] if job.name == job_name(run, stage)]
+        if named:  # submitted from elsewhere, or before locks existed
+            first = named[0]
+            more = f" (and {', '.join(j.job_id for j in named[1:])})" if named[1:] else ""
+            return Active(first.job_id, f"{stage} job {first.job_id}{more} named {first.name} is already {describe_state(first)}")
+        if lock_path.exists() and submitting:
+            self.stale[lock_path] = lock
+            why = f"of job {job_id} is stale (squeue no longer lists it)" if job_id is not None else "of a submission that never finished is stale"
+            self.notes.append(f"{run.name}: the lock {run.out_dir / lock_path.name} {why}; submitting again")
+        return None
+
+
+def describe_state(job: QueuedJob) -> str:
+    """'running', 'pending (Priority)'; a job whose dependency failed says how to clear it."""
+    text = job.state.lower() + (f" ({job.reason})" if job.reason and job.reason not in ("None", "(null)") else "")
+    if job.reason == "DependencyNeverSatisfied":
+        text += f"; it can never start (the job it waits for failed): scancel {job.job_id}, then launch again"
+    return text
+
+
+def read_lock(path: Path) -> dict[str, Any] | None:
+    """A lock's content; an unreadable one is stale (an empty dict), a missing one None."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def lock_owner_alive(lock: dict[str, Any]) -> bool:
+    """Whether the launcher that wrote a pending lock may still run (on another host: assume so)."""
+    if lock.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(lock.get("pid", 0)), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return int(lock.get("pid", 0)) > 0
+
+
+def claim_lock(path: Path, job: Job, queue: Queue) -> bool:
+    """Create the lock of a submission about to be made; False when another launcher holds it.
+
+    A lock found stale when the plan was made is replaced only if it is still that one.
+    """
+    if path in queue.stale and read_lock(path) == queue.stale[path]:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    claim = {"job_id": None, "stage": job.stage, "job_name": job.name, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(claim, f)
+    return True
+
+
+def record_submission(run: GridRun, entry: dict[str, Any]) -> None:
+    """Append a submitted job to the run folder's slurm_jobs.json (written atomically)."""
+    path = run.path / SLURM_JOBS_NAME
+    try:
+        jobs = json.loads(path.read_text(encoding="utf-8")).get("jobs", [])
+    except (OSError, ValueError, AttributeError):
+        jobs = []  # none yet, or a damaged file: start a new record
+    write_json_atomic(path, {"jobs": [*(j for j in jobs if isinstance(j, dict)), entry]})
+
+
+def submitted_job_id(stdout: str) -> str | None:
+    """The job id sbatch printed: 'Submitted batch job 42', or '42' / '42;cluster' (--parsable)."""
+    match = re.search(r"Submitted batch job (\d+)", stdout) or re.search(r"^\s*(\d+)(?:;\S*)?\s*$", stdout, re.M)
+    return match.group(1) if match else None
+
+
+# -----------------------------------------------------------------------------
+# The plan
+
+
+@dataclass(eq=False)
+class Job:
+    """One command of the plan: a run's training, or its zero-shot evaluation."""
+
+    run: GridRun
+    stage: str  # "train" or "zero_shot"
+    command: list[str]
+    # The training job this one waits for (sbatch --dependency=afterok): one planned here, or the
+    # id of one already queued.
+    after: Job | str | None = None
+    note: str = ""  # said with the plan line
+    job_id: str | None = None  # once submitted
+
+    @property
+    def name(self) -> str:
+        return job_name(self.run, self.stage)
+
+
+def plan(
+    runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: list[str],
+    queue: Queue | None = None, chain_zero_shot: bool = False,
+) -> tuple[list[Job], list[str]]:
+    """([jobs to run], [why each other run is skipped]); queue (slurm) says what is already queued."""
     todo, skipped = [], []
+
+    def add_zero_shot(run: GridRun, after: Job | str | None) -> None:
+        job, reason = plan_zero_shot(run, mode, layout, eval_args, queue, after)
+        todo.append(job) if job is not None else skipped.append(reason)
+
     for run in runs:
         if run.conflicts:
             skipped.append(conflict_reason(run))
             continue
-        if stage == "train":
-            if run.finished:
-                skipped.append(f"{run.name}: finished (eval at iter {last_eval_iter(run.path)} >= max_iters {run.max_iters}) in {run.out_dir}")
-                continue
-            stop = stopped_row(run.path)
-            if stop is not None:  # resuming would stop again at the same point
-                skipped.append(f"{run.name}: stopped: {stop['reason'].replace('_', '-')} at iter {stop['iter']} in {run.out_dir}; move that folder away (or change its settings) to run it again")
-                continue
-            command = sbatch_command(run, layout) if mode == "slurm" else torchrun_command(run, layout)
-        else:
-            if not run.finished:
-                skipped.append(f"{run.name}: not finished training, nothing to evaluate in {run.out_dir}")
-                continue
-            if is_evaluated(run.path):  # a --limit result does not count
-                skipped.append(f"{run.name}: already evaluated ({run.out_dir / ZERO_SHOT_NAME})")
-                continue
-            command = zero_shot_command(run, eval_args)
-            if mode == "slurm":
-                command = sbatch_command(run, layout, wrapped=command)
-        todo.append((run, command))
+        if stage == "zero_shot":
+            add_zero_shot(run, None)
+            continue
+        if run.finished:
+            skipped.append(f"{run.name}: finished (eval at iter {last_eval_iter(run.path)} >= max_iters {run.max_iters}, {CKPT_NAME} there) in {run.out_dir}")
+            if chain_zero_shot:
+                add_zero_shot(run, None)
+            continue
+        stop = stopped_row(run.path)
+        if stop is not None:  # resuming would stop again at the same point
+            skipped.append(f"{run.name}: stopped: {stop['reason'].replace('_', '-')} at iter {stop['iter']} in {run.out_dir}; move that folder away (or change its settings) to run it again")
+            continue
+        active = queue.active(run, "train") if queue is not None else None
+        if active is not None:
+            skipped.append(f"{run.name}: {active.text}")
+            if chain_zero_shot and active.job_id is not None:
+                add_zero_shot(run, active.job_id)
+            continue
+        note = ""
+        if reached_max_iters(run.path, run.max_iters):
+            note = f"it reached max_iters {run.max_iters} but left no {CKPT_NAME}, so it trains again"
+        command = sbatch_command(run, layout) if mode == "slurm" else torchrun_command(run, layout)
+        job = Job(run, "train", command, note=note)
+        todo.append(job)
+        if chain_zero_shot:
+            add_zero_shot(run, job)
     return todo, skipped
+
+
+def plan_zero_shot(
+    run: GridRun, mode: str, layout: Layout, eval_args: list[str], queue: Queue | None, after: Job | str | None
+) -> tuple[Job | None, str]:
+    """(the zero-shot job of run, "") or (None, why it is skipped); `after`: the training it waits for."""
+    if after is None and not run.finished:
+        if reached_max_iters(run.path, run.max_iters):
+            return None, (
+                f"{run.name}: reached max_iters {run.max_iters} but {run.out_dir} has no {CKPT_NAME} to evaluate; "
+                "train it again with --stage train (train.py now always saves the final state)"
+            )
+        training = queue.active(run, "train", submitting=False) if queue is not None else None
+        queued = f"; its training job is queued ({training.text}): add --chain_zero_shot to a --stage train launch to evaluate it afterwards" if training else ""
+        return None, f"{run.name}: not finished training, nothing to evaluate in {run.out_dir}{queued}"
+    if is_evaluated(run.path):  # a --limit result does not count
+        return None, f"{run.name}: already evaluated ({run.out_dir / ZERO_SHOT_NAME})"
+    active = queue.active(run, "zero_shot") if queue is not None else None
+    if active is not None:
+        return None, f"{run.name}: {active.text}"
+    command = zero_shot_command(run, eval_args)
+    if mode == "slurm":
+        command = sbatch_command(run, layout, wrapped=command)
+    return Job(run, "zero_shot", command, after=after), ""
 
 
 def conflict_reason(run: GridRun) -> str:
@@ -286,34 +582,107 @@ def warn_conflicts(runs: list[GridRun]) -> None:
         )
 
 
-def describe(run: GridRun, stage: str) -> str:
-    state = "resume" if stage == "train" and has_checkpoint(run.path) else "new"
-    return f"# {run.name} ({stage}, {state}) -> {run.out_dir}"
+def describe(job: Job) -> str:
+    run = job.run
+    if job.stage == "train":
+        state = "resume" if has_checkpoint(run.path) else "new"
+    elif isinstance(job.after, Job):
+        state = "after its training job succeeds"
+    elif isinstance(job.after, str):
+        state = f"after training job {job.after} succeeds"
+    else:
+        state = "new"
+    return f"# {run.name} ({job.stage}, {state}) -> {run.out_dir}" + (f"; {job.note}" if job.note else "")
 
 
-def print_plan(todo: list[tuple[GridRun, list[str]]], skipped: list[str], stage: str) -> None:
-    """Shell-ready: commands on their own lines, everything else as # comments."""
-    for run, command in todo:
-        print(describe(run, stage))
-        print(shlex.join(command))
+def print_plan(todo: list[Job], skipped: list[str], notes: list[str] = ()) -> None:
+    """Shell-ready: commands on their own lines, everything else as # comments.
+
+    A training job that a zero-shot job waits for is submitted with --parsable into a shell
+    variable, and the zero-shot job's --dependency reads it.
+    """
+    waited_for = {id(job.after) for job in todo if isinstance(job.after, Job)}
+    variables: dict[int, str] = {}
+    for job in todo:
+        print(describe(job))
+        if isinstance(job.after, Job) and id(job.after) in variables:
+            dependency = f'--dependency=afterok:"${{{variables[id(job.after)]}%%;*}}"'
+            line = f"{shlex.join(job.command[:1])} {dependency} {shlex.join(job.command[1:])}"
+        elif isinstance(job.after, str):
+            line = shlex.join(with_dependency(job.command, job.after))
+        else:
+            line = shlex.join(job.command)
+        if id(job) in waited_for:
+            variables[id(job)] = f"job_{len(variables) + 1}"
+            line = f"{variables[id(job)]}=$({shlex.join([job.command[0], '--parsable', *job.command[1:]])})"
+        print(line)
+    for note in notes:
+        print(f"# note: {note}")
     for reason in skipped:
         print(f"# skip {reason}")
-    print(f"# {len(todo) + len(skipped)} runs: {len(todo)} to run, {len(skipped)} skipped")
+    if any(job.stage != todo[0].stage for job in todo):
+        print(f"# {len(todo)} jobs to run, {len(skipped)} skipped")
+    else:
+        print(f"# {len(todo) + len(skipped)} runs: {len(todo)} to run, {len(skipped)} skipped")
 
 
-def execute(todo: list[tuple[GridRun, list[str]]], mode: str) -> int:
-    """Run (local) or submit (slurm) the commands; returns the number that failed."""
-    if mode == "slurm" and shutil.which("sbatch") is None:
-        raise UsageError("sbatch was not found on PATH; run --mode slurm on a SLURM login node, or add --dry_run to print the commands.")
+def execute(todo: list[Job], mode: str) -> int:
+    """Run the commands one after another on this machine; returns the number that failed."""
     failed = []
-    for i, (run, command) in enumerate(todo, start=1):
-        print(f"[{i}/{len(todo)}] {run.name}: {shlex.join(command)}", flush=True)
-        run.path.mkdir(parents=True, exist_ok=True)  # SLURM's --output folder must exist
-        status = subprocess.run(command, cwd=REPO_ROOT).returncode
+    for i, job in enumerate(todo, start=1):
+        run = job.run
+        print(f"[{i}/{len(todo)}] {run.name}: {shlex.join(job.command)}" + (f" ({job.note})" if job.note else ""), flush=True)
+        run.path.mkdir(parents=True, exist_ok=True)
+        status = subprocess.run(job.command, cwd=REPO_ROOT).returncode
         if status != 0:
             print(f"[{i}/{len(todo)}] {run.name} {exit_text(status)}; continuing.", flush=True)
             failed.append(run.name)
-    print(f"{len(todo) - len(failed)} of {len(todo)} {'submitted' if mode == 'slurm' else 'completed'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(f"{len(todo) - len(failed)} of {len(todo)} completed" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return len(failed)
+
+
+def submit(todo: list[Job], queue: Queue) -> int:
+    """Submit the jobs with sbatch, each under its run folder's lock, its id recorded there;
+    returns the number not submitted."""
+    if shutil.which("sbatch") is None:
+        raise UsageError("sbatch was not found on PATH; run --mode slurm on a SLURM login node, or add --dry_run to print the commands.")
+    if not queue.known:
+        print(f"warning: {queue.problem}: jobs submitted without a lock in their run folder cannot be seen, so they may be submitted again.", file=sys.stderr)
+    failed, n = [], len(todo)
+    for i, job in enumerate(todo, start=1):
+        run, label = job.run, f"[{i}/{n}] {job.run.name} ({job.stage})"
+        after = job.after.job_id if isinstance(job.after, Job) else job.after
+        if isinstance(job.after, Job) and after is None:
+            print(f"{label}: not submitted, its training job was not submitted.", flush=True)
+            failed.append(f"{run.name} ({job.stage})")
+            continue
+        command = with_dependency(job.command, after) if after is not None else job.command
+        print(f"{label}: {shlex.join(command)}" + (f" ({job.note})" if job.note else ""), flush=True)
+        run.path.mkdir(parents=True, exist_ok=True)  # SLURM's --output folder must exist
+        lock = run.path / slurm_lock_name(job.stage)
+        if not claim_lock(lock, job, queue):
+            print(f"{label}: skipped, another launch.py has just claimed {run.out_dir / lock.name}.", flush=True)
+            continue
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+        job.job_id = submitted_job_id(result.stdout) if result.returncode == 0 else None
+        if job.job_id is None:  # sbatch's own words, when they are not the job id said below
+            sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.returncode != 0 or job.job_id is None:
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            why = exit_text(result.returncode) if result.returncode != 0 else "no job id in its output; it may be queued, check squeue"
+            print(f"{label}: sbatch {why}; continuing.", flush=True)
+            failed.append(f"{run.name} ({job.stage})")
+            continue
+        entry = {
+            "job_id": job.job_id, "stage": job.stage, "job_name": job.name, "after": after,
+            "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command,
+        }
+        write_json_atomic(lock, {**entry, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()})
+        record_submission(run, entry)
+        print(f"{label}: submitted job {job.job_id}" + (f", to start after job {after} succeeds" if after else ""), flush=True)
+    print(f"{n - len(failed)} of {n} submitted" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return len(failed)
 
 
@@ -341,6 +710,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--node_rank", type=int, default=0, help="this node's rank, for a multi-node local launch")
     p.add_argument("--rdzv_endpoint", default=None, help="HOST:PORT where the nodes of a multi-node local launch meet")
     p.add_argument("--eval_args", default="", help="extra arguments for eval/zero_shot.py, as one string")
+    p.add_argument(
+        "--chain_zero_shot", action="store_true",
+        help="with --mode slurm --stage train: also submit each run's zero-shot job, held until its training job succeeds (sbatch --dependency=afterok:<training job id>)",
+    )
     return p.parse_known_args(argv)
 
 
@@ -373,6 +746,9 @@ def check_layout(args: argparse.Namespace) -> Layout:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
     if not 0 <= args.node_rank < args.nnodes:
         raise UsageError(f"--node_rank {args.node_rank} is not valid with --nnodes {args.nnodes}; use 0 to {args.nnodes - 1}.")
+    if args.chain_zero_shot and (args.mode, args.stage) != ("slurm", "train"):
+        bad = f"--mode {args.mode}" if args.mode != "slurm" else f"--stage {args.stage}"
+        raise UsageError(f"--chain_zero_shot does not work with {bad}; it needs --mode slurm and --stage train (it queues each run's zero-shot job after its training job).")
     multi_node_local = args.nnodes > 1 and args.mode != "slurm" and args.stage == "train"
     if multi_node_local and not args.rdzv_endpoint:
         raise UsageError("--nnodes > 1 outside SLURM needs --rdzv_endpoint HOST:PORT (the address of one of the nodes).")
@@ -392,19 +768,26 @@ def main(argv: list[str] | None = None) -> int:
             overrides,
             layout.world_size if args.stage == "train" else 1,  # an evaluation job takes one GPU
         )
-        todo, skipped = plan(runs, args.stage, args.mode, layout, shlex.split(args.eval_args))
+        queue = None
+        if args.mode == "slurm":  # what is already queued or running is not submitted again
+            queue = Queue.ask([job_name(run, stage) for run in runs for stage in STAGES])
+        todo, skipped = plan(runs, args.stage, args.mode, layout, shlex.split(args.eval_args), queue, args.chain_zero_shot)
+        notes = queue.notes if queue is not None else []
         warn_conflicts(runs)
-        problems = preflight([run for run, _ in todo]) if args.stage == "train" else []
+        problems = preflight([job.run for job in todo if job.stage == "train"])
         if args.dry_run or args.mode == "print":
             for problem in problems:  # a plan may be printed on a machine without the data
                 print(f"warning: {problem}", file=sys.stderr)
-            print_plan(todo, skipped, args.stage)
+            print_plan(todo, skipped, notes)
             return 0
         if problems:
             raise UsageError(f"nothing was started, {len(problems)} problem(s) would make the jobs fail at start:\n" + "\n".join(problems))
+        for note in notes:
+            print(f"note: {note}")
         for reason in skipped:
             print(f"skip {reason}")
-        return 1 if execute(todo, args.mode) else 0
+        failed = submit(todo, queue) if queue is not None else execute(todo, args.mode)
+        return 1 if failed else 0
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

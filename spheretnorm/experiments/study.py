@@ -89,7 +89,7 @@ def as_args(settings: dict[str, Any]) -> list[str]:
 
 
 def parse_train_args(argv: list[str]) -> ParsedConfig:
-    """spheretnorm.config's parse of a study's train.py arguments; a bad key or value is a UsageError."""
+    """spheretnorm.runtime.config's parse of a study's train.py arguments; a bad key or value is a UsageError."""
     try:
         return parse_config(argv, world_size=1)
     except ConfigError as e:

@@ -21,6 +21,15 @@ named ckpt_zero_shot.json gets here; a table that is left out for want of result
 stderr. A '‡' marks a benchmark that a --skip_missing evaluation left out for lack of its files:
 that run's zero-shot row is not a complete paper evaluation, and a note under the table says so.
 
+Runs of both blocks (train.py --block=gpt2, the paper's, and --block=llama) may share one
+--runs_root: a row is a method in a block, and a run of a block other than GPT-2's gets its own
+row, labelled with the block ('0.5-SpheretNorm (LLaMA)'), right under the method's GPT-2 row, in
+the same tables; their titles then name the blocks ('... (GPT-2 and LLaMA blocks)'), and the
+best/second marks rank every row of a column, blocks together. The paper's values (--paper) are
+of the GPT-2 block: a LLaMA row shows '-' there. A folder of GPT-2 runs only renders as before.
+Two runs of one method in one block, dataset and scale are refused, the error naming both
+folders and the settings in which their config.json files differ.
+
 --datasets and --scales restrict the tables to some runs; only those are read, so another
 experiment's folders under the same --runs_root (two runs of one method elsewhere, say) do not
 stop them. A damaged run file (config.json, metrics.jsonl, ckpt_zero_shot.json) is one error
@@ -50,8 +59,18 @@ from spheretnorm.zeroshot.errors import (
 )
 from spheretnorm.zeroshot.driver import PAPER_COLUMNS, results_limit, results_skipped
 from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.runtime.methods import REFERENCE_PATH, display_name, load_reference
-from spheretnorm.experiments.grid import ZERO_SHOT_NAME, Run, dataset_display, group_label, index_runs, sort_groups, sort_methods
+from spheretnorm.runtime.methods import REFERENCE_PATH, load_reference
+from spheretnorm.experiments.grid import (
+    ZERO_SHOT_NAME,
+    Run,
+    blocks_text,
+    dataset_display,
+    group_label,
+    index_runs,
+    row_label,
+    sort_groups,
+    sort_rows,
+)
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
@@ -85,16 +104,19 @@ class Table:
     number: str  # "2".."5" (the paper's numbering); "Z" for a zero-shot table of another dataset
     title: str
     columns: list[Column]
-    values: dict[str, dict[str, float | None]]  # method -> column key -> value
+    # row -> column key -> value; a row is a method key, with '+block=<block>' for a block other
+    # than GPT-2's (grid.row_key), so the paper's tables and GPT-2 runs have method keys as rows.
+    values: dict[str, dict[str, float | None]]
     paper: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    unfinished: set[tuple[str, str]] = field(default_factory=set)  # (method, column key)
-    limited: dict[tuple[str, str], int | float] = field(default_factory=dict)  # (method, column key) -> --limit
-    skipped: set[tuple[str, str]] = field(default_factory=set)  # (method, column key) of benchmarks --skip_missing left out
+    unfinished: set[tuple[str, str]] = field(default_factory=set)  # (row, column key)
+    limited: dict[tuple[str, str], int | float] = field(default_factory=dict)  # (row, column key) -> --limit
+    skipped: set[tuple[str, str]] = field(default_factory=set)  # (row, column key) of benchmarks --skip_missing left out
     scale: str | None = None  # the models' scale, for a zero-shot table (one dataset and scale)
 
     @property
     def methods(self) -> list[str]:
-        return sort_methods(self.values)
+        """The rows in order: the paper's methods first, each method's GPT-2 row before its other blocks."""
+        return sort_rows(self.values)
 
 
 # -----------------------------------------------------------------------------
@@ -220,7 +242,7 @@ def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:
 def load_runs(root: Path, datasets: Collection[str] | None = None, scales: Collection[str] | None = None) -> list[CheckedRun]:
     """The runs under root of the given datasets and scales (None: all), every file of theirs checked.
 
-    Two runs of one (dataset, scale, method) are refused among these runs only (runs.index_runs).
+    Two runs of one (dataset, scale, method, block) are refused among these runs only (runs.index_runs).
     """
     folders = scan_runs(root)
     if not folders:
@@ -298,37 +320,49 @@ def paper_tables(reference: dict[str, Any]) -> list[Table]:
 
 
 def run_tables(runs: list[Run]) -> list[Table]:
-    """Tables 2 and 3 over every (dataset, scale) found, and a zero-shot table per group that has results."""
+    """Tables 2 and 3 over every (dataset, scale) found, and a zero-shot table per group that has results.
+
+    A row is a method in a block (Run.row); when a table has rows of a block other than GPT-2's,
+    its title names the blocks.
+    """
     index = index_runs(runs)
     groups = sort_groups((d, s) for d, s, _ in index)
     loss = Table("2", TITLES["2"], loss_columns(groups), {})
     ppl = Table("3", TITLES["3"], ppl_columns(groups), {})
     zero_shot: dict[tuple[str, str], Table] = {}
-    for (dataset, scale, method), run in index.items():
+    for (dataset, scale, row), run in index.items():
         prefix = f"{dataset}/{scale}"
         val = run.final_val_loss
-        loss.values.setdefault(method, {}).update({f"{prefix}/train": run.final_train_loss, f"{prefix}/val": val})
-        ppl.values.setdefault(method, {})[prefix] = math.exp(val) if val is not None and val < 700 else None
+        loss.values.setdefault(row, {}).update({f"{prefix}/train": run.final_train_loss, f"{prefix}/val": val})
+        ppl.values.setdefault(row, {})[prefix] = math.exp(val) if val is not None and val < 700 else None
         if not run.finished:
-            loss.unfinished |= {(method, f"{prefix}/train"), (method, f"{prefix}/val")}
-            ppl.unfinished.add((method, prefix))
+            loss.unfinished |= {(row, f"{prefix}/train"), (row, f"{prefix}/val")}
+            ppl.unfinished.add((row, prefix))
         if run.zero_shot:
             number = ZERO_SHOT_TABLE.get(dataset, "Z")
             table = zero_shot.setdefault(
                 (dataset, scale), Table(number, zero_shot_title(dataset, scale), zero_shot_columns(), {}, scale=scale)
             )
-            table.values[method] = {c.key: run.zero_shot.get(c.key) for c in table.columns}
+            table.values[row] = {c.key: run.zero_shot.get(c.key) for c in table.columns}
             if not run.finished:
-                table.unfinished |= {(method, c.key) for c in table.columns}
+                table.unfinished |= {(row, c.key) for c in table.columns}
             if run.zero_shot_limit is not None:
-                table.limited.update({(method, c.key): run.zero_shot_limit for c in table.columns})
+                table.limited.update({(row, c.key): run.zero_shot_limit for c in table.columns})
             skipped = getattr(run, "zero_shot_skipped", {})  # only a CheckedRun knows them
-            table.skipped |= {(method, c.key) for c in table.columns if c.key.split("/")[0] in skipped}
-    return [loss, ppl] + [zero_shot[g] for g in sort_groups(zero_shot)]
+            table.skipped |= {(row, c.key) for c in table.columns if c.key.split("/")[0] in skipped}
+    tables = [loss, ppl] + [zero_shot[g] for g in sort_groups(zero_shot)]
+    for table in tables:
+        blocks = blocks_text(table.values)
+        table.title += f" ({blocks})" if blocks else ""
+    return tables
 
 
 def attach_paper(tables: list[Table], reference: dict[str, Any]) -> None:
-    """Put the paper's value of each (method, column) that the paper has beside ours."""
+    """Put the paper's value of each (method, column) that the paper has beside ours.
+
+    The paper's models are of the GPT-2 block: a row of another block (its key is not a method
+    key of the paper's tables) gets none.
+    """
     by_number = {t.number: t for t in paper_tables(reference)}
     for table in tables:
         ref = by_number.get(table.number)
@@ -388,8 +422,8 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
         )
     if table.skipped:
         by_method: dict[str, list[str]] = {}
-        for method, key in sorted(table.skipped):
-            by_method.setdefault(display_name(method), []).append(next(c.header for c in table.columns if c.key == key))
+        for row, key in sorted(table.skipped):
+            by_method.setdefault(row_label(row), []).append(next(c.header for c in table.columns if c.key == key))
         which = "; ".join(f"{m}: {', '.join(headers)}" for m, headers in by_method.items())
         notes.append(f"‡ NOT EVALUATED: the benchmark's files were absent (eval/zero_shot.py --skip_missing), so these rows are not a complete paper evaluation ({which}).")
     return notes
@@ -432,7 +466,7 @@ def to_markdown(table: Table, with_paper: bool = False) -> str:
     lines.append("|:--|" + "--:|" * len(table.columns))
     for m in table.methods:
         cells = [_cell(table, m, c, marks, style, "-", "*", with_paper) for c in table.columns]
-        lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row_label(m)} | " + " | ".join(cells) + " |")
     notes = _notes(table, with_paper)
     return "\n".join(lines + ([""] + notes if notes else []))
 
@@ -474,7 +508,7 @@ def to_latex(table: Table, with_paper: bool = False) -> str:
     lines.append(r"\midrule")
     for m in table.methods:
         cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper, r"$^\dagger$", r"$^\ddagger$") for c in table.columns]
-        lines.append(latex_escape(display_name(m)) + " & " + " & ".join(cells) + r" \\")
+        lines.append(latex_escape(row_label(m)) + " & " + " & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% {note}" for note in _notes(table, with_paper)]
     return "\n".join(lines)

@@ -134,6 +134,27 @@ def remove_run(out_dir: Path) -> list[str]:
     return removed
 
 
+# What scripts/launch.py --mode slurm keeps in a run folder (never removed with a run: the jobs
+# may still be queued): one lock per stage naming the job submitted last, and every job submitted.
+SLURM_JOBS_NAME = "slurm_jobs.json"
+
+
+def slurm_lock_name(stage: str) -> str:
+    """'slurm_train.lock', 'slurm_zero_shot.lock': the job of that stage submitted for this run."""
+    return f"slurm_{stage}.lock"
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """path holds the JSON of value, or what it held before: never a half-written file."""
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
 def check_out_dir(train: TrainConfig) -> None:
     """out_dir must be a folder this process can write to: found before any work, in one line.
 

@@ -94,6 +94,9 @@ class Evaluator:
         self.block_size = raw_model.config.block_size
         # Whether every rank agrees to stop (the trainer sets it): checked before each batch.
         self.stop_requested: Callable[[], bool] = lambda: False
+        # The final_cosine of a collapse alarm that fired at the final evaluation (stop_if_collapsed).
+        self.collapsed_at_end: float | None = None
+        self.final_suspect = False  # whether the evaluation at max_iters counted towards a collapse stop
 
     @torch.no_grad()
     def estimate_loss(self) -> dict[str, float]:
@@ -175,31 +178,55 @@ class Evaluator:
 
         Only rank 0 computes the diagnostics, so its final_cosine is shared first: every rank
         must take the same save and stop decisions. The untrained model at iter 0 never counts.
+        A suspect state is not saved mid-run, but the final one (max_iters) always is: when the
+        alarm fires at the final evaluation, train.py saves first and then calls
+        stop_if_collapsed, so the alarm decides whether a run stops, never whether a run that
+        reached its end has a checkpoint.
         """
-        progress = self.progress
-        if not self.cfg.collapse_evals or progress.iter_num == 0:
+        cfg, progress = self.cfg, self.progress
+        if not cfg.collapse_evals or progress.iter_num == 0:
             return False
         mine = row.get("final_cosine", 0.0) if self.dist.is_master else 0.0
         cosine = all_reduce_sum(torch.tensor(float(mine), device=self.device), self.dist).item()
-        suspect = cosine > self.cfg.collapse_cosine
+        suspect = cosine > cfg.collapse_cosine
+        final = progress.iter_num >= cfg.max_iters
         progress.collapse_streak = progress.collapse_streak + 1 if suspect else 0
-        if progress.collapse_streak >= self.cfg.collapse_evals:
-            self._fail_collapse(cosine)
+        self.final_suspect = final and suspect
+        if progress.collapse_streak >= cfg.collapse_evals:
+            if not final:
+                self._fail_collapse(cosine, final_saved=False)
+            self.collapsed_at_end = cosine
         if suspect:
+            saved = (
+                f"this is the final state (iter {progress.iter_num}): it is checkpointed all the same, "
+                "as every run that reaches max_iters saves its last state"
+                if final
+                else "this state is not checkpointed"
+            )
             print0(
-                f"WARNING: final_cosine {cosine:.3f} > collapse_cosine={self.cfg.collapse_cosine} "
-                f"({progress.collapse_streak} of {self.cfg.collapse_evals} evaluations before the collapse stop); "
-                "this state is not checkpointed."
+                f"WARNING: final_cosine {cosine:.3f} > collapse_cosine={cfg.collapse_cosine} "
+                f"({progress.collapse_streak} of {cfg.collapse_evals} evaluations before the collapse stop); {saved}."
             )
         return suspect
 
-    def _fail_collapse(self, cosine: float) -> None:
+    def stop_if_collapsed(self) -> None:
+        """The collapse stop of an alarm that fired at the final evaluation, once its state is saved."""
+        if self.collapsed_at_end is not None:
+            self._fail_collapse(self.collapsed_at_end, final_saved=True)
+
+    def _fail_collapse(self, cosine: float, final_saved: bool) -> None:
         cfg, progress = self.cfg, self.progress
+        if final_saved:
+            kept = (
+                f"the final state is saved all the same ({progress.checkpoint}, iter {progress.saved_iter}), as "
+                "every run that reaches max_iters saves it"
+            )
+        else:
+            kept = f"stopping without saving: {progress.kept_checkpoint_text()}"
         raise CollapseError(
             f"final_cosine {cosine:.3f} stayed above collapse_cosine={cfg.collapse_cosine} for "
             f"{progress.collapse_streak} evaluations in a row (iter {progress.iter_num}): every token's final "
-            f"state is nearly the same point (representation collapse); stopping without saving: "
-            f"{progress.kept_checkpoint_text()}. Try a longer warm-up (e.g. --warmup_iters="
+            f"state is nearly the same point (representation collapse); {kept}. Try a longer warm-up (e.g. --warmup_iters="
             f"{max(4 * cfg.warmup_iters, 100)}) or a lower peak learning rate (e.g. --learning_rate="
             f"{cfg.learning_rate / 3:.1e}); --collapse_evals=0 turns this stop off."
         )

@@ -24,8 +24,12 @@ of loading them from the hub: they show as "skipped" in the printed table and un
 Offline machines: lm-eval's built-in tasks download from the Hugging Face hub. Fill the HF cache
 on a machine with network (python -m eval.prefetch --tasks paper) and set HF_DATASETS_OFFLINE=1,
 read the benchmarks from their original release files with --local_data DIR (layout in
-eval/README.md), or give --include_path DIR with your own task YAMLs. Bad inputs (a damaged
-benchmark file among them) print one line "error: ..." and exit with status 2.
+eval/README.md), or give --include_path DIR with your own task YAMLs. HF_DATASETS_OFFLINE=1,
+HF_HUB_OFFLINE=1 and --local_data each turn the hub off: nothing tries the network, the requested
+tasks' local files are all checked before anything else (a missing one is refused, naming it
+and --skip_missing), and a task whose hub dataset is not in the HF cache is refused before the
+model loads. Bad inputs (a damaged benchmark file among them) print one line "error: ..." and
+exit with status 2.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any, Iterator
 
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.offline import offline_mode
 
 
 @dataclass(frozen=True)
@@ -142,27 +147,74 @@ def _hub_unreachable_types() -> tuple[type[BaseException], ...]:
 
 
 @contextlib.contextmanager
-def hub_errors_as_eval_error(source_note: str = "") -> Iterator[None]:
+def hub_errors_as_eval_error(source_note: str = "", hub_off: str | None = None) -> Iterator[None]:
     """Turn a hub dataset that cannot be loaded (offline, no cache) into one EvalError with the offline hint.
 
-    source_note (which tasks came from --local_data and which need the hub) goes into that error.
+    source_note (which tasks came from --local_data and which need the hub) goes into that error,
+    and hub_off (why the hub is off: '--local_data', 'HF_DATASETS_OFFLINE=1') when it is.
     """
     try:
         yield
     except _hub_unreachable_types() as exc:
         note = f" {source_note};" if source_note else ""
+        off = f" the hub is off here ({hub_off}) and the HF cache does not hold it;" if hub_off else ""
         reason = " ".join(str(exc).split())  # one line, whatever datasets put in its message
-        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {reason});{note} {OFFLINE_HINT}.") from None
+        raise EvalError(f"lm-eval could not load a dataset ({type(exc).__name__}: {reason});{note}{off} {OFFLINE_HINT}.") from None
 
 
-def run_lm_eval(lm: Any, tasks: list[str], task_manager: Any, source_note: str = "", **kwargs: Any) -> dict[str, Any]:
+def task_configs(tasks: list[str], task_manager: Any) -> dict[str, dict[str, Any]]:
+    """{task: its YAML config, includes merged} of the tasks that have one (groups and Python tasks have none)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    configs = {}
+    for task in tasks:
+        entry = task_manager.task_index.get(task)
+        path = getattr(entry, "yaml_path", None)
+        if path is None:
+            continue
+        try:
+            config = load_yaml(str(path), resolve_func=False)
+        except Exception:  # noqa: BLE001 - lm-eval reports a broken YAML itself, in its own words
+            continue
+        if isinstance(config, dict) and "task" in config:
+            configs[task] = config
+    return configs
+
+
+def check_hub_free(tasks: list[str], task_manager: Any, hub_off: str) -> None:
+    """With the hub off, refuse in one sentence the tasks whose datasets come from the hub and are not in the HF cache.
+
+    Run before the model loads: lm-eval would otherwise fail on them only when it builds the tasks.
+    """
+    from spheretnorm.zeroshot.offline import cache_dirs, uncached_hub_dataset
+
+    needing = {t: d for t, config in task_configs(tasks, task_manager).items() if (d := uncached_hub_dataset(config))}
+    if not needing:
+        return
+    many = len(needing) > 1
+    instead = (
+        "or evaluate " + ("them" if many else "it") + " in a separate run without --local_data"
+        if "--local_data" in hub_off
+        else "or run without the offline variables on a machine with network"
+    )
+    raise EvalError(
+        f"Task{'s' if many else ''} {', '.join(needing)} need{'' if many else 's'} the Hugging Face hub "
+        f"dataset{'s' if many else ''} {', '.join(needing.values())}, but the hub is off here ({hub_off}) and the HF cache "
+        f"({', '.join(map(str, cache_dirs()))}) does not hold {'them' if many else 'it'}; fill the cache on a machine "
+        f"with network (python -m eval.prefetch --tasks {','.join(needing)}) and copy it here, {instead}."
+    )
+
+
+def run_lm_eval(
+    lm: Any, tasks: list[str], task_manager: Any, source_note: str = "", hub_off: str | None = None, **kwargs: Any
+) -> dict[str, Any]:
     """lm_eval.simple_evaluate, zero-shot, with unreachable hub datasets turned into an EvalError."""
     import lm_eval
 
     # Per-sample outputs stay out of the results (as in lm-eval's own results JSON): they can be
     # tens of MB for the paper's tasks. Pass log_samples=True to keep them.
     kwargs = {"num_fewshot": 0, "log_samples": False, **kwargs}
-    with hub_errors_as_eval_error(source_note):
+    with hub_errors_as_eval_error(source_note, hub_off):
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, **kwargs)
 
 
@@ -333,8 +385,12 @@ def _limit(value: float | None) -> int | float | None:
     return int(value) if value is not None and value >= 1 else value
 
 
-def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """Run lm-eval as the arguments say; returns (results with "paper_table" added, model label)."""
+def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) -> tuple[dict[str, Any], str]:
+    """Run lm-eval as the arguments say; returns (results with "paper_table" added, model label).
+
+    hub_off says why the hub is off (offline.hub_off_reason; the caller has entered
+    offline.offline_mode), None when it is on.
+    """
     from spheretnorm.zeroshot.harness import NanoGPTLM, resolve_checkpoint_path
     from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
@@ -345,18 +401,20 @@ def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             raise EvalError(f"--include_path {path!r} is not a folder of task YAMLs.")
     check_skip_missing(args.local_data, args.skip_missing)
     with tempfile.TemporaryDirectory(prefix="spheretnorm-local-tasks-") as local_dir:
-        include_paths, source_note, skipped = list(args.include_path), "", {}
+        include_paths, source_note, skipped, local = list(args.include_path), "", {}, []
         if args.local_data:
-            # The release files are read and checked here, before the slow task index and the model.
+            # Every task's files are checked, then read, here: before the slow task index and the model.
             plan = prepare_local_tasks(args.local_data, local_dir, tasks, args.skip_missing)
             include_paths.append(local_dir)
             tasks = [t for t in tasks if t not in plan.skipped]
-            source_note, skipped = plan.source_note, plan.skipped
+            source_note, skipped, local = plan.source_note, plan.skipped, plan.local
         task_manager = make_task_manager(include_paths)
         check_tasks_known(tasks, task_manager.all_tasks)
+        if hub_off:
+            check_hub_free([t for t in tasks if t not in local], task_manager, hub_off)
         lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
         limit = _limit(args.limit)
-        results = run_lm_eval(lm, tasks, task_manager, source_note, limit=limit, bootstrap_iters=args.bootstrap_iters)
+        results = run_lm_eval(lm, tasks, task_manager, source_note, hub_off, limit=limit, bootstrap_iters=args.bootstrap_iters)
     results["paper_table"] = paper_row(results)
     if skipped:
         results["skipped"] = skipped
@@ -367,8 +425,14 @@ def evaluate_checkpoint(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The offline variables are set before lm-eval and datasets are first imported (offline.py).
+    with offline_mode(args.local_data) as hub_off:
+        return _run(args, hub_off)
+
+
+def _run(args: argparse.Namespace, hub_off: str | None) -> int:
     try:
-        results, label = evaluate_checkpoint(args)
+        results, label = evaluate_checkpoint(args, hub_off)
     except EvalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -18,13 +18,13 @@ import sys
 
 
 import argparse
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.zeroshot.driver import _hub_unreachable_types, check_tasks_known, make_task_manager, split_task_list
+from spheretnorm.zeroshot.offline import offline_flags
 
 SPLIT_KEYS = ("training_split", "validation_split", "test_split")
 
@@ -78,11 +78,6 @@ def dataset_spec(task: str, task_manager: Any) -> DatasetSpec:
 def dataset_specs(tasks: list[str], task_manager: Any) -> list[DatasetSpec]:
     check_tasks_known(tasks, task_manager.all_tasks)
     return [dataset_spec(task, task_manager) for task in tasks]
-
-
-def offline_flags() -> list[str]:
-    """The environment variables that keep datasets / huggingface_hub off the network."""
-    return [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
 
 
 def _unreachable_message(spec: DatasetSpec, exc: BaseException) -> str:

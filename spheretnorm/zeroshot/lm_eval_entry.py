@@ -12,8 +12,11 @@ so run lm-eval through this module (from the repository root):
 Every lm-eval option works as documented by lm-eval. Two options are this module's own, with the
 meaning they have in eval/zero_shot.py: --local_data DIR reads the benchmarks from their original
 release files (layout in eval/README.md) instead of the hub, and --skip_missing (with
---local_data) leaves out the requested tasks whose files are absent there. For the paper's
-table, use eval/zero_shot.py.
+--local_data) leaves out the requested tasks whose files are absent there. With --local_data,
+HF_DATASETS_OFFLINE=1 or HF_HUB_OFFLINE=1 the hub is off, as for eval/zero_shot.py: both
+variables are set before lm-eval is imported, so nothing tries the network, and a requested
+task whose local files are missing is refused before lm-eval starts. For the paper's table,
+use eval/zero_shot.py.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import sys
 import tempfile
 from typing import Any
 
-import spheretnorm.zeroshot.harness  # noqa: F401,E402  (registers "nanogpt")
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.zeroshot.local_tasks import check_skip_missing
+from spheretnorm.zeroshot.offline import offline_mode
 
 
 def own_options() -> argparse.ArgumentParser:
@@ -48,9 +51,9 @@ def use_local_data(args: argparse.Namespace, data_dir: str, skip_missing: bool, 
 
     if not hasattr(args, "include_path"):
         raise EvalError(f"--local_data works with lm-eval's run, validate and ls commands, not with {getattr(args, 'command', None)!r}.")
-    # ls has no --tasks: then every benchmark found under data_dir is written.
+    # ls has no --tasks: then every benchmark found under data_dir is written (ls loads no dataset).
     tasks = list(getattr(args, "tasks", None) or LOCAL_TASKS)
-    plan = prepare_local_tasks(data_dir, out_dir, tasks, skip_missing)
+    plan = prepare_local_tasks(data_dir, out_dir, tasks, skip_missing, require_files=bool(getattr(args, "tasks", None)))
     for task, reason in plan.skipped.items():
         print(f"skipped: {task} ({reason})", file=sys.stderr)
     if getattr(args, "tasks", None):
@@ -59,8 +62,12 @@ def use_local_data(args: argparse.Namespace, data_dir: str, skip_missing: bool, 
     return plan.source_note
 
 
-def run_lm_eval_cli(argv: list[str], local_data: str | None, skip_missing: bool) -> None:
-    """What lm-eval's `cli_evaluate` does, with the local task YAMLs put on the include path."""
+def run_lm_eval_cli(argv: list[str], local_data: str | None, skip_missing: bool, hub_off: str | None = None) -> None:
+    """What lm-eval's `cli_evaluate` does, with the local task YAMLs put on the include path.
+
+    hub_off: why the hub is off (the caller has entered offline.offline_mode), None when it is on.
+    """
+    import spheretnorm.zeroshot.harness  # noqa: F401  (registers "nanogpt"; imported after the offline variables are set)
     from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, in 0.4.10 to 0.4.x
     from lm_eval.utils import setup_logging
 
@@ -71,7 +78,7 @@ def run_lm_eval_cli(argv: list[str], local_data: str | None, skip_missing: bool)
     args = _parse(parser, argv)
     with tempfile.TemporaryDirectory(prefix="spheretnorm-local-tasks-") as out_dir:
         source_note = use_local_data(args, local_data, skip_missing, out_dir) if local_data else ""
-        with hub_errors_as_eval_error(source_note):
+        with hub_errors_as_eval_error(source_note, hub_off):
             parser.execute(args)
 
 
@@ -92,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(own_options().format_help())  # then lm-eval's own help, which exits
     try:
         check_skip_missing(ours.local_data, ours.skip_missing)
-        run_lm_eval_cli(rest, ours.local_data, ours.skip_missing)
+        with offline_mode(ours.local_data) as hub_off:
+            run_lm_eval_cli(rest, ours.local_data, ours.skip_missing, hub_off)
     except EvalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,8 +11,12 @@ out_dir with one task YAML per benchmark, and returns the task names. Each YAML 
 lm-eval's own built-in YAML, so the prompt, target, metrics and any ``process_docs`` are
 lm-eval's and only the data source changes. The tasks keep the built-in names, so with out_dir
 on lm-eval's include path they replace the hub versions and the paper's table reads them.
-``prepare_local_tasks`` adds what the commands need on top: with ``skip_missing``, tasks whose
-files are absent are left out and reported instead of being left to the hub.
+``prepare_local_tasks`` adds what the commands need on top. With --local_data the commands use
+no hub (spheretnorm/zeroshot/offline.py), so every requested task's files are checked first,
+before anything is read or imported from lm-eval's task index: a task that lacks any of them
+is refused in one sentence naming the missing files and --skip_missing, unless its hub dataset
+is in the HF cache (it is then read from there, offline); with ``skip_missing``, such tasks are
+left out and reported instead.
 
 The layout of data_dir (which file each benchmark is read from, and the record fields each
 needs) is documented in eval/README.md; ``LOCAL_TASK_SPECS`` below is its source. Each record
@@ -34,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import lm_eval.tasks
 import yaml
 
 from spheretnorm.zeroshot import errors
@@ -419,6 +422,8 @@ def convert_task(data_dir: str | Path, task: str) -> list[Record]:
 
 
 def _builtin_yaml(spec: LocalTask) -> Path:
+    import lm_eval.tasks  # here, not at the top: the commands set the offline variables first
+
     path = Path(lm_eval.tasks.__file__).parent / spec.builtin_yaml
     if not path.is_file():
         raise EvalError(f"This lm-eval version has no built-in {spec.name} task at {path}, which the local copy includes.")
@@ -507,12 +512,57 @@ def check_skip_missing(local_data: str | Path | None, skip_missing: bool) -> Non
         raise EvalError("--skip_missing leaves out tasks whose files are absent under --local_data DIR; give --local_data too.")
 
 
-def prepare_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str], skip_missing: bool = False) -> LocalPlan:
+def cached_in_hf(task: str) -> bool:
+    """Whether the HF cache holds the hub dataset of the built-in task that a local task stands in for."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from spheretnorm.zeroshot.offline import uncached_hub_dataset
+
+    try:
+        config = load_yaml(str(_builtin_yaml(_SPECS[task])), resolve_func=False)
+    except (EvalError, OSError, yaml.YAMLError):
+        return False
+    return isinstance(config, dict) and uncached_hub_dataset(config) is None and bool(config.get("dataset_path"))
+
+
+def _absent_text(absent: dict[str, list[Path]]) -> str:
+    """'boolq (D/boolq/dev.jsonl) and piqa (D/piqa/valid.jsonl, D/piqa/valid-labels.lst)'."""
+    items = [f"{t} ({', '.join(str(p) for p in paths)})" for t, paths in absent.items()]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def check_local_files(data_dir: str | Path, tasks: list[str] | tuple[str, ...]) -> list[str]:
+    """Refuse, in one EvalError, the requested tasks with a local version that lack any of their files
+    under data_dir; returns those whose files are all absent but whose hub dataset is in the HF
+    cache (they are read from there, offline).
+
+    With --local_data nothing is fetched from the hub, so this runs before anything else: a task
+    whose files are missing would otherwise end in a dataset that cannot be loaded, after the
+    task index and the model.
+    """
+    data_dir = Path(data_dir)
+    absent = missing_files(data_dir, tasks)
+    from_cache = [t for t, paths in absent.items() if len(paths) == len(_SPECS[t].files) and cached_in_hf(t)]
+    refused = {t: paths for t, paths in absent.items() if t not in from_cache}
+    if refused:
+        raise EvalError(
+            f"--local_data {str(data_dir)!r} lacks the files of {_absent_text(refused)}, and nothing is fetched "
+            f"from the hub with --local_data; add them (layout in {LAYOUT_DOC}), or pass --skip_missing to leave "
+            f"{'this task' if len(refused) == 1 else 'these tasks'} out (marked skipped in the printed table and the results JSON)."
+        )
+    return from_cache
+
+
+def prepare_local_tasks(
+    data_dir: str | Path, out_dir: str | Path, tasks: list[str], skip_missing: bool = False, require_files: bool = True
+) -> LocalPlan:
     """Write the local task YAMLs of `tasks` into out_dir (an include path for lm-eval) and say where each task's data comes from.
 
-    With skip_missing, a task that has a local version but lacks any of its files is left out
-    (with the reason) instead of going to the hub; if that leaves nothing to evaluate, it is an
-    EvalError naming the expected files.
+    Every task's files are checked first (check_local_files): a task that has a local version
+    but lacks any of its files is refused, unless its dataset is in the HF cache. With
+    skip_missing it is left out instead (with the reason); if that leaves nothing to evaluate, it
+    is an EvalError naming the expected files. require_files=False (lm-eval's `ls`, which loads
+    no dataset) writes the tasks that are there and leaves the others be.
     """
     data_dir = Path(data_dir)
     _check_data_dir(data_dir)
@@ -522,6 +572,8 @@ def prepare_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[s
         skipped = {t: f"files absent under --local_data: {', '.join(map(str, paths))}" for t, paths in absent.items()}
         if skipped and all(t in skipped for t in tasks):
             raise EvalError(f"Every requested task lacks its files under {str(data_dir)!r}, so nothing is left to evaluate; expected {_layout_hint(list(skipped))}.")
+    elif require_files:
+        check_local_files(data_dir, tasks)
     kept = [t for t in tasks if t not in skipped]
     local = write_local_tasks(data_dir, out_dir, kept)
     hub = [t for t in kept if t not in local]

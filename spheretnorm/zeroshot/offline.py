@@ -1,0 +1,128 @@
+"""Keeping the evaluation commands off the network, and what the Hugging Face cache holds.
+
+The hub is off for a command when HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set (either one
+means both) or when it reads the benchmarks from --local_data DIR. Then ``offline_mode`` sets
+both variables before lm-eval, datasets and huggingface_hub are imported (those read them once,
+at import; modules imported already are switched too), so nothing tries the network: datasets
+loads from the cache or fails at once, instead of retrying the hub for minutes, and the GPT-2
+tokenizer is built from local files (spheretnorm.data.tokenizer honours HF_HUB_OFFLINE).
+
+``hub_dataset_cached(path)`` says whether the cache may hold a hub dataset: it looks for the
+folders datasets and huggingface_hub write (``<namespace>___<name>`` under HF_DATASETS_CACHE,
+``datasets--<namespace>--<name>`` under the hub cache). A dataset found there is left to
+datasets, which loads it offline or says at once that it cannot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "").strip().upper() in _TRUE
+
+
+def offline_flags() -> list[str]:
+    """The offline variables set in the environment, e.g. ['HF_DATASETS_OFFLINE']."""
+    return [v for v in OFFLINE_VARS if _is_true(os.environ.get(v))]
+
+
+def hub_off_reason(local_data: str | Path | None) -> str | None:
+    """Why this command must not use the hub ('--local_data', 'HF_DATASETS_OFFLINE=1', both), or None when it may."""
+    reasons = (["--local_data"] if local_data else []) + [f"{v}={os.environ[v]}" for v in offline_flags()]
+    return " and ".join(reasons) or None
+
+
+def _sync_imported_modules() -> None:
+    """Make datasets and huggingface_hub, if imported already, read the offline variables again."""
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    if hub_constants is not None:
+        hub_constants.HF_HUB_OFFLINE = _is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
+    datasets_config = sys.modules.get("datasets.config")
+    if datasets_config is not None:
+        flag = os.environ.get("HF_DATASETS_OFFLINE")
+        hub = _is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
+        value = hub if flag is None else _is_true(flag)
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            if hasattr(datasets_config, name):
+                setattr(datasets_config, name, value)
+
+
+@contextlib.contextmanager
+def offline_mode(local_data: str | Path | None) -> Iterator[str | None]:
+    """Within it, when the hub is off (hub_off_reason), both offline variables are set; yields the reason (None: hub on).
+
+    Enter it before lm-eval or datasets is imported. On exit the variables are as they were
+    (for callers in one process, such as the tests).
+    """
+    reason = hub_off_reason(local_data)
+    if reason is None:
+        yield None
+        return
+    saved = {v: os.environ.get(v) for v in OFFLINE_VARS}
+    os.environ.update({v: "1" for v in OFFLINE_VARS})
+    _sync_imported_modules()
+    try:
+        yield reason
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        _sync_imported_modules()
+
+
+# -----------------------------------------------------------------------------
+# The Hugging Face cache
+
+
+def cache_dirs() -> tuple[Path, Path]:
+    """(datasets' cache of prepared datasets, huggingface_hub's cache of downloaded files)."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    return Path(datasets.config.HF_DATASETS_CACHE), Path(constants.HF_HUB_CACHE)
+
+
+def is_hub_path(dataset_path: str) -> bool:
+    """Whether datasets would fetch dataset_path from the hub: not a packaged loader (json, csv, ...) nor a local folder or file."""
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    return dataset_path not in _PACKAGED_DATASETS_MODULES and not Path(dataset_path).expanduser().exists()
+
+
+def hub_dataset_cached(dataset_path: str) -> bool:
+    """Whether the HF cache holds folders of the hub dataset dataset_path (e.g. 'allenai/sciq')."""
+    try:
+        from datasets.naming import camelcase_to_snakecase
+    except ImportError:  # pragma: no cover - older datasets
+        camelcase_to_snakecase = str  # type: ignore[assignment]
+    datasets_cache, hub_cache = cache_dirs()
+    *namespace, name = dataset_path.split("/")
+    prepared = ["___".join([*namespace, n]) for n in dict.fromkeys((camelcase_to_snakecase(name), name))]
+    candidates = [datasets_cache / p for p in prepared] + [hub_cache / ("datasets--" + dataset_path.replace("/", "--"))]
+    return any(c.is_dir() for c in candidates)
+
+
+def describe_dataset(config: dict[str, Any]) -> str:
+    """'allenai/ai2_arc (ARC-Easy)': a task config's dataset as errors name it."""
+    name = config.get("dataset_name")
+    return str(config.get("dataset_path")) + (f" ({name})" if name else "")
+
+
+def uncached_hub_dataset(config: dict[str, Any]) -> str | None:
+    """The dataset of a task config (its YAML, includes merged) when it comes from the hub and the
+    cache lacks it, else None (a local loader or folder, a cached dataset, or no dataset_path)."""
+    path = config.get("dataset_path")
+    kwargs = config.get("dataset_kwargs") or {}
+    if not isinstance(path, str) or not is_hub_path(path) or (isinstance(kwargs, dict) and kwargs.get("cache_dir")):
+        return None  # a cache_dir of the task's own is not ours to look into: datasets will say
+    return None if hub_dataset_cached(path) else describe_dataset(config)
