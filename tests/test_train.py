@@ -471,3 +471,34 @@ def test_bench_reports_every_requested_connection(tmp_path: Path) -> None:
     assert rows[0]["ratio_to_pre_ln"] == 1.0 and rows[1]["tokens_per_s"] > 0
     with pytest.raises(ConfigError, match="unknown"):
         bench.main(["--connections=pre_ln,nope"])
+
+
+@pytest.mark.parametrize("connection", ["pre_ln", "p_spheret"])
+def test_eval_only_with_the_runs_own_config_json(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, connection: str) -> None:
+    """A run folder's config.json is a config file: `train.py RUN/config.json --eval_only=true`
+    evaluates the run as it was trained (the keys it records besides the configs, such as method
+    and num_params, are skipped, not refused), and gives the last evaluation's val loss again."""
+    from spheretnorm.runtime.config import MODEL_KEYS, RUN_RECORD_KEYS, TRAIN_KEYS
+
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, f"--connection={connection}", "--max_iters=2", "--eval_interval=2", "--collapse_evals=0"))
+    recorded = json.loads((out / "config.json").read_text())
+    # The list of recorded keys keeps step with what train.py writes.
+    assert set(recorded) - set(TRAIN_KEYS) - set(MODEL_KEYS) - {"connection_params"} == set(RUN_RECORD_KEYS)
+    evals = read_metrics(out, "eval")
+    want = evals[-1]["val_loss"]
+    capsys.readouterr()
+    train.main([str(out / "config.json"), "--eval_only=true"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"kind": "eval"')]
+    assert rows and rows[-1]["val_loss"] == pytest.approx(want, abs=1e-6)
+    assert read_metrics(out, "eval") == evals  # an evaluation writes nothing
+
+
+def test_a_config_json_that_is_no_run_config_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="holds a JSON list, not an object of keys; give the config.json that train.py wrote"):
+        parse_config([str(bad)], world_size=1)
+    bad.write_text('{"method": "pre_ln", "nonsense": 1}')
+    with pytest.raises(ConfigError, match="Unknown config key 'nonsense'"):
+        parse_config([str(bad)], world_size=1)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.cli import REPO_ROOT
+from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, MethodParam, declared_params
 
 INIT_FROM = ("scratch", "resume", "auto")
@@ -298,10 +299,30 @@ def _check_choice(key: str, value: Any) -> None:
 # Files and command line
 
 
+# What a run folder's config.json records besides the config keys (train.py's run_config): read
+# back as a config file, these are skipped, not refused as unknown keys.
+RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params", "resolved_dtype")
+CONFIG_SUFFIXES = (".py", ".json")
+
+
+def read_run_config(path: str) -> dict[str, Any]:
+    """The config keys of a run folder's config.json (train.py writes it): both configs, with the
+    connection's parameters as keys of their own; what it records besides (RUN_RECORD_KEYS) is left
+    out, so that `train.py out/RUN/config.json --eval_only=true` evaluates the run as it was trained."""
+    values = read_json_object(path, ConfigError, "give the config.json that train.py wrote into a run folder.")
+    params = values.pop("connection_params", None) or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path!r} has connection_params={params!r:.60}, where an object of keys belongs.")
+    return {**{k: v for k, v in values.items() if k not in RUN_RECORD_KEYS}, **params}
+
+
 def read_config_file(path: str) -> dict[str, Any]:
-    """The public assignments of a config file (names starting with _ and imports are skipped)."""
+    """The public assignments of a config file (names starting with _ and imports are skipped), or
+    the keys of a run folder's config.json (read_run_config)."""
     if not Path(path).is_file():
         raise ConfigError(f"Config file {path!r} does not exist.")
+    if path.endswith(".json"):
+        return read_run_config(path)
     try:
         namespace = runpy.run_path(path)
     except SyntaxError as e:
@@ -325,10 +346,10 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
             if not eq:
                 raise ConfigError(f"{arg!r}: write options as --key=value.")
             pairs.append((key, raw))
-        elif arg.endswith(".py"):
+        elif arg.endswith(CONFIG_SUFFIXES):
             files.append(arg)
         else:
-            raise ConfigError(f"{arg!r}: expected a config file (NAME.py) or --key=value.")
+            raise ConfigError(f"{arg!r}: expected a config file (NAME.py, or a run folder's config.json) or --key=value.")
     return files, pairs
 
 
