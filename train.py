@@ -86,6 +86,7 @@ from spheretnorm.runtime.run_folder import (
     RunStopped,
     check_out_dir,
     checkpoint_path,
+    evaluated_at,
     machine_failure,
 )
 from spheretnorm.runtime.token_files import SPLITS
@@ -449,7 +450,9 @@ class Trainer:
 
     def _train(self, stop: StopSignal, resumed: bool) -> None:
         cfg, progress = self.cfg, self.progress
-        if not resumed:
+        # A resume at max_iters whose final evaluation was cut short (a signal) evaluates it now,
+        # so that the run has its last eval row and counts as finished.
+        if not resumed or (progress.iter_num >= cfg.max_iters and not evaluated_at(cfg.out_dir, progress.iter_num)):
             self.eval_and_maybe_save()
         window_time, window_steps = 0.0, 0
         while progress.iter_num < cfg.max_iters:

@@ -502,3 +502,21 @@ def test_a_config_json_that_is_no_run_config_is_one_clear_error(tmp_path: Path) 
     bad.write_text('{"method": "pre_ln", "nonsense": 1}')
     with pytest.raises(ConfigError, match="Unknown config key 'nonsense'"):
         parse_config([str(bad)], world_size=1)
+
+
+def test_a_resume_at_max_iters_without_its_final_evaluation_evaluates_it(data_dir: Path, tmp_path: Path) -> None:
+    """A signal during the final evaluation leaves the final checkpoint but no eval row at
+    max_iters; resuming then evaluates (so the run counts as finished) instead of ending at once."""
+    out = tmp_path / "run"
+    args = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--collapse_evals=0")
+    train.main(args)
+    evals = read_metrics(out, "eval")
+    assert evals[-1]["iter"] == 4
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("".join(line + "\n" for line in lines if not (json.loads(line)["kind"] == "eval" and json.loads(line)["iter"] == 4)))
+    train.main([*args, "--init_from=resume"])
+    again = read_metrics(out, "eval")
+    assert [r["iter"] for r in again] == [r["iter"] for r in evals]
+    assert again[-1]["val_loss"] == pytest.approx(evals[-1]["val_loss"], abs=1e-6)
+    train.main([*args, "--init_from=resume"])  # a finished run resumed evaluates nothing more
+    assert [r["iter"] for r in read_metrics(out, "eval")] == [r["iter"] for r in evals]

@@ -215,3 +215,11 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def evaluated_at(out_dir: str | Path, iter_num: int) -> bool:
+    """Whether out_dir's metrics.jsonl has an eval row at iter_num (a run stopped by a signal during
+    its final evaluation has its final checkpoint but not that row)."""
+    path = Path(out_dir) / METRICS_NAME
+    rows = read_metrics(path) if path.is_file() else []
+    return any(isinstance(r, dict) and r.get("kind") == "eval" and r.get("iter") == iter_num for r in rows)
