@@ -450,9 +450,7 @@ class Trainer:
 
     def _train(self, stop: StopSignal, resumed: bool) -> None:
         cfg, progress = self.cfg, self.progress
-        # A resume at max_iters whose final evaluation was cut short (a signal) evaluates it now,
-        # so that the run has its last eval row and counts as finished.
-        if not resumed or (progress.iter_num >= cfg.max_iters and not evaluated_at(cfg.out_dir, progress.iter_num)):
+        if not resumed or (progress.iter_num >= cfg.max_iters and not evaluated_at(cfg.out_dir, progress.iter_num)):  # cut short
             self.eval_and_maybe_save()
         window_time, window_steps = 0.0, 0
         while progress.iter_num < cfg.max_iters:

@@ -218,8 +218,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def evaluated_at(out_dir: str | Path, iter_num: int) -> bool:
-    """Whether out_dir's metrics.jsonl has an eval row at iter_num (a run stopped by a signal during
-    its final evaluation has its final checkpoint but not that row)."""
+    """Whether out_dir's metrics.jsonl has an eval row at iter_num. A run stopped by a signal during
+    its final evaluation has its final checkpoint but not that row: train.py's resume evaluates it
+    then, so that the run has its last eval row and counts as finished."""
     path = Path(out_dir) / METRICS_NAME
     rows = read_metrics(path) if path.is_file() else []
     return any(isinstance(r, dict) and r.get("kind") == "eval" and r.get("iter") == iter_num for r in rows)
