@@ -4,12 +4,18 @@ Speed and activation memory of every deep connection: forward + backward + AdamW
     python bench.py config/openwebtext_s.py --compile=both               # a GPU: eager and compiled
     python bench.py --n_layer=12 --n_head=4 --n_embd=128 --block_size=128 --batch_size=8 --device=cpu
     python bench.py ... --connections=pre_ln,p_spheret --sphere_impl=reference,auto --json=bench.json
+    python bench.py ... --json=- | tail -1 | jq .             # the results as one JSON line on stdout
 
 Model and training keys are read exactly as train.py reads them (--compile=True/False as in
 train.py, or --compile=both). Every variant (connection x sphere_impl x compile) is built
 first; then the timed steps go round-robin, one step of each variant per round, so that a
 slow spell of a shared machine hits them all alike, and the median step counts. The data
 are random tokens: only speed and memory mean anything.
+
+Output: the setting line and the table on stdout; while it runs, progress lines on stderr
+(each variant's warm-up, the timed rounds with the time left, each row's memory); JSON only
+when asked: --json=FILE writes the full report to FILE, --json=- prints the results (without
+the per-step times) as one line on stdout after the table.
 
 Memory: 'saved MB' is what autograd keeps for backward in one eager forward pass (tensors
 packed by torch.autograd.graph.saved_tensors_hooks, each storage once, parameters left
@@ -44,11 +50,13 @@ BENCH_OPTIONS = {
     "--compile=False": "as train.py (True/False), or both for eager and compiled rows",
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
-    "--json=": "also write the results to this JSON file",
+    "--json=": "also write the full report to this JSON file; '-': print the results as one JSON line on stdout",
     "--profile=0": "then profile this many more steps of each variant and print where a step's time goes "
     "(per kernel on a GPU, per op on a CPU) and, on a GPU, how much of the step the GPU is busy",
 }
 PROFILE_TOP = 15  # kernels (or ops) listed per variant
+PROGRESS_EVERY_S = 5.0  # at most one progress line per timed round this often (and the first and last round)
+JSON_STDOUT = "-"
 USAGE = "usage: python bench.py [config/NAME.py ...] [--key=value ...]"
 
 
@@ -212,17 +220,29 @@ def build_variants(
     return variants
 
 
+def progress(line: str) -> None:
+    """One progress line on stderr (stdout holds the table, and JSON when asked for)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def variant_name(v: Variant) -> str:
+    return f"{v.label['method']} {v.label['block']} {v.label['impl']} {v.label['mode']}"
+
+
 def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) -> None:
-    """Warm every variant up, then time one step of each per round."""
+    """Warm every variant up, then time one step of each per round; progress on stderr as it goes."""
     if any(v.compiled for v in variants):
         # Every model is its own graph: do not let the recompile limit send some to eager.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(variants))
-    for v in variants:
+    n = len(variants)
+    for i, v in enumerate(variants, 1):
+        started = time.perf_counter()
         for _ in range(opts.warmup):
             v.step()
-        print(f"  warmed up: {v.label['method']} {v.label['impl']} {v.label['mode']}", file=sys.stderr, flush=True)
+        progress(f"  warmed up {i}/{n}: {variant_name(v)} ({opts.warmup} step{'' if opts.warmup == 1 else 's'} in {time.perf_counter() - started:.1f} s)")
     cuda = device.startswith("cuda")
-    for _ in range(opts.steps):
+    started = last_line = time.perf_counter()
+    for r in range(1, opts.steps + 1):
         for v in variants:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -230,6 +250,11 @@ def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) ->
             if cuda:
                 peak = torch.cuda.max_memory_allocated(device) / 2**20
                 v.peak_mb = max(v.peak_mb or 0.0, peak)
+        now = time.perf_counter()
+        if r in (1, opts.steps) or now - last_line >= PROGRESS_EVERY_S:
+            left = (now - started) / r * (opts.steps - r)
+            progress(f"  timed round {r}/{opts.steps} ({n} variants, {now - started:.1f} s so far, about {left:.0f} s left)")
+            last_line = now
 
 
 def profile_variant(v: Variant, steps: int, cuda: bool) -> dict[str, Any]:
@@ -361,9 +386,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     autocast = autocast_context(device.split(":")[0], dtype)
     idx = torch.randint(base.vocab_size, (train.batch_size, base.block_size), device=device)
     results = []
-    for v in variants:
+    for i, v in enumerate(variants, 1):
         saved = None if v.compiled else saved_activation_bytes(v.model, idx, autocast)
         results.append(result_row(v, train, device, dtype, saved))
+        r = results[-1]
+        memory = f", saved {r['saved_mb']:.1f} MB" if r["saved_mb"] is not None else ""
+        progress(f"  row {i}/{len(variants)}: {variant_name(v)}: {r['ms_per_step']:.2f} ms/step{memory}")
     del variants
     gc.collect()
     add_ratios(results)
@@ -373,8 +401,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for p in profiles:
         print(format_profile(p, cuda))
     print(format_table(results))
-    print(json.dumps({"setting": setting, "results": [{k: v for k, v in r.items() if k != "step_ms_all"} for r in results]}))
-    if opts.json_path:
+    if opts.json_path == JSON_STDOUT:
+        print(json.dumps({"setting": setting, "results": [{k: v for k, v in r.items() if k != "step_ms_all"} for r in results]}))
+    elif opts.json_path:
         with open(opts.json_path, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     return report

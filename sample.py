@@ -2,6 +2,7 @@
 Sample text from a trained model, as in nanoGPT.
 
     python sample.py out/shakespeare_char/p_spheret-0.5                  # an out_dir holding ckpt.pt
+    python sample.py out/shakespeare_char/p_spheret-0.5/ckpt.safetensors # a safetensors export
     python sample.py out/openwebtext_s/geonorm/ckpt.pt --start="The meaning of life is"
     python sample.py CKPT --start=FILE:prompt.txt --num_samples=1 --temperature=0   # greedy
 
@@ -9,12 +10,15 @@ The tokenizer is the one the model was trained with: the dataset's meta.json, wh
 stores in the checkpoint (GPT-2 BPE, built offline if need be, or the character vocabulary of
 a char-level dataset). Older checkpoints without it fall back to the meta.json in the run's
 data_dir, or --meta. Each sample is printed (prompt, then continuation) followed by a line of
-dashes.
+dashes. An out_dir without ckpt.pt is sampled from its ckpt.safetensors (scripts/export_hf.py
+--format safetensors), with a line on stderr saying so. --sphere_impl changes how the sphere
+update runs, not the samples (default: the checkpoint's, usually auto).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +30,12 @@ import torch
 from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
 from spheretnorm.runtime.token_files import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
 from spheretnorm.data.tokenizer import EOT_TOKEN, TOKENIZERS, TokenizerUnavailableError, get_gpt2_encoding, tokenizer_of
+from spheretnorm.kernels import SPHERE_IMPLS, triton_available
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import SAFETENSORS_SUFFIX, load_checkpoint, load_model
 
 CKPT_NAME = "ckpt.pt"
+SAFETENSORS_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"
 
@@ -48,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate text from a spheretnorm checkpoint.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("checkpoint", nargs="?", default=None, help="a ckpt.pt file, or an out_dir that holds one")
+    parser.add_argument("checkpoint", nargs="?", default=None,
+                        help="a ckpt.pt (or .safetensors) file, or an out_dir that holds one (ckpt.pt first, else ckpt.safetensors)")
     parser.add_argument("--out_dir", default=None, help="nanoGPT-style alternative to the positional checkpoint")
     parser.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file (default: %(default)r)")
     parser.add_argument("--num_samples", type=int, default=3, help="number of samples to draw")
@@ -60,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA)")
     parser.add_argument("--meta", default=None, help="meta.json (or its dataset directory) to take the tokenizer from, "
                         "instead of the one recorded in the checkpoint")
+    parser.add_argument("--sphere_impl", default=None,
+                        help=f"how the sphere update runs ({' | '.join(SPHERE_IMPLS)}); it changes no sample; "
+                        "None: the checkpoint's (auto compiles nothing on a CPU for sampling)")
     return parser
 
 
@@ -75,6 +85,7 @@ class SampleArgs:
     device: str
     dtype: str
     meta: str | None
+    sphere_impl: str | None = None  # None: the checkpoint's
 
 
 def parse_args(argv: list[str]) -> SampleArgs:
@@ -90,6 +101,8 @@ def parse_args(argv: list[str]) -> SampleArgs:
         raise SampleError(f"--top_k must be >= 0 (0 keeps every token), got {ns.top_k}.")
     if ns.dtype not in ("auto", *DTYPES):
         raise SampleError(f"--dtype={ns.dtype!r} is not valid; choose one of: auto, {', '.join(DTYPES)}.")
+    if ns.sphere_impl is not None and ns.sphere_impl not in SPHERE_IMPLS:
+        raise SampleError(f"--sphere_impl={ns.sphere_impl!r} is not valid; choose one of: {', '.join(SPHERE_IMPLS)}.")
     return SampleArgs(
         checkpoint=Path(ns.checkpoint if ns.checkpoint is not None else ns.out_dir),
         start=read_start(ns.start),
@@ -101,6 +114,7 @@ def parse_args(argv: list[str]) -> SampleArgs:
         device=ns.device,
         dtype=ns.dtype,
         meta=ns.meta,
+        sphere_impl=ns.sphere_impl,
     )
 
 
@@ -119,12 +133,45 @@ def read_start(start: str) -> str:
 
 
 def checkpoint_file(path: Path) -> Path:
-    """ckpt.pt itself, or the one inside an out_dir."""
-    candidate = path / CKPT_NAME if path.is_dir() else path
-    if not candidate.is_file():
-        where = f"the out_dir {str(path)!r} has no {CKPT_NAME}" if path.is_dir() else f"{str(path)!r} does not exist"
-        raise SampleError(f"No checkpoint to sample from: {where}; give a ckpt.pt file or an out_dir that holds one.")
-    return candidate
+    """The checkpoint file itself, or the one inside an out_dir: ckpt.pt, else ckpt.safetensors.
+
+    When the out_dir's file is not plainly its ckpt.pt (only a ckpt.safetensors, or both),
+    one line on stderr says which file the samples come from.
+    """
+    if not path.is_dir():
+        if not path.is_file():
+            raise SampleError(
+                f"No checkpoint to sample from: {str(path)!r} does not exist; give a ckpt.pt file or an out_dir that holds one."
+            )
+        return path
+    pt, st = path / CKPT_NAME, path / SAFETENSORS_NAME
+    if pt.is_file():
+        if st.is_file():
+            print(f"sample.py: {str(path)!r} holds {CKPT_NAME} and {SAFETENSORS_NAME}; sampling from {pt}", file=sys.stderr)
+        return pt
+    if st.is_file():
+        print(f"sample.py: {str(path)!r} has no {CKPT_NAME}; sampling from {st}", file=sys.stderr)
+        return st
+    raise SampleError(
+        f"No checkpoint to sample from: the out_dir {str(path)!r} has no {CKPT_NAME} or {SAFETENSORS_NAME}; "
+        "give a ckpt.pt file or an out_dir that holds one."
+    )
+
+
+def with_sphere_impl(ckpt: dict[str, Any], impl: str | None, device_type: str) -> dict[str, Any]:
+    """The checkpoint with its model config's sphere_impl replaced by `impl` (None: kept).
+
+    sphere_impl is an execution key (model.EXECUTION_KEYS): it changes how the model runs,
+    never what it computes, so any checkpoint takes any value that can run on the device.
+    """
+    if impl is None:
+        return ckpt
+    if impl == "triton" and not (triton_available() and (device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
+        raise SampleError(
+            f"--sphere_impl=triton needs a CUDA device and the triton package (here: {device_type}, "
+            f"triton {'installed' if triton_available() else 'missing'}); use one of: auto, reference, fused."
+        )
+    return {**ckpt, "model_config": {**ckpt["model_config"], "sphere_impl": impl}}
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -252,7 +299,7 @@ def generate(args: SampleArgs) -> list[str]:
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
     dtype = resolve_dtype(args.dtype, device_type)
 
-    model = load_model(ckpt)
+    model = load_model(with_sphere_impl(ckpt, args.sphere_impl, device_type))
     del ckpt  # the optimizer state is not needed
     model.eval().to(device)
     mask_textless_ids(model, tokenizer.vocab_size)

@@ -4,8 +4,9 @@
 #   python train.py config/shakespeare_char.py --connection=p_spheret --spheret_p=0.5
 #
 # 2,000 iterations reach val loss 1.67 (pre_ln). Measured 2026-12-01 on 2 idle CPU cores with torch's
-# default threads: 0.16 s per iteration (pre_ln), 0.18 s (p_spheret, after a one-time compile of
-# ~13 s); on a machine shared with other jobs, set OMP_NUM_THREADS (see README).
+# default threads: 0.16 s per iteration (pre_ln), 0.18 s (p_spheret, after compiling the fused update
+# for training: ~10 s the first time, ~3 s in later processes; sampling compiles nothing); on a
+# machine shared with other jobs, set OMP_NUM_THREADS (see README).
 # The paper's hyperparameters are for GPUs; this file only has to be quick and sensible.
 dataset = "shakespeare_char"
 n_layer = 4

@@ -19,7 +19,12 @@ Implementations (the model key `sphere_impl`):
              cannot compile (the maths is the same)
   triton     hand-written Triton kernels (triton_kernels.py) registered as a torch.library
              triton_op, for CUDA (and CPU tensors under TRITON_INTERPRET=1)
-  auto       triton on CUDA when triton imports, else fused
+  auto       triton on CUDA when triton imports, else fused; on a CPU, fused compiles only
+             for training (a forward that a backward will follow): forward-only work
+             (sampling, an evaluation before the first step) runs the same maths in eager
+             ops, nearly as fast at those sizes, and pays no compile (seconds in every
+             process: torch's caches spare inductor's work, not the rest; see
+             compiles_for_training_only)
 
 nGPT's update (NGPTUpdate below) has the same economy: every impl but `reference` runs it.
 """
@@ -145,15 +150,23 @@ _RECOMPILE_LIMIT = 64
 _inductor_failed: set[str] = set()
 
 
-def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
+def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor, build: bool = True):
     """fn(kind, *args) through inductor when it can compile here; eagerly otherwise.
 
     Under an outer torch.compile the maths is traced inline (the outer compile fuses it).
     A device where compiling failed (no C++ compiler, say) stays eager, with one warning.
+    build=False (sphere_impl 'auto' on a CPU, forward only): the kernel runs if this process
+    has already built it, and the maths runs eagerly otherwise; nothing is compiled for it.
     """
     if torch.compiler.is_compiling() or kernels_disabled() or device_type in _inductor_failed:
         return fn(kind, *args)
+    if not build and (fn.__name__, kind, device_type) not in _built:
+        return fn(kind, *args)
     kernel = _compiled(fn)
+    # The kernel sees no views: dynamo guards a view's base, and the bases of h differ
+    # between sublayers (an (N, d) kernel output, a (B, T, d) embedding), which cost two
+    # extra compiles of the same kernel in every process.
+    args = tuple(a.detach() for a in args)
     first = (fn.__name__, kind, device_type) not in _announced
     if first:  # the first call compiles for seconds: say so, rather than look hung
         _announced.add((fn.__name__, kind, device_type))
@@ -162,13 +175,16 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
     try:
         out = kernel(kind, *args)
         if first:
-            _say(f"  ... ready in {time.perf_counter() - started:.1f} s (torch.compile's cache in {_inductor_cache_dir()} serves later processes)")
+            _say(f"  ... ready in {time.perf_counter() - started:.1f} s (torch.compile's cache in {_inductor_cache_dir()} shortens this in later processes)")
+        _built.add((fn.__name__, kind, device_type))
         return out
     except Exception:  # most often the recompile limit: retry with a higher one
         pass
     try:
         with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-            return kernel(kind, *args)
+            out = kernel(kind, *args)
+        _built.add((fn.__name__, kind, device_type))
+        return out
     except Exception as e:  # a missing compiler or an inductor bug must not stop training
         _inductor_failed.add(device_type)
         _warn_slow_path(f"torch.compile could not build it on {device_type}", e)
@@ -176,6 +192,7 @@ def _run_kernel(fn: Callable, kind: str, device_type: str, *args: torch.Tensor):
 
 
 _announced: set[tuple[str, str, str]] = set()
+_built: set[tuple[str, str, str]] = set()  # (function, retraction, device type) compiled in this process
 
 
 def _say(line: str) -> None:
@@ -211,11 +228,17 @@ class SphereUpdate(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, f, alpha, p, angle_max, kind):  # type: ignore[override]
-        """p, angle_max: 0-dim tensors; kind: a name in retractions.RETRACTIONS."""
+    def forward(ctx, h, f, alpha, p, angle_max, kind, train_only=False):  # type: ignore[override]
+        """p, angle_max: 0-dim tensors; kind: a name in retractions.RETRACTIONS.
+
+        train_only (sphere_impl 'auto' on a CPU): compile the kernels only for training, that
+        is for a forward whose inputs need gradients; a forward-only call uses the compiled
+        kernel if one is built, else the same maths in eager ops.
+        """
         shape = h.shape
         h2, f2 = h.reshape(-1, shape[-1]), f.reshape(-1, shape[-1])
-        out = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max)
+        build = not train_only or torch.compiler.is_compiling() or any(ctx.needs_input_grad[:3])
+        out = _run_kernel(sphere_forward, kind, h.device.type, h2, f2, alpha, p, angle_max, build=build)
         ctx.save_for_backward(h2, f2, alpha, p, angle_max)
         ctx.kind, ctx.shape = kind, shape
         return out.view(shape)
@@ -225,7 +248,7 @@ class SphereUpdate(torch.autograd.Function):
         h2, f2, alpha, p, angle_max = ctx.saved_tensors
         g2 = grad.reshape(-1, ctx.shape[-1])
         dh, df, dalpha = _run_kernel(sphere_backward, ctx.kind, h2.device.type, g2, h2, f2, alpha, p, angle_max)
-        return dh.view(ctx.shape), df.view(ctx.shape), dalpha, None, None, None
+        return dh.view(ctx.shape), df.view(ctx.shape), dalpha, None, None, None, None
 
 
 # -----------------------------------------------------------------------------
@@ -342,6 +365,19 @@ def resolve_impl(impl: str, device_type: str) -> str:
     return impl
 
 
+def compiles_for_training_only(impl: str, device_type: str) -> bool:
+    """True where `impl` compiles the fused kernels only for training: 'auto' on a CPU.
+
+    Measured on the quick-start model (config/shakespeare_char.py, p_spheret, 2 CPU cores):
+    the compile costs ~10 s in a process with cold caches and still ~3 s with warm ones
+    (importing inductor, dynamo's trace, loading the cached kernel); a training step is
+    ~12 ms (7%) faster compiled, which repays it within a few hundred of its 2000 steps,
+    while a sampled token is ~0.3 ms faster, which never does. An explicit 'fused' always
+    compiles.
+    """
+    return impl == "auto" and device_type == "cpu"
+
+
 def _make_constants(p: float, angle_max: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # Never inference tensors: one made during an evaluation under inference_mode and cached
     # could not be saved for backward in the training steps after it.
@@ -380,6 +416,7 @@ def sphere_update(
     decay lambda_l; the Triton kernels compute it themselves, with no launches of its own.
     """
     get_retraction(kind)  # an unknown name is one clear error here, not a failure deep in a kernel
+    train_only = compiles_for_training_only(impl, h.device.type)
     impl = resolve_impl(impl, h.device.type)
     if impl == "reference":
         raise ValueError("sphere_update has no 'reference' path; model.py's SphereConnection is the reference.")
@@ -394,4 +431,4 @@ def sphere_update(
 
         return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t)
     alpha = step_size(a, decay)
-    return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind)
+    return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind, train_only)

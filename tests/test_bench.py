@@ -61,3 +61,32 @@ def test_profile_lists_where_each_variant_spends_its_step():
     assert not bench.parse_bench_args(["--profile=3"])[0].profile_steps == 0
     with pytest.raises(ConfigError, match="--profile='x'"):
         bench.parse_bench_args(["--profile=x"])
+
+
+def test_progress_goes_to_stderr_and_json_only_where_asked(tmp_path, capsys):
+    """While it times: a line per variant's warm-up, per timed round (first and last at least)
+    and per finished row, on stderr. stdout holds the setting line and the table, and JSON only
+    with --json=- (one line, after the table); --json=FILE writes the full report there."""
+    import json
+
+    args = TINY + ["--connections=pre_ln,geonorm", "--sphere_impl=fused", "--steps=2", "--warmup=1"]
+    bench.main(args)
+    out, err = capsys.readouterr()
+    assert not [line for line in out.splitlines() if line.startswith("{")]  # no JSON unasked
+    assert out.splitlines()[0].startswith("bench: ") and out.splitlines()[-1].startswith("| ")
+    for expected in ("warmed up 1/2: pre_ln gpt2 - eager (1 step in ", "warmed up 2/2: geonorm gpt2 fused eager",
+                     "timed round 1/2 (2 variants", "timed round 2/2 (2 variants", "row 1/2: pre_ln gpt2 - eager: ",
+                     "row 2/2: geonorm gpt2 fused eager: "):  # fmt: skip
+        assert expected in err, expected
+    assert err.index("warmed up 2/2") < err.index("timed round 1/2") < err.index("row 1/2")
+
+    bench.main(args + ["--json=-"])
+    out = capsys.readouterr().out.splitlines()
+    summary = json.loads(out[-1])
+    assert out[-2].startswith("| ") and [r["method"] for r in summary["results"]] == ["pre_ln", "geonorm"]
+    assert "step_ms_all" not in summary["results"][0]
+
+    path = tmp_path / "bench.json"
+    bench.main(args + [f"--json={path}"])
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(json.loads(path.read_text())["results"][1]["step_ms_all"]) == 2

@@ -471,3 +471,30 @@ def test_cli_unknown_dataset_exits_2(capsys):
         main(["wikipedia"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'wikipedia'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# A val split of a handful of documents
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_val_split_of_one_document_is_one_line_of_warning(tmp_path, docs_jsonl, capsys):
+    """60 documents at openwebtext's val_fraction 0.0005 leave one document for val: prepare
+    writes it, and says so in one line naming the count and --val_fraction."""
+    meta = prepare_quiet("openwebtext", input=[str(docs_jsonl)], out_dir=str(tmp_path / "one"))
+    assert meta["val_docs"] == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "warning: the val split holds only 1 document of 60 (--val_fraction 0.0005), so the val loss measures "
+        "that text alone; raise --val_fraction (about 0.083 gives 5) or prepare more documents."
+    ]
+    prepare_quiet("openwebtext", input=[str(docs_jsonl)], out_dir=str(tmp_path / "few"), val_fraction=0.05)  # 3 documents
+    assert "holds only 3 documents of 60 (--val_fraction 0.05)" in capsys.readouterr().err
+
+
+def test_enough_val_documents_or_a_contiguous_split_give_no_warning(tmp_path, docs_jsonl, capsys):
+    assert prepare_quiet("openwebtext", input=[str(docs_jsonl)], out_dir=str(tmp_path / "d"), val_fraction=0.2)["val_docs"] == 12
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 40)
+    assert prepare_quiet("shakespeare_char", input=[str(text)], out_dir=str(tmp_path / "c"))["val_docs"] == 1  # the text's tail
+    assert "warning" not in capsys.readouterr().err

@@ -18,11 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from spheretnorm.model import GPT, GPTConfig
-from spheretnorm.runtime.checkpoint import checkpoint_state
 from spheretnorm.zeroshot import offline
+from test_eval_faults import ckpt  # noqa: F401  (a fixture: a real tiny GPT-2-vocabulary checkpoint)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,15 +54,6 @@ sys.exit(driver.main(sys.argv[1:]))
 '''
 
 SCIQ = [{"question": "What do plants take in?", "distractor3": "salt", "distractor1": "sand", "distractor2": "oil", "correct_answer": "carbon dioxide", "support": ""}]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304))
-    path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
-    torch.save({**checkpoint_state(model), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
-    return path
 
 
 @pytest.fixture

@@ -213,6 +213,7 @@ def test_a_file_that_is_not_a_checkpoint(tmp_path: Path) -> None:
         (["--top_k=-5"], "--top_k must be >= 0 (0 keeps every token), got -5."),
         (["--dtype=fp8"], "--dtype='fp8' is not valid; choose one of: auto, float32, bfloat16, float16."),
         (["--start=FILE:/no/such/prompt.txt"], "--start='FILE:/no/such/prompt.txt': the file '/no/such/prompt.txt' does not exist."),
+        (["--sphere_impl=fast"], "--sphere_impl='fast' is not valid; choose one of: auto, reference, fused, triton."),
     ],
 )
 def test_bad_arguments_are_one_sentence(argv: list[str], message: str, tmp_path: Path) -> None:
@@ -254,3 +255,76 @@ def test_command_line_prints_samples(char_run: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout.count(sample.SEPARATOR + "\n") == 2 and result.stdout.startswith("All")
+
+
+# -----------------------------------------------------------------------------
+# A safetensors export, and how the sphere update runs
+
+
+@pytest.fixture(scope="module")
+def sphere_run(char_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An out_dir holding a p_spheret ckpt.pt on char_run's vocabulary (random weights)."""
+    out = tmp_path_factory.mktemp("sphere_run")
+    meta = json.loads((char_run.parent / "data" / "meta.json").read_text())
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=meta["vocab_size"], connection="p_spheret"))
+    state = {**checkpoint_state(model), "train_config": asdict(TrainConfig()), "iter_num": 0, "data_meta": meta}
+    atomic_torch_save(state, out / "ckpt.pt")
+    return out
+
+
+def test_an_out_dir_with_only_ckpt_safetensors_is_sampled_from_it(char_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from spheretnorm.runtime.checkpoint import load_checkpoint, save_safetensors_checkpoint
+
+    export = tmp_path / "export"
+    export.mkdir()
+    save_safetensors_checkpoint(load_checkpoint(char_run / "ckpt.pt"), export / "ckpt.safetensors")
+    args = ["--start=All", "--temperature=0", "--max_new_tokens=10", "--num_samples=1", "--device=cpu"]
+    expected = run(str(char_run), *args)
+    assert capsys.readouterr().err == ""  # an out_dir with only ckpt.pt: nothing to say
+    assert run(str(export), *args) == expected
+    assert capsys.readouterr().err.splitlines() == [f"sample.py: {str(export)!r} has no ckpt.pt; sampling from {export / 'ckpt.safetensors'}"]
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "ckpt.pt").write_bytes((char_run / "ckpt.pt").read_bytes())
+    (both / "ckpt.safetensors").write_bytes((export / "ckpt.safetensors").read_bytes())
+    assert run(str(both), *args) == expected
+    assert capsys.readouterr().err.splitlines() == [
+        f"sample.py: {str(both)!r} holds ckpt.pt and ckpt.safetensors; sampling from {both / 'ckpt.pt'}"
+    ]
+    with pytest.raises(sample.SampleError, match=r"the out_dir .* has no ckpt.pt or ckpt.safetensors"):
+        run(str(tmp_path))  # the exports are in its subfolders, not in it
+
+
+def test_sphere_impl_changes_how_the_model_runs_not_the_samples(sphere_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[set[str]] = []
+    real_load_model = sample.load_model
+
+    def recording_load_model(ckpt):
+        model = real_load_model(ckpt)
+        built.append({m.impl for m in model.modules() if hasattr(m, "impl")})
+        return model
+
+    monkeypatch.setattr(sample, "load_model", recording_load_model)
+    args = [str(sphere_run), "--start=All", "--temperature=0", "--max_new_tokens=12", "--num_samples=2", "--device=cpu"]
+    samples = {impl: run(*args, f"--sphere_impl={impl}") for impl in ("reference", "fused", "auto")}
+    default = run(*args)
+    assert built == [{"reference"}, {"fused"}, {"auto"}, {"auto"}]  # no flag: the checkpoint's own
+    assert samples["reference"] == samples["fused"] == samples["auto"] == default
+
+
+@pytest.mark.compiled_kernels
+def test_sampling_with_auto_on_a_cpu_compiles_nothing(sphere_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default (auto) on a CPU samples with the eager maths: no torch.compile at start-up,
+    which costs seconds in every process and saves under a millisecond per token here.
+    --sphere_impl=fused still compiles."""
+    from spheretnorm import kernels
+
+    asked: list[str] = []
+    monkeypatch.setattr(kernels, "_compiled", lambda fn: asked.append(fn.__name__) or fn)  # runs eagerly, records
+    monkeypatch.setattr(kernels, "_built", set(), raising=False)
+    args = [str(sphere_run), "--max_new_tokens=4", "--num_samples=1", "--device=cpu"]
+    run(*args)
+    assert asked == []
+    run(*args, "--sphere_impl=fused")
+    assert set(asked) == {"sphere_forward"}

@@ -377,3 +377,65 @@ def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
     other = load_model(state).to(DEVICE).eval()
     x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     torch.testing.assert_close(other(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# What compiles, and how often
+
+
+def spy_on_compiles(monkeypatch) -> list[str]:
+    """Record which kernels kernels.py asks torch.compile for (they run eagerly instead, at no cost)."""
+    asked: list[str] = []
+
+    def fake_compiled(fn):
+        asked.append(fn.__name__)
+        return fn
+
+    monkeypatch.delenv("SPHERETNORM_EAGER_KERNELS", raising=False)
+    monkeypatch.setattr(kernels, "_compiled", fake_compiled)
+    monkeypatch.setattr(kernels, "_built", set(), raising=False)  # nothing built yet in this process
+    monkeypatch.setattr(kernels, "_announced", set())
+    return asked
+
+
+@pytest.mark.compiled_kernels
+def test_auto_on_a_cpu_compiles_for_training_only(monkeypatch, capsys):
+    """sphere_impl='auto' on a CPU: a forward-only pass (sampling, the evaluation at iter 0)
+    runs the eager maths and compiles nothing; a training step compiles both kernels, which
+    later forward-only passes then use. An explicit 'fused' compiles at once."""
+    asked = spy_on_compiles(monkeypatch)
+    x = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(9))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, connection="p_spheret", sphere_impl="auto"))
+    with torch.no_grad():
+        model.generate(x[:, :3], 4)
+        model(x, x)
+    assert asked == []
+    assert capsys.readouterr().err == ""  # no "compiling ..." line either
+    _, loss = model(x, x)
+    loss.backward()
+    assert sorted(set(asked)) == ["sphere_backward", "sphere_forward"]
+    asked.clear()
+    with torch.no_grad():
+        model(x, x)
+    assert set(asked) == {"sphere_forward"}  # the kernel training built
+    monkeypatch.setattr(kernels, "_built", set())
+    fused = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, connection="p_spheret", sphere_impl="fused"))
+    asked.clear()
+    with torch.no_grad():
+        fused(x, x)
+    assert set(asked) == {"sphere_forward"}
+
+
+@pytest.mark.compiled_kernels
+def test_sampling_compiles_the_fused_forward_once(monkeypatch):
+    """The inputs of the sublayers' updates are views of differently shaped tensors (the
+    embedding's (B, T, d), an earlier update's (B*T, d)); growing prompts change B*T. One
+    kernel serves them all: no recompile per sublayer or per token."""
+    monkeypatch.delenv("SPHERETNORM_EAGER_KERNELS", raising=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = tiny_model("geonorm", "fused").eval()
+    with torch.no_grad():
+        model.generate(torch.zeros((3, 1), dtype=torch.long, device=DEVICE), 5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

@@ -176,6 +176,23 @@ def _check_counts(spec: DatasetSpec, counts: SplitCounts, encoder: TextEncoder, 
         )
 
 
+# A val split of fewer documents than this measures the loss on a handful of texts: prepare
+# still writes it, with one line of warning.
+FEW_VAL_DOCS = 5
+
+
+def small_val_warning(spec: DatasetSpec, counts: SplitCounts, opts: PrepareOptions) -> str | None:
+    """The warning line for a document split whose val part holds fewer than FEW_VAL_DOCS documents."""
+    val, total = counts.docs["val"], sum(counts.docs.values())
+    if spec.split_mode != "documents" or val >= FEW_VAL_DOCS:
+        return None
+    return (
+        f"warning: the val split holds only {val} document{'s' if val != 1 else ''} of {total:,} "
+        f"(--val_fraction {opts.val_fraction}), so the val loss measures {'that text' if val == 1 else 'those texts'} alone; "
+        f"raise --val_fraction (about {FEW_VAL_DOCS / max(total, 1):.2g} gives {FEW_VAL_DOCS}) or prepare more documents."
+    )
+
+
 def _build_meta(
     spec: DatasetSpec, opts: PrepareOptions, source: DocumentSource, encoder: TextEncoder, counts: SplitCounts, seconds: float
 ) -> dict[str, Any]:
@@ -221,6 +238,9 @@ def prepare(dataset: str, **options: Any) -> dict[str, Any]:
             desc=f"{spec.name}: tokenizing",
         )
         _check_counts(spec, counts, plan.encoder, opts)
+        warning = small_val_warning(spec, counts, opts)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         meta = _build_meta(spec, opts, source, plan.encoder, counts, time.perf_counter() - started)
         writer.commit(meta)
     return meta

@@ -155,6 +155,19 @@ def check_wandb(train: TrainConfig) -> None:
         )
 
 
+# The first iterations of a session build things (torch.compile's graphs, the fused sphere
+# kernels, the allocator's pools) and take many times a steady step: the ETA leaves out every
+# logging window that starts within them.
+ETA_WARMUP_ITERS = 2
+
+
+def evaluations_left(iter_num: int, max_iters: int, eval_interval: int) -> int:
+    """Evaluations after iter_num up to max_iters: at every multiple of eval_interval and at max_iters."""
+    if eval_interval <= 0 or iter_num >= max_iters:
+        return 0
+    return max_iters // eval_interval - iter_num // eval_interval + (1 if max_iters % eval_interval else 0)
+
+
 @dataclass
 class Progress:
     """The counters of a run that the loop advances; all but the session's own travel in the checkpoint."""
@@ -170,6 +183,16 @@ class Progress:
     saved_iter: int = -1  # iteration of the checkpoint this run has on disk; -1: none yet
     start_time: float = 0.0  # this session's start, and its first iteration
     start_iter: int = 0
+    # The session's steady pace, for the ETA (note_steps, note_eval): train steps after the
+    # first ETA_WARMUP_ITERS, and evaluations after the first (which compiles the eval graphs).
+    noted_iter: int = 0  # iteration of the last note_steps
+    noted_steps: int = 0  # every step noted, warm-up included: the pace until a steady one is known
+    noted_step_seconds: float = 0.0
+    steady_steps: int = 0
+    steady_step_seconds: float = 0.0
+    evals_noted: int = 0
+    steady_evals: int = 0
+    steady_eval_seconds: float = 0.0
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Continue the counters of the checkpoint this run resumes from."""
@@ -196,7 +219,7 @@ class Progress:
 
     def start(self) -> None:
         self.start_time = time.time()
-        self.start_iter = self.iter_num
+        self.start_iter = self.noted_iter = self.iter_num
 
     @property
     def tokens(self) -> int:
@@ -205,13 +228,44 @@ class Progress:
     def elapsed(self) -> float:
         return self.prior_elapsed + time.time() - self.start_time
 
-    def eta(self, max_iters: int) -> str:
-        """Time left at this session's pace so far, evaluations included."""
-        done = self.iter_num - self.start_iter
-        if done <= 0:
+    def note_steps(self, seconds_per_step: float) -> None:
+        """The train steps since the last note (up to iter_num) took seconds_per_step each.
+
+        The time is the loop's own timer of its steps, evaluations and checkpoints left out. A
+        window that starts within the session's first ETA_WARMUP_ITERS iterations (compiling)
+        does not count towards the pace.
+        """
+        steps = self.iter_num - self.noted_iter
+        if steps > 0:
+            self.noted_steps += steps
+            self.noted_step_seconds += steps * seconds_per_step
+            if self.noted_iter >= self.start_iter + ETA_WARMUP_ITERS:
+                self.steady_steps += steps
+                self.steady_step_seconds += steps * seconds_per_step
+        self.noted_iter = self.iter_num
+
+    def note_eval(self, seconds: float) -> None:
+        """An evaluation took `seconds`; the session's first one (it compiles) does not count."""
+        self.evals_noted += 1
+        if self.evals_noted > 1:
+            self.steady_evals += 1
+            self.steady_eval_seconds += seconds
+
+    def eta(self, max_iters: int, eval_interval: int = 0) -> str:
+        """Time left at the session's steady pace: the iterations left at the mean steady step,
+        plus the evaluations left (every eval_interval) at the mean steady evaluation, once one
+        has been measured. Until a steady step is known (the first logging window) the pace is
+        that of the steps so far, compile included; '?' before any."""
+        left = max(0, max_iters - self.iter_num)
+        if left == 0:
+            return format_duration(0)
+        steps, step_seconds = (self.steady_steps, self.steady_step_seconds) if self.steady_steps else (self.noted_steps, self.noted_step_seconds)
+        if steps == 0:
             return "?"
-        per_iter = (time.time() - self.start_time) / done
-        return format_duration(per_iter * (max_iters - self.iter_num))
+        seconds = left * step_seconds / steps
+        if self.steady_evals:
+            seconds += evaluations_left(self.iter_num, max_iters, eval_interval) * self.steady_eval_seconds / self.steady_evals
+        return format_duration(seconds)
 
     def kept_checkpoint_text(self) -> str:
         """How a stop message names the checkpoint a resume would start from."""
@@ -261,6 +315,7 @@ class RunLog:
             self.wandb.log(wandb_payload(row), step=row["iter"])
 
     def log_eval(self, row: dict[str, Any]) -> None:
+        self.progress.note_eval(sum(row.get(key) or 0.0 for key in ("eval_s", "diag_s")))
         if self.is_master:
             ppl = f"{row['val_ppl']:.2f}" if row["val_ppl"] is not None else "inf"
             parts = [f"eval iter {row['iter']}", f"train {row['train_eval_loss']:.4f}", f"val {row['val_loss']:.4f} (ppl {ppl})"]
@@ -270,6 +325,7 @@ class RunLog:
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
         """The row of the step just done; step_time is the mean over the steps since the last row."""
         progress = self.progress
+        progress.note_steps(step_time)
         tokens_per_s = progress.tokens_per_step / step_time
         row = {
             "kind": "train",
@@ -288,7 +344,7 @@ class RunLog:
             print(
                 f"iter {progress.iter_num}/{self.cfg.max_iters} | loss {loss:.4f} | avg{AVG_WINDOW} "
                 f"{row['train_loss_avg200']:.4f} | lr {lr:.1e} | grad {grad_norm:.2f} | "
-                f"{tokens_per_s:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {progress.eta(self.cfg.max_iters)}",
+                f"{tokens_per_s:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {progress.eta(self.cfg.max_iters, self.cfg.eval_interval)}",
                 flush=True,
             )
         self.log(row)
