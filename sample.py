@@ -12,13 +12,16 @@ a char-level dataset). Older checkpoints without it fall back to the meta.json i
 data_dir, or --meta. Each sample is printed (prompt, then continuation) followed by a line of
 dashes. An out_dir without ckpt.pt is sampled from its ckpt.safetensors (scripts/export_hf.py
 --format safetensors), with a line on stderr saying so. --sphere_impl changes how the sphere
-update runs, not the samples (default: the checkpoint's, usually auto).
+update runs, not the samples (default: the checkpoint's, usually auto; a checkpoint's triton on a
+machine without a GPU samples with auto, with a line on stderr saying so). A --meta must be the
+training data's: another tokenizer or character vocabulary than the one the checkpoint records,
+or more tokens than its vocab_size, is refused in one line, as is a --start=FILE: that is not
+UTF-8 text.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +32,9 @@ import torch
 
 from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
 from spheretnorm.runtime.token_files import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
-from spheretnorm.data.tokenizer import EOT_TOKEN, TOKENIZERS, TokenizerUnavailableError, get_gpt2_encoding, tokenizer_of
-from spheretnorm.kernels import SPHERE_IMPLS, triton_available
+from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, TokenizerUnavailableError, get_gpt2_encoding, tokenizer_of
+from spheretnorm.data.sources import first_bad_byte
+from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint import SAFETENSORS_SUFFIX, load_checkpoint, load_model
 
@@ -125,7 +129,16 @@ def read_start(start: str) -> str:
     path = Path(start[len(FILE_PREFIX) :])
     if not path.is_file():
         raise SampleError(f"--start={start!r}: the file {str(path)!r} does not exist.")
-    return path.read_text(encoding="utf-8")
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SampleError(f"--start={start!r}: the file {str(path)!r} cannot be read ({e.strerror}).") from None
+    except UnicodeDecodeError:
+        offset, byte = first_bad_byte(path)
+        raise SampleError(
+            f"--start={start!r}: the file {str(path)!r} is not UTF-8 text (byte 0x{byte:02x} at offset {offset}); "
+            "give a text file as the prompt."
+        ) from None
 
 
 # -----------------------------------------------------------------------------
@@ -164,9 +177,14 @@ def with_sphere_impl(ckpt: dict[str, Any], impl: str | None, device_type: str) -
     sphere_impl is an execution key (model.EXECUTION_KEYS): it changes how the model runs,
     never what it computes, so any checkpoint takes any value that can run on the device.
     """
+    saved = ckpt["model_config"].get("sphere_impl", "auto")
+    if impl is None and impl_unavailable(saved, device_type):  # a checkpoint trained with triton, sampled on a CPU
+        problem = impl_unavailable(saved, device_type).rstrip(".")
+        print(f"sample.py: the checkpoint's {problem}; sampling with sphere_impl='auto' instead (the same samples).", file=sys.stderr)
+        impl = "auto"
     if impl is None:
         return ckpt
-    if impl == "triton" and not (triton_available() and (device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
+    if impl == "triton" and not (triton_available() and (device_type == "cuda" or triton_interpreted())):
         raise SampleError(
             f"--sphere_impl=triton needs a CUDA device and the triton package (here: {device_type}, "
             f"triton {'installed' if triton_available() else 'missing'}); use one of: auto, reference, fused."
@@ -255,6 +273,50 @@ def char_tokenizer(meta: dict[str, Any], source: str) -> Tokenizer:
     )
 
 
+def vocabulary_of(meta: dict[str, Any], vocab_size: int) -> tuple[str | None, int | None]:
+    """(the tokenizer a meta.json names, how many tokens it has) as tokenizer_for would build it,
+    without building it; the size is None where it is unknown (an unknown tokenizer, no itos)."""
+    kind = tokenizer_of(meta, vocab_size)
+    if kind == "gpt2":
+        return kind, GPT2_VOCAB_SIZE
+    itos = char_vocabulary(meta) if kind == "char" else None
+    return kind, None if itos is None else len(itos)
+
+
+def check_meta_fits(meta: dict[str, Any], source: str, ckpt: dict[str, Any], override: str | None) -> None:
+    """A SampleError if the meta.json's tokenizer is not the one the checkpoint was trained with:
+    more tokens than its vocab_size (an id past the embedding), or, for --meta, another tokenizer
+    or character vocabulary than the meta.json the checkpoint records (samples spelt in the wrong
+    characters)."""
+    vocab_size = ckpt["model_config"]["vocab_size"]
+    kind, size = vocabulary_of(meta, vocab_size)
+    if kind not in TOKENIZERS:
+        return  # tokenizer_for names it
+    what = f"--meta={override!r}" if override is not None else f"The meta.json from {source}"
+    if size is not None and size > vocab_size:
+        raise SampleError(
+            f"{what} describes the {kind} tokenizer with {size} tokens, more than the checkpoint's "
+            f"vocab_size {vocab_size}: it is another dataset's; give the meta.json of the dataset the model was trained on."
+        )
+    recorded = ckpt.get("data_meta")
+    if override is None or not isinstance(recorded, dict) or not recorded:
+        return
+    theirs, their_size = vocabulary_of(recorded, vocab_size)
+    if theirs is None:
+        return  # the checkpoint names no tokenizer: --meta is what says it
+    if theirs != kind:
+        raise SampleError(
+            f"--meta={override!r} describes the {kind} tokenizer, but the checkpoint was trained with the {theirs} "
+            "tokenizer (the meta.json it records); drop --meta, or give the meta.json of the dataset the model was trained on."
+        )
+    if kind == "char" and their_size is not None and size is not None and char_vocabulary(recorded) != char_vocabulary(meta):
+        raise SampleError(
+            f"--meta={override!r} describes a vocabulary of {size} characters that is not the checkpoint's "
+            f"{their_size}-character one (the meta.json it records); drop --meta, or give the meta.json of the dataset "
+            "the model was trained on."
+        )
+
+
 def tokenizer_for(meta: dict[str, Any], vocab_size: int, source: str) -> Tokenizer:
     kind = tokenizer_of(meta, vocab_size)
     if kind == "gpt2":
@@ -293,6 +355,7 @@ def generate(args: SampleArgs) -> list[str]:
     ckpt_path = checkpoint_file(args.checkpoint)
     ckpt = read_checkpoint(ckpt_path)
     meta, source = find_meta(ckpt, args.meta, ckpt_path)
+    check_meta_fits(meta, source, ckpt, args.meta)
     tokenizer = tokenizer_for(meta, ckpt["model_config"]["vocab_size"], source)
     ids = prompt_ids(tokenizer, args.start)
     device = get_device(args.device)

@@ -18,7 +18,8 @@ Exit status: 0 done or signalled, 1 crash, 2 bad config, 3 collapse (final_cosin
 collapse_cosine for collapse_evals evaluations in a row), 4 non-finite loss; every early end
 also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
 --init_from=auto resumes when out_dir holds a checkpoint and starts from scratch otherwise;
---init_from=scratch refuses to replace an existing checkpoint unless --overwrite=true.
+--init_from=scratch refuses to replace an existing checkpoint unless --overwrite=true, and every new
+run (auto without a checkpoint too) another run's metrics.jsonl, config.json or zero-shot results.
 `python train.py --help` lists every key with its default.
 """
 
@@ -74,6 +75,7 @@ from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
 from spheretnorm.model import EXECUTION_KEYS, GPT, GPTConfig
+from spheretnorm.kernels import impl_unavailable
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
@@ -84,6 +86,7 @@ from spheretnorm.runtime.run_folder import (
     NonFiniteLossError,
     OutDirError,
     RunStopped,
+    check_no_earlier_run,
     check_out_dir,
     checkpoint_path,
     evaluated_at,
@@ -115,8 +118,9 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
         raise ConfigError(str(e)) from None
 
 
-def resolve_init_from(train: TrainConfig) -> TrainConfig:
-    """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint;
+def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) -> TrainConfig:
+    """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint, nor
+    another run's files (run_folder.earlier_run; `wanted`: the new run's settings);
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
     exists = checkpoint_path(train).is_file()
     if train.eval_only and not train.init_from.startswith(HF_PREFIX):
@@ -126,6 +130,8 @@ def resolve_init_from(train: TrainConfig) -> TrainConfig:
                 "check out_dir, or give --init_from=hf:DIR to evaluate a model folder."
             )
         return replace(train, init_from="resume")
+    if train.init_from != "resume" and not exists:
+        check_no_earlier_run(train, wanted)
     if train.init_from == "auto":
         return replace(train, init_from="resume" if exists else "scratch")
     if train.init_from != "resume" and exists and not (train.overwrite or train.eval_only):
@@ -179,8 +185,9 @@ def announce_out_dir(parsed: ParsedConfig, explicit_out_dir: bool) -> None:
     )
 
 
-def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, Any] | None) -> GPTConfig:
-    """The checkpoint's config when resuming (explicit keys must agree), else a new one."""
+def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, Any] | None, device_type: str) -> GPTConfig:
+    """The checkpoint's config when resuming (explicit keys must agree), else a new one; its
+    sphere_impl must run on device_type (checked here, not in the first step)."""
     if ckpt is not None:
         conflicts = model_key_conflicts(parsed.model_keys, ckpt["model_config"])
         if conflicts:
@@ -201,6 +208,8 @@ def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, An
             f"The dataset's vocab_size {data.meta['vocab_size']} exceeds the model's "
             f"vocab_size {model_cfg.vocab_size}."
         )
+    if impl_unavailable(model_cfg.sphere_impl, device_type):
+        raise ConfigError(impl_unavailable(model_cfg.sphere_impl, device_type))
     for split in SPLITS:
         if data.num_tokens(split) <= model_cfg.block_size:
             raise ConfigError(
@@ -237,7 +246,7 @@ class Trainer:
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)
         ckpt = load_resume_checkpoint(train) if train.init_from == "resume" else None
-        self.model_cfg = build_model_config(parsed, self.data, ckpt)
+        self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
         self.cfg = resolve_wandb_names(train, self.model_cfg)
         self.accum = grad_accum_steps(self.cfg.global_batch_size, self.cfg.batch_size, dist.world_size)
         self.tokens_per_step = self.cfg.global_batch_size * self.model_cfg.block_size
@@ -545,7 +554,8 @@ def main(argv: list[str] | None = None) -> None:
         # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
         # keys in its default name come from the keys given, so resuming needs the same ones.
         explicit_out_dir = bool(parsed.train.out_dir)
-        parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides))
+        wanted = {k: v for k, v in {**asdict(parsed.train), **asdict(parsed.model_config())}.items() if k not in run_neutral_keys()}
+        parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides), wanted)
         announce_out_dir(parsed, explicit_out_dir)
         if not parsed.train.eval_only:  # an evaluation writes nothing
             check_out_dir(parsed.train)

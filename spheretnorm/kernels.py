@@ -356,6 +356,31 @@ def triton_available() -> bool:
     return True
 
 
+def triton_interpreted() -> bool:
+    """Triton runs its kernels under the interpreter (TRITON_INTERPRET set), so on CPU tensors too."""
+    try:
+        from triton import knobs  # triton >= 3.4 reads the variable as it does
+    except ImportError:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
+
+
+def impl_unavailable(impl: str, device_type: str) -> str | None:
+    """Why the sphere update `impl` cannot run on tensors of `device_type`, in one sentence; None
+    where it can. Only 'triton' has a condition: the triton package and torch >= 2.6, and CUDA
+    tensors (CPU ones under TRITON_INTERPRET=1 only). train.py and sample.py ask this at start-up."""
+    if impl != "triton":
+        return None
+    if not triton_available():
+        return "sphere_impl='triton' needs the triton package and torch >= 2.6; install triton or use sphere_impl='auto' or 'fused'."
+    if device_type != "cuda" and not triton_interpreted():
+        return (
+            f"sphere_impl='triton' runs on a CUDA device (a CPU only under TRITON_INTERPRET=1), not on "
+            f"device {device_type!r}; use sphere_impl='auto' or 'fused'."
+        )
+    return None
+
+
 def resolve_impl(impl: str, device_type: str) -> str:
     """The implementation that `impl` means on this device ('auto' picks the fastest)."""
     if impl not in SPHERE_IMPLS:
@@ -422,11 +447,9 @@ def sphere_update(
         raise ValueError("sphere_update has no 'reference' path; model.py's SphereConnection is the reference.")
     p_t, am_t = _constants(float(p), float(angle_max), h.device)
     if impl == "triton":
-        if not triton_available():
-            raise RuntimeError(
-                "sphere_impl='triton' needs the triton package and torch >= 2.6; "
-                "install triton or use sphere_impl='fused'."
-            )
+        problem = impl_unavailable(impl, h.device.type)
+        if problem is not None:
+            raise RuntimeError(problem)
         from . import triton_kernels  # imported late: triton is an optional dependency
 
         return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t)

@@ -75,17 +75,24 @@ class GPTConfig:
         if self.block not in BLOCKS:
             raise ValueError(f"Unknown block {self.block!r}; valid blocks are: {', '.join(BLOCKS)}.")
         self.bias = self._resolve_bias()
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            if getattr(self, name) < 1:  # before the division below (n_head=0)
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
         CONNECTIONS[self.connection].check_config(self)
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose n_embd as a multiple of n_head.")
+        # LLaMA's block turns q and k by RoPE, whose rotate-half pairs dimension i with i + hs/2.
+        # GPT-2's block (nGPT included: it normalises q and k per head) takes any head size.
+        if self.block == "llama" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(
+                f"block='llama' needs an even head size for RoPE's rotate-half, but n_embd={self.n_embd} / "
+                f"n_head={self.n_head} gives {self.n_embd // self.n_head}; choose n_embd / n_head even (2 or more)."
+            )
         if not 0 < self.angle_max <= math.pi:
             raise ValueError(f"angle_max must lie in (0, pi], got {self.angle_max}.")
         for name, valid in (("alpha_decay", ALPHA_DECAYS), ("sphere_impl", SPHERE_IMPLS), ("alpha_index", ALPHA_INDICES)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"Unknown {name} {getattr(self, name)!r}; valid values are: {', '.join(valid)}.")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
         if self.mup_base_width < 0:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from spheretnorm.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
-from spheretnorm.runtime.token_files import MAX_TOKEN_KEY, META_FILE, SPLITS, TOKEN_DTYPE, PrepareError
+from spheretnorm.runtime.token_files import MAX_TOKEN_KEY, META_FILE, SPLITS, TOKEN_DTYPE, PrepareError, bin_stamps
 
 UINT16_LIMIT = 2**16
 DEFAULT_SEED = 2357  # nanoGPT's split seed, so val sets are comparable with its runs
@@ -246,34 +246,60 @@ class AtomicSplitWriter:
 
     def __init__(self, out_dir: Path):
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tmp: dict[str, Path] = {}
         self._files: dict[str, Any] = {}
         self._max_token = dict.fromkeys(SPLITS, -1)  # -1: no token yet
-        for split in SPLITS:
-            self._tmp[split] = self._temp_path(f"{split}.bin")
-            self._files[split] = open(self._tmp[split], "xb")
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            for split in SPLITS:
+                self._tmp[split] = self._temp_path(f"{split}.bin")
+                self._files[split] = open(self._tmp[split], "xb")
+        except OSError as exc:
+            self.abort()
+            raise PrepareError(f"Cannot write the prepared files into {self.out_dir} ({exc.strerror or exc}); choose a writable --out_dir.") from None
+
+    def _write_failed(self, path: Path, exc: OSError) -> PrepareError:
+        """A write that failed (a full disk, a file-size limit): the temporary files go, and the
+        error says that the folder's earlier files are as they were."""
+        self.abort()
+        return PrepareError(
+            f"Could not write {path} ({exc.strerror or exc}; is the disk full?); nothing was written to "
+            f"{self.out_dir}: its earlier {', '.join(f'{s}.bin' for s in SPLITS)} and {META_FILE}, if any, are untouched."
+        )
 
     def _temp_path(self, name: str) -> Path:
         # Unique per run (not tempfile.mkstemp, whose 0600 mode would survive the rename).
         return self.out_dir / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
 
     def write(self, split: str, ids: np.ndarray) -> None:
-        ids.tofile(self._files[split])
+        try:
+            ids.tofile(self._files[split])
+        except OSError as exc:
+            raise self._write_failed(self.out_dir / f"{split}.bin", exc) from None
         if ids.size:
             self._max_token[split] = max(self._max_token[split], int(ids.max()))
 
     def commit(self, meta: dict[str, Any]) -> None:
         """Write meta.json, adding the largest token id of each split to `meta` (in place, so the
-        caller's dict is what the file holds): open_split checks it against the vocabulary
-        without reading the bins (check_token_ids)."""
-        for f in self._files.values():
-            f.close()
+        caller's dict is what the file holds), and each bin's mtime: open_split checks the maximum
+        against the vocabulary without reading a bin that is still the one written here
+        (check_token_ids). A write that fails is a PrepareError and leaves no file behind."""
+        for split, f in self._files.items():
+            try:
+                f.flush()
+                os.fsync(f.fileno())  # a full disk shows here, not after the rename
+                f.close()
+            except OSError as exc:
+                raise self._write_failed(self.out_dir / f"{split}.bin", exc) from None
         meta.update({f"{split}_{MAX_TOKEN_KEY}": top for split, top in self._max_token.items() if top >= 0})
+        meta.update(bin_stamps({split: self._tmp[split] for split in SPLITS}))
         meta_tmp = self._tmp["meta"] = self._temp_path(META_FILE)
-        with open(meta_tmp, "x", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, ensure_ascii=False)
-            f.write("\n")
+        try:
+            with open(meta_tmp, "x", encoding="utf-8") as f:
+                json.dump(meta, f, indent=2, ensure_ascii=False)
+                f.write("\n")
+        except OSError as exc:
+            raise self._write_failed(self.out_dir / META_FILE, exc) from None
         (self.out_dir / META_FILE).unlink(missing_ok=True)
         for split in SPLITS:
             os.replace(self._tmp[split], self.out_dir / f"{split}.bin")
@@ -282,7 +308,10 @@ class AtomicSplitWriter:
 
     def abort(self) -> None:
         for f in self._files.values():
-            f.close()
+            try:
+                f.close()
+            except OSError:  # a buffer that cannot be flushed (the disk is full): the file goes anyway
+                pass
         for path in self._tmp.values():
             path.unlink(missing_ok=True)
         self._tmp.clear()

@@ -7,6 +7,7 @@ a description for meta.json's ``source`` field.
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import os
@@ -61,36 +62,76 @@ def input_format(path: Path) -> str:
     return fmt
 
 
-def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
+def first_bad_byte(path: Path, chunk_size: int = 1 << 20) -> tuple[int, int]:
+    """(offset, value) of the first byte of `path` that is not UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_size)
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PrepareError(f"{where} is not valid JSON ({exc.msg}).") from None
-            if not isinstance(record, dict) or text_field not in record:
-                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise PrepareError(f"{where} has no {text_field!r} field (found: {keys}); set --text_field.")
-            yield _as_text(record[text_field], text_field, where)
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                pending = len(exc.object) - len(chunk)  # bytes the decoder held back from the last chunk
+                return offset - pending + exc.start, exc.object[exc.start]
+            if not chunk:
+                return offset, 0
+            offset += len(chunk)
+
+
+def not_text(path: Path, fmt: str) -> PrepareError:
+    """The error for an input file that is not UTF-8 text (a binary file given as --input)."""
+    offset, byte = first_bad_byte(path)
+    return PrepareError(
+        f"Input file {path} is not UTF-8 text (byte 0x{byte:02x} at offset {offset}); "
+        f"a .{fmt} input must be UTF-8 text: convert it, or give the right file."
+    )
+
+
+def _utf8_lines(path: Path, fmt: str) -> Iterator[str]:
+    """The lines of a text file; PrepareError naming it if it is not UTF-8."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from f
+    except UnicodeDecodeError:
+        raise not_text(path, fmt) from None
+
+
+def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
+    for line_no, line in enumerate(_utf8_lines(path, "jsonl"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PrepareError(f"{where} is not valid JSON ({exc.msg}).") from None
+        if not isinstance(record, dict) or text_field not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise PrepareError(f"{where} has no {text_field!r} field (found: {keys}); set --text_field.")
+        yield _as_text(record[text_field], text_field, where)
 
 
 def _count_jsonl(path: Path) -> int:
-    with open(path, encoding="utf-8") as f:
-        return sum(1 for line in f if line.strip())
+    return sum(1 for line in _utf8_lines(path, "jsonl") if line.strip())
 
 
 def _txt_documents(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise not_text(path, "txt") from None
     return [doc for doc in TXT_DOC_SEPARATOR.split(text) if doc]
 
 
 def _parquet_file(path: Path, text_field: str):
+    import pyarrow
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(path)
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise PrepareError(f"Input file {path} is not a readable parquet file ({str(exc).splitlines()[0]}); give a .parquet file with a text column.") from None
     columns = parquet.schema_arrow.names
     if text_field not in columns:
         raise PrepareError(f"{path} has no {text_field!r} column (found: {columns}); set --text_field.")

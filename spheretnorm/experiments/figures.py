@@ -29,7 +29,12 @@ runs is drawn as before.
 
 Only the runs of --dataset at --scale are read (beyond each run's config.json), so other
 experiments under the same --runs_root do not stop the plot; two runs of one method among
-them are refused. A damaged run file is one error line naming it.
+them are refused. A damaged run file is one error line naming it (and the line of metrics.jsonl):
+a diagnostic that is not a number (or a list of numbers, one per layer, as long as the run's
+other rows) is refused; a nan or inf value is no point of its figure, so that evaluation is left
+out of that figure with one "note:" line on stderr naming the file and line. Each figure is
+written to a temporary name beside it and renamed: a full disk or a folder that cannot be made
+is one error line and leaves no partial file (an earlier figure stays as it was).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from matplotlib.ticker import MaxNLocator
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
 import matplotlib.pyplot as plt
 
-from spheretnorm.zeroshot.errors import NUMBER
+from spheretnorm.zeroshot.errors import NUMBER, WriteFailed, non_finite, write_atomically
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic, lacking, lacking_note
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.cli import HelpFormatter
@@ -65,7 +70,7 @@ from spheretnorm.experiments.grid import (
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import is_sphere_method
-from spheretnorm.experiments.tabulate import check_value, groups_text, load_checked_run, scan_runs
+from spheretnorm.experiments.tabulate import check_value, groups_text, line_of, load_checked_run, scan_runs
 
 # Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
 # from flattening the part of the curves where the methods differ.
@@ -192,13 +197,26 @@ def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Pat
 
 
 def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
-    """Write fig as out.png and out.pdf, close it, and return the two paths."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Write fig as out.png and out.pdf, close it, and return the two paths.
+
+    Each file is drawn to a temporary name beside it and renamed, so a failure (a full disk, a
+    folder that cannot be made) leaves no partial figure: one UsageError naming the file.
+    """
     paths = [out.with_name(out.name + ext) for ext in (".png", ".pdf")]
-    for path in paths:
-        fig.savefig(path, dpi=150)
-    plt.close(fig)
+    try:
+        for path in paths:
+            write_atomically(path, lambda tmp, fmt=path.suffix[1:]: fig.savefig(tmp, dpi=150, format=fmt))
+    except WriteFailed as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        plt.close(fig)
     return paths
+
+
+def row_place(run: Run, row: dict[str, Any]) -> str:
+    """'out/x/metrics.jsonl line 12 (eval row of iteration 400)': where a row came from, for errors and notes."""
+    line = line_of(run, row)
+    return f"{run.path / METRICS_NAME}{f' line {line}' if line else ''} (eval row of iteration {row['iter']})"
 
 
 def run_label(run: Run) -> str:
@@ -216,12 +234,19 @@ def diagnostic_rows(run: Run, entry: Diagnostic) -> list[dict[str, Any]]:
     sizes of a Euclidean model): both are left out.
     """
     rows = [r for r in run.of_kind("eval") if entry.name in r and r[entry.name] != []]
-    path = run.path / METRICS_NAME
     schema = [NUMBER] if entry.is_series else NUMBER
     what = f"a list of numbers, one per {entry.index}, as train.py writes" if entry.is_series else "a number, as train.py writes"
+    kept = []
     for row in rows:
-        check_value(row, {entry.name: schema}, f"{path}, eval row of iteration {row['iter']}", what)
-    return rows
+        check_value(row, {entry.name: schema}, row_place(run, row), what)
+        values = row[entry.name] if entry.is_series else [row[entry.name]]
+        bad = next((v for v in values if non_finite(v)), None)
+        if bad is not None:
+            # What is skipped is said: a nan (a diverging run's measurement) is no point of the figure.
+            print(f"note: {row_place(run, row)}: {entry.name} holds {bad}; that evaluation is left out of the {entry.name} figure.", file=sys.stderr)
+            continue
+        kept.append(row)
+    return kept
 
 
 def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
@@ -235,7 +260,7 @@ def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
     for row in evals:
         if len(row[key]) != len(evals[0][key]):
             raise UsageError(
-                f"{run.path / METRICS_NAME}, eval row of iteration {row['iter']}: {key} has {len(row[key])} values but the row "
+                f"{row_place(run, row)}: {key} has {len(row[key])} values but the row "
                 f"of iteration {evals[0]['iter']} has {len(evals[0][key])}; one run's rows must all have one value per {entry.index}."
             )
     return [r["iter"] for r in evals], np.array([r[key] for r in evals], dtype=float).T

@@ -21,7 +21,12 @@ SLURM's SBATCH_* variables (SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT, 
 cluster wants; --nproc_per_node and --nnodes default to SBATCH_GPUS_PER_NODE and SBATCH_NODES.
 Before anything runs or is submitted, the grid is checked: a dataset not prepared, W&B online
 without an API key, a config that does not parse or a batch size that does not divide stops it
-with one line per problem (--dry_run and print only warn). --dry_run prints what a
+with one line per problem (--dry_run and print only warn), and so does a --runs_root that cannot
+hold the run folders. --sbatch_args may not set what the launcher sets (the job's name, log,
+nodes, GPUs, tasks, --export), in any form sbatch reads (-N2, -N 2, --nodes=2, --nodes 2), nor hold
+a bare word, an option without its value or one option twice; SBATCH_NODES and
+SBATCH_GPUS_PER_NODE must be counts: each is refused in one line before anything is submitted.
+--dry_run prints what a
 mode would run without running it. A multi-node local launch runs this script on every node
 with the same arguments and its own --node_rank; the nodes meet at --rdzv_endpoint.
 
@@ -33,7 +38,10 @@ overwritten; the other runs are still planned). A run that ends with a non-zero 
 reported by what the status means (train.py's EXIT_* codes: crashed, stopped: collapse, ...). Every command carries
 --init_from=auto, so a run resumes from its checkpoint whenever one exists by the time it
 starts. A run counts as finished only when its ckpt.pt is there too: one that reached max_iters
-without it (a folder from before train.py always saved the final state) trains again. --stage
+without it (a folder from before train.py always saved the final state) trains again, with
+--overwrite=true; any other folder that holds an earlier run's history (an evaluation past iter 0,
+zero-shot results) but no ckpt.pt is skipped, saying so, since train.py refuses to start over it
+(spheretnorm/runtime/run_folder.py, earlier_run). --stage
 zero_shot runs eval/zero_shot.py on finished runs that have no ckpt_zero_shot.json yet;
 scripts/tables.py reads those files for Tables 4 and 5.
 
@@ -63,11 +71,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.runtime.run_folder import CKPT_NAME, SLURM_JOBS_NAME, slurm_lock_name, write_json_atomic
+from spheretnorm.runtime.run_folder import (
+    CKPT_NAME, SLURM_JOBS_NAME, OutDirError, check_folder, earlier_run, slurm_lock_name, write_json_atomic,
+)
 from spheretnorm.experiments.grid import (
     PAPER_DATASETS,
     PAPER_SCALES,
@@ -88,7 +98,9 @@ from spheretnorm.experiments.grid import (
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.methods import method_args, run_name
 from spheretnorm.runtime.config import method_dirname
-from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names
+from spheretnorm.runtime.config import (
+    ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names, run_neutral_keys,
+)
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
 
@@ -121,6 +133,7 @@ class GridRun:
     train_args: list[str]  # everything after train.py
     train: TrainConfig  # as train.py will resolve it on the cluster (data_dir, W&B keys)
     conflicts: list[str] = field(default_factory=list)  # settings where out_dir's run differs
+    settings: dict[str, Any] | None = None  # what train.py compares with out_dir's config.json (earlier_run)
 
     @property
     def slug(self) -> str:
@@ -162,15 +175,31 @@ def build_grid(
                 config_name = parsed.train.config_name
                 out_dir = runs_root / config_name / method_dirname(method)
                 model = parsed.model_config()
-                train = resolve_wandb_names(resolve_paths(parsed.train, model, parsed.overrides), model)
+                try:
+                    train = resolve_wandb_names(resolve_paths(parsed.train, model, parsed.overrides), model)
+                except ConfigError as e:  # WANDB_MODE of this shell: the same for every run, said once
+                    problems.append(str(e))
+                    continue
                 conflicts = config_conflicts(REPO_ROOT / out_dir, parsed)
+                # As train.py computes them: the settings a restart of a run without a checkpoint keeps.
+                settings = {k: v for k, v in {**asdict(parsed.train), **asdict(model)}.items() if k not in run_neutral_keys()}
                 runs.append(
                     GridRun(dataset, scale, method, run_name(config_name, method), out_dir, parsed.train.max_iters,
-                            [*args, f"--out_dir={out_dir}"], train, conflicts)
+                            [*args, f"--out_dir={out_dir}"], train, conflicts, settings)
                 )
     if problems:
         raise UsageError("\n".join(dict.fromkeys(problems)))
     return runs
+
+
+def check_run_folders(runs: list[GridRun], runs_root: str) -> None:
+    """Every run folder can be made under --runs_root: refused before the first job starts or is
+    submitted, never halfway through the grid."""
+    for run in runs:
+        try:
+            check_folder(run.path, "run folder")
+        except OutDirError as e:
+            raise UsageError(f"--runs_root {runs_root!r} cannot hold the run folders: {e}") from None
 
 
 def preflight(runs: list[GridRun]) -> list[str]:
@@ -532,6 +561,16 @@ def plan(
         note = ""
         if reached_max_iters(run.path, run.max_iters):
             note = f"it reached max_iters {run.max_iters} but left no {CKPT_NAME}, so it trains again"
+            # Its settings are this grid's (config_conflicts): train.py may replace its files.
+            run = replace(run, train_args=[*run.train_args, "--overwrite=true"]) if not run.train.overwrite else run
+        elif not has_checkpoint(run.path) and not run.train.overwrite:
+            earlier = earlier_run(run.path, run.settings)
+            if earlier is not None:  # train.py would refuse to start over it
+                skipped.append(
+                    f"{run.name}: {run.out_dir} holds {earlier} but no {CKPT_NAME} to resume; "
+                    "move that folder away, or pass --overwrite=true to train it again from scratch"
+                )
+                continue
         command = sbatch_command(run, layout) if mode == "slurm" else torchrun_command(run, layout)
         job = Job(run, "train", command, note=note)
         todo.append(job)
@@ -704,8 +743,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--stage", choices=STAGES, default="train", help="train, or zero_shot (evaluate finished runs)")
     p.add_argument("--dry_run", action="store_true", help="print the commands instead of running them")
     p.add_argument("--runs_root", default="out", help="the run folders go to RUNS_ROOT/<dataset>_<scale>/<method>; relative to the repository root (default: out)")
-    p.add_argument("--nproc_per_node", type=int, default=env_int("SBATCH_GPUS_PER_NODE", 8), help="GPUs per node (default: $SBATCH_GPUS_PER_NODE, else 8)")
-    p.add_argument("--nnodes", type=int, default=env_int("SBATCH_NODES", 1), help="nodes per run (default: $SBATCH_NODES, else 1)")
+    p.add_argument("--nproc_per_node", type=int, default=None, help="GPUs per node (default: $SBATCH_GPUS_PER_NODE, else 8)")
+    p.add_argument("--nnodes", type=int, default=None, help="nodes per run (default: $SBATCH_NODES, else 1)")
     p.add_argument("--sbatch_args", default="", help="options for every sbatch call, as one string: --sbatch_args=\"--partition=gpu --account=lab --qos=high --time=12:00:00 --cpus-per-task=16\"; SLURM's SBATCH_* variables work too")
     p.add_argument("--node_rank", type=int, default=0, help="this node's rank, for a multi-node local launch")
     p.add_argument("--rdzv_endpoint", default=None, help="HOST:PORT where the nodes of a multi-node local launch meet")
@@ -717,30 +756,134 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
-def env_int(name: str, default: int) -> int:
-    """An integer SLURM variable such as SBATCH_GPUS_PER_NODE ('8' or 'a100:8'), else default."""
-    match = re.fullmatch(r"(?:[^:]*:)?(\d+)", os.environ.get(name, "").strip())
-    return int(match.group(1)) if match else default
+def env_count(name: str, default: int, env: dict[str, str] | None = None) -> int:
+    """A count from a SLURM variable such as SBATCH_GPUS_PER_NODE ('8' or 'a100:8'), else default
+    when it is unset; any other value is refused (sbatch itself would read it too)."""
+    env = os.environ if env is None else env
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    match = re.fullmatch(r"(?:[A-Za-z0-9_-]*:)?(\d+)", text)
+    if match is None or int(match.group(1)) < 1:
+        form = "a whole number >= 1 or TYPE:COUNT such as a100:8" if name == "SBATCH_GPUS_PER_NODE" else "a whole number >= 1"
+        option = LAYOUT_VARIABLES.get(name, "")
+        raise UsageError(f"{name}={env[name]!r} is not a count the launcher can use; set it to {form}, or unset it{f' and pass {option}' if option else ''}.")
+    return int(match.group(1))
 
 
-# sbatch options that the launcher derives from its own, so that torchrun and the batch-size
-# checks agree with the allocation.
-LAYOUT_OPTIONS = {"--nodes": "--nnodes", "-N": "--nnodes", "--gpus-per-node": "--nproc_per_node", "--job-name": "nothing (each job is named after its run)", "--output": "nothing (each job logs into its run folder)"}
+# The SLURM variables the launcher's layout options default to.
+LAYOUT_VARIABLES = {"SBATCH_GPUS_PER_NODE": "--nproc_per_node", "SBATCH_NODES": "--nnodes"}
+
+# sbatch's short options and their long names: those that take a value, and those that do not
+# (-I and -k take an optional value, attached only).
+SBATCH_SHORT_VALUES = {
+    "A": "account", "a": "array", "b": "begin", "C": "constraint", "c": "cpus-per-task", "D": "chdir",
+    "d": "dependency", "e": "error", "F": "nodefile", "G": "gpus", "i": "input", "J": "job-name",
+    "L": "licenses", "M": "clusters", "m": "distribution", "N": "nodes", "n": "ntasks", "o": "output",
+    "p": "partition", "q": "qos", "S": "core-spec", "t": "time", "w": "nodelist", "x": "exclude",
+}
+SBATCH_SHORT_FLAGS = {
+    "H": "hold", "h": "help", "I": "immediate", "k": "no-kill", "O": "overcommit", "Q": "quiet",
+    "s": "oversubscribe", "u": "usage", "V": "version", "v": "verbose", "W": "wait",
+}
+# Long options that take no value (or an optional one, given only as --name=value).
+SBATCH_LONG_FLAGS = frozenset({
+    *SBATCH_SHORT_FLAGS.values(), "exclusive", "requeue", "no-requeue", "parsable", "test-only", "contiguous",
+    "spread-job", "use-min-nodes", "ignore-pbs", "reboot", "get-user-env", "nice", "propagate", "overcommit",
+})
+# sbatch options that the launcher sets itself, so that the job's name (what squeue is asked
+# for), its log, and its allocation agree with torchrun and the batch-size checks: how instead.
+OWNED_SBATCH_OPTIONS = {
+    "nodes": "from --nnodes; use that instead",
+    "gpus-per-node": "from --nproc_per_node; use that instead",
+    "gpus": "from --nproc_per_node (GPUs per node, one process each); use that instead",
+    "gres": "from --nproc_per_node as --gpus-per-node; use that instead",
+    "ntasks": "to one task per node (torchrun starts the processes); leave it out",
+    "ntasks-per-node": "to one task per node (torchrun starts the processes); leave it out",
+    "job-name": "from each run's name, which squeue is asked for; leave it out",
+    "output": "to each run's folder (slurm-%x-%j.out); leave it out",
+    "error": "to each run's log in its folder (with --output); leave it out",
+    "export": "to ALL plus the offline variables; set variables in this shell instead",
+    "wrap": "for zero-shot jobs only; leave it out",
+}
+# Options that may be given more than once.
+REPEATABLE = frozenset({"verbose", "quiet"})
+
+
+def taken(options: list[str], i: int) -> str:
+    """What sbatch would read as the value of an option that has none: the next word, or the script."""
+    return repr(options[i]) if i < len(options) else "the option the launcher adds next"
+
+
+def sbatch_option_words(options: list[str]) -> list[tuple[str, str, str | None]]:
+    """(as written, sbatch's long name, value or None) of each option in `options`, as sbatch's
+    getopt reads them: -N2, -N 2, --nodes=2 and --nodes 2 are one option, nodes=2."""
+    found, i = [], 0
+    while i < len(options):
+        word = options[i]
+        i += 1
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word[2:].partition("=")
+            if not eq:
+                value = None
+                if name not in SBATCH_LONG_FLAGS and i < len(options) and not options[i].startswith("-"):
+                    value, i = options[i], i + 1
+                elif name in OWNED_SBATCH_OPTIONS or name in SBATCH_SHORT_VALUES.values():
+                    raise UsageError(f"--sbatch_args gives {word} no value (sbatch would take {taken(options, i)} as its value); write {word}=VALUE.")
+            found.append((word, name, value))
+        elif word.startswith("-") and len(word) > 1 and word != "--":
+            j = 1
+            while j < len(word):  # a cluster of short options: -vH, -N2, -HN2
+                letter = word[j]
+                j += 1
+                if letter in SBATCH_SHORT_VALUES:
+                    value = word[j:]
+                    if not value:
+                        if i >= len(options) or options[i].startswith("-"):
+                            raise UsageError(f"--sbatch_args gives -{letter} no value (sbatch would take {taken(options, i)} as its value); write -{letter} VALUE.")
+                        value, i = options[i], i + 1
+                    found.append((f"-{letter} {value}", SBATCH_SHORT_VALUES[letter], value))
+                    break
+                if letter in SBATCH_SHORT_FLAGS:
+                    found.append((f"-{letter}", SBATCH_SHORT_FLAGS[letter], word[j:] or None if letter in "Ik" else None))
+                    if letter in "Ik":
+                        break
+                    continue
+                raise UsageError(f"--sbatch_args has {word!r}, and -{letter} is not an option of sbatch; give sbatch's options, such as --partition=gpu --time=12:00:00.")
+        else:
+            raise UsageError(
+                f"--sbatch_args has {word!r}, which is not an option: sbatch would take it as the batch script "
+                f"instead of {SLURM_SCRIPT}; give options only, such as --partition=gpu --time=12:00:00."
+            )
+    return found
 
 
 def parse_sbatch_args(text: str) -> list[str]:
+    """The options of --sbatch_args, checked before anything is submitted: none the launcher sets
+    itself (in any of its forms), none given twice, no bare word, none missing its value."""
     try:
         options = shlex.split(text)
     except ValueError as e:
         raise UsageError(f"--sbatch_args {text!r} cannot be split into options ({e}).") from None
-    for option in options:
-        name = option.split("=", 1)[0]
-        if name in LAYOUT_OPTIONS:
-            raise UsageError(f"--sbatch_args sets {name}, which the launcher sets from {LAYOUT_OPTIONS[name]}; use that instead.")
+    seen: dict[str, str] = {}
+    for written, name, value in sbatch_option_words(options):
+        if name in OWNED_SBATCH_OPTIONS and (name != "gres" or "gpu" in (value or "")):
+            long = f"--{name}"
+            shown = long if written.split("=", 1)[0] == long else f"{written.split(' ', 1)[0]} ({long})"
+            raise UsageError(f"--sbatch_args sets {shown}, which the launcher sets {OWNED_SBATCH_OPTIONS[name]}.")
+        if name in seen and name not in REPEATABLE:
+            raise UsageError(f"--sbatch_args gives --{name} twice ({seen[name]} and {written}); give it once.")
+        seen[name] = written
     return options
 
 
 def check_layout(args: argparse.Namespace) -> Layout:
+    """The layout of every job, and the sbatch options, checked before anything runs."""
+    for name, variable, default in (("nproc_per_node", "SBATCH_GPUS_PER_NODE", 8), ("nnodes", "SBATCH_NODES", 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, env_count(variable, default))
+        elif args.mode == "slurm":  # sbatch reads the variable too, whatever the command line says
+            env_count(variable, default)
     for name in ("nproc_per_node", "nnodes"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
@@ -782,12 +925,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if problems:
             raise UsageError(f"nothing was started, {len(problems)} problem(s) would make the jobs fail at start:\n" + "\n".join(problems))
+        check_run_folders([job.run for job in todo], args.runs_root)
         for note in notes:
             print(f"note: {note}")
         for reason in skipped:
             print(f"skip {reason}")
         failed = submit(todo, queue) if queue is not None else execute(todo, args.mode)
         return 1 if failed else 0
-    except UsageError as e:
+    except (UsageError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

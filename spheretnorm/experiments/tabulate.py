@@ -32,7 +32,9 @@ folders and the settings in which their config.json files differ.
 
 --datasets and --scales restrict the tables to some runs; only those are read, so another
 experiment's folders under the same --runs_root (two runs of one method elsewhere, say) do not
-stop them. A damaged run file (config.json, metrics.jsonl, ckpt_zero_shot.json) is one error
+stop them. A loss that is nan or infinite, or JSON nested too deeply to read, is damage too;
+--out files are written to a temporary name and renamed, so a full disk is one error line and
+leaves the earlier OUT.md / OUT.tex as they were. A damaged run file (config.json, metrics.jsonl, ckpt_zero_shot.json) is one error
 line naming it.
 """
 
@@ -52,10 +54,15 @@ from spheretnorm.zeroshot.errors import (
     NUMBER,
     Schema,
     UnreadableFile,
+    WriteFailed,
+    non_finite,
+    parse_json,
     problem_sentence,
     read_text_file,
     schema_problem,
     schema_text,
+    write_atomically,
+    write_text_atomically,
 )
 from spheretnorm.zeroshot.driver import PAPER_COLUMNS, results_limit, results_skipped
 from spheretnorm.runtime.cli import HelpFormatter
@@ -140,6 +147,13 @@ class CheckedRun(Run):
     """A Run whose files were checked, with the benchmarks its zero-shot evaluation skipped."""
 
     zero_shot_skipped: dict[str, str] = field(default_factory=dict)  # task -> why (eval/zero_shot.py --skip_missing)
+    row_lines: list[int] = field(default_factory=list)  # the metrics.jsonl line of each of rows, for errors and notes
+
+
+def line_of(run: Run, row: dict[str, Any]) -> int | None:
+    """The metrics.jsonl line a row of a checked run was read from (None when not known)."""
+    lines = getattr(run, "row_lines", None) or []
+    return next((lines[i] for i, r in enumerate(run.rows) if r is row and i < len(lines)), None)
 
 
 def read_checked_text(path: Path, what: str) -> str:
@@ -153,9 +167,11 @@ def read_checked_json(path: Path, what: str) -> Any:
     """The JSON value in path; binary content or broken JSON is one UsageError naming the file."""
     text = read_checked_text(path, what)
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); expected {what}.") from None
+    except ValueError as exc:  # nested too deeply for the parser
+        raise UsageError(f"{path} {exc}; expected {what}.") from None
 
 
 def check_value(value: Any, schema: Schema, subject: str, what: str) -> Any:
@@ -171,16 +187,22 @@ def read_checked_config(path: Path) -> dict[str, Any]:
     return check_value(read_checked_json(path, what), CONFIG_SCHEMA, str(path), what)
 
 
-def read_checked_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl, each checked; only a last line cut short by a crash is skipped."""
+def read_checked_metrics(path: Path, row_lines: list[int] | None = None) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl, each checked; only a last line cut short by a crash is skipped.
+
+    The line number of each row is appended to row_lines when given. A loss that is nan or
+    infinite is refused (train.py stops a run before it logs one).
+    """
     lines = read_checked_text(path, "train.py's metrics, one JSON object per line").split("\n")
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
+            row = parse_json(line)
+        except ValueError as exc:
+            if not isinstance(exc, json.JSONDecodeError):  # nested too deeply for the parser
+                raise UsageError(f"Line {number} of {path} {exc}; train.py writes one flat JSON object per line.") from None
             # train.py writes each row as one line with its newline: a crash mid-write leaves at
             # most the last line cut short, and with no newline after it. Anything else is damage.
             if number == len(lines) and line.lstrip().startswith("{"):
@@ -191,7 +213,15 @@ def read_checked_metrics(path: Path) -> list[dict[str, Any]]:
         schema = ROW_SCHEMAS.get(row["kind"])
         if schema:
             check_value(row, schema, subject, f"{row['kind']} rows with {schema_text(schema)} as numbers, as train.py writes them")
+            bad = [k for k in schema if non_finite(row[k])]
+            if bad:
+                raise UsageError(
+                    f"{subject}: {bad[0]} is {row[bad[0]]}, not a finite number; train.py stops a run before it logs a "
+                    "non-finite loss, so this file was not written by it (remove the line, or the run)."
+                )
         rows.append(row)
+        if row_lines is not None:
+            row_lines.append(number)
     return rows
 
 
@@ -227,11 +257,12 @@ def scan_runs(root: Path) -> list[Run]:
 
 def load_checked_run(folder: Run) -> CheckedRun:
     """The run of a folder, its metrics.jsonl and ckpt_zero_shot.json (when present) checked."""
-    rows = read_checked_metrics(folder.path / METRICS_NAME)
+    row_lines: list[int] = []
+    rows = read_checked_metrics(folder.path / METRICS_NAME, row_lines)
     zero_shot, limit, skipped = None, None, {}
     if (folder.path / ZERO_SHOT_NAME).is_file():
         zero_shot, limit, skipped = read_checked_zero_shot(folder.path / ZERO_SHOT_NAME)
-    return CheckedRun(folder.path, folder.config, rows, zero_shot, limit, skipped)
+    return CheckedRun(folder.path, folder.config, rows, zero_shot, limit, skipped, row_lines)
 
 
 def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:
@@ -579,14 +610,24 @@ def build_tables(
 
 
 def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) -> list[Path]:
-    """PREFIX.md and PREFIX.tex."""
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt, suffix in (("markdown", ".md"), ("latex", ".tex")):
-        path = prefix.with_name(prefix.name + suffix)
-        path.write_text(render(tables, fmt, with_paper), encoding="utf-8")
-        paths.append(path)
-    return paths
+    """PREFIX.md and PREFIX.tex, each written to a temporary name beside it and renamed.
+
+    The .md is renamed only once the .tex is in place, so a failure leaves both files as they
+    were. A file that cannot be written (a full disk, a folder that cannot be made) is one
+    UsageError naming it, and no partial file is left.
+    """
+    md, tex = (prefix.with_name(prefix.name + suffix) for suffix in (".md", ".tex"))
+    markdown, latex = render(tables, "markdown", with_paper), render(tables, "latex", with_paper)
+
+    def write_md(tmp: Path) -> None:
+        tmp.write_text(markdown, encoding="utf-8")
+        write_text_atomically(tex, latex)
+
+    try:
+        write_atomically(md, write_md)
+    except WriteFailed as exc:
+        raise UsageError(str(exc)) from None
+    return [md, tex]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -638,10 +679,15 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: some zero-shot results come from --limit evaluations; they are marked † and are not final.", file=sys.stderr)
     if any(t.skipped for t in tables):
         print("warning: some zero-shot evaluations skipped benchmarks whose files were absent; they are marked ‡ and are not complete.", file=sys.stderr)
-    print(render(tables, args.format, args.paper), end="")
     if args.out:
-        for path in write_tables(tables, Path(args.out), args.paper):
-            print(f"written: {path}", file=sys.stderr)
+        try:  # before the tables are printed, so that a refusal is the last line
+            written = write_tables(tables, Path(args.out), args.paper)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    print(render(tables, args.format, args.paper), end="")
+    for path in written if args.out else []:
+        print(f"written: {path}", file=sys.stderr)
     return 0
 
 

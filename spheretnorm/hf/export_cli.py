@@ -15,7 +15,9 @@ no optimizer), which GPT.from_checkpoint, sample.py and eval/ read like a ckpt.p
 can start a fine-tune: python train.py ... --init_from=hf:hf/geonorm-s
 
 In every format OUT must be a new or empty folder (an earlier export is never replaced), and the
-files get the permissions the umask gives any new file. A damaged or foreign checkpoint is one
+files get the permissions the umask gives any new file. The export is written into a temporary
+folder beside OUT and renamed to OUT when complete: a failure mid-export (a full disk) removes
+everything the export wrote and is one error line. A damaged or foreign checkpoint is one
 error line and exit status 2.
 """
 

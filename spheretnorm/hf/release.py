@@ -3,14 +3,20 @@ weights-only safetensors (scripts/export_hf.py is the command)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.zeroshot.errors import folder_mode, remove_written, write_failure
+
 from spheretnorm.runtime.config import method_key
-from spheretnorm.hf.folder import check_new_folder, export_hf, plain_model_class
+from spheretnorm.hf.folder import HFFolderError, check_new_folder, export_hf, plain_model_class
 from spheretnorm.model import GPT
 from spheretnorm.runtime.config import config_from_dict
-from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, save_safetensors_checkpoint
+from spheretnorm.runtime.checkpoint import apply_umask, load_checkpoint, load_model, save_safetensors_checkpoint
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.methods import display_name, scale_of
 from spheretnorm.runtime.run_folder import read_metrics
@@ -71,13 +77,67 @@ tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER"{load_args})
 """
 
 
+def _created_parents(folder: Path) -> list[Path]:
+    """The folders above `folder` that do not exist yet, innermost first (mkdir(parents=True) would make them)."""
+    missing = []
+    for parent in folder.absolute().parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
+def _as_write_failure(out: Path, exc: BaseException, written: Path | None) -> HFFolderError | None:
+    """A failed write (a full disk, or an OSError on a file of the export) as one sentence; None for other errors.
+
+    Safetensors reports a full disk in its own error type, read from its message.
+    """
+    if isinstance(exc, OSError):
+        ours = exc.filename is not None and str(exc.filename).startswith(str(written or out.parent))
+        if ours or exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            return HFFolderError(str(write_failure(out, exc)))
+        return None
+    text = " ".join(str(exc).split())
+    for code, words in ((errno.ENOSPC, "No space left"), (errno.EFBIG, "File too large"), (errno.EDQUOT, "quota exceeded")):
+        if words.lower() in text.lower():
+            return HFFolderError(str(write_failure(out, OSError(code, os.strerror(code)))))
+    return None
+
+
 def export(ckpt_path: Path, out: Path, fmt: str) -> Path:
-    """Write the export into `out`, a new or empty folder in every format; returns the folder or file written."""
+    """Write the export into `out`, a new or empty folder in every format; returns the folder or file written.
+
+    Everything is written into a temporary folder beside `out`, which is renamed to `out` only
+    when the export is complete: a failure mid-export (a full disk, a refused connection)
+    removes what this export wrote, folders it made above `out` included, and an OSError is one
+    HFFolderError naming `out`.
+    """
     check_new_folder(out)
     ckpt = load_checkpoint(ckpt_path)
-    if fmt == "safetensors":
-        out.mkdir(parents=True, exist_ok=True)
-        return save_safetensors_checkpoint(ckpt, out / NATIVE_NAME)
-    export_hf(ckpt, out, source=f"the checkpoint {str(ckpt_path)!r}")
-    (out / "README.md").write_text(model_card(ckpt, ckpt_path), encoding="utf-8")
-    return out
+    made = _created_parents(out)
+    stage: Path | None = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+        if fmt == "safetensors":
+            save_safetensors_checkpoint(ckpt, stage / NATIVE_NAME)
+        else:
+            export_hf(ckpt, stage, source=f"the checkpoint {str(ckpt_path)!r}")
+            (stage / "README.md").write_text(model_card(ckpt, ckpt_path), encoding="utf-8")
+            apply_umask(stage / "README.md")
+        os.chmod(stage, folder_mode())  # mkdtemp makes it 0700; an export is readable like any output
+        if out.is_dir():
+            out.rmdir()  # empty (check_new_folder): the complete export takes its place
+        os.replace(stage, out)
+        stage = None
+    except BaseException as exc:
+        if stage is not None:
+            remove_written(stage)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        failure = _as_write_failure(out, exc, stage) if isinstance(exc, Exception) else None
+        if failure is not None:
+            raise failure from None
+        raise
+    return out / NATIVE_NAME if fmt == "safetensors" else out

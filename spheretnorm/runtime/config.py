@@ -45,6 +45,7 @@ HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnor
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+SEED_MAX = 2**32 - 1  # np.random.seed's largest seed
 
 
 class ConfigError(ValueError):
@@ -146,6 +147,12 @@ class TrainConfig:
             raise ConfigError(f"collapse_evals must be >= 0 (0 turns the collapse stop off), got {self.collapse_evals}.")
         if self.min_lr > self.learning_rate:
             raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:  # NaN fails too
+                raise ConfigError(f"{name}={getattr(self, name)} is not valid; AdamW needs 0 <= {name} < 1.")
+        # seed_everything gives the seed (plus the rank) to numpy's np.random.seed, which takes 0..2**32 - 1.
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"seed={self.seed} is not valid; use an integer from 0 to {SEED_MAX} (2**32 - 1, numpy's seed range).")
 
 
 # connection_params is set through the keys it holds (--gain=0.3), never as a whole.

@@ -175,7 +175,9 @@ def peak_flops_for(device: str) -> float | None:
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
-    np.random.seed(seed)
+    # numpy takes seeds below 2**32; train.py seeds rank r with seed + r, which may pass the largest
+    # valid --seed, so wrap (a no-op for every seed numpy takes).
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 

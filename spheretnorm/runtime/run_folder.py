@@ -94,8 +94,15 @@ class MetricsLog:
         self.path = path
         kept = self._rows_up_to(resume_iter) if resume_iter is not None else []
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
-        os.replace(tmp, path)
+        try:  # the old file stays whole until the new one is; a failed write leaves no temp file
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if isinstance(e, OSError):  # one line, as a failed checkpoint write: machine_failure
+                raise OSError(e.errno or 0, f"could not rewrite {path} ({e.strerror or e}); it is as it was") from None
+            raise
         self._file = open(path, "a", encoding="utf-8")
 
     def _rows_up_to(self, last_iter: int) -> list[dict[str, Any]]:
@@ -127,11 +134,71 @@ def remove_run(out_dir: Path) -> list[str]:
     """Delete the run in out_dir (checkpoint, metrics, config and zero-shot results) as a whole,
     so that a replacing run never mixes with what it replaces; returns the names removed."""
     removed = []
-    for path in [*(out_dir / name for name in RUN_FILES), *out_dir.glob("ckpt_zero_shot*.json")]:
+    for path in [*(out_dir / name for name in RUN_FILES), *out_dir.glob(ZERO_SHOT_GLOB)]:
         if path.is_file():
-            path.unlink()
-            removed.append(path.name)
+            with contextlib.suppress(FileNotFoundError):  # another rank removed it first
+                path.unlink()
+                removed.append(path.name)
     return removed
+
+
+ZERO_SHOT_GLOB = "ckpt_zero_shot*.json"
+# Keys that may differ when a run that left no checkpoint is started again with the same
+# command: the length of the run (the grid extends runs too), the vocabulary train.py derives from
+# the dataset, and the debug_* fault-injection switches.
+RESTART_FREE_KEYS = ("max_iters", "vocab_size")
+
+
+def earlier_run(out_dir: str | Path, wanted: dict[str, Any] | None = None) -> str | None:
+    """What a new run started in out_dir, which has no ckpt.pt, would replace: None when nothing,
+    or when out_dir holds only the start of this same run (see below); else a phrase naming the files.
+
+    The same run starting again (a job that crashed or was pre-empted before its first
+    checkpoint, and is restarted with the same command): its config.json has the settings in
+    `wanted` (the new run's, run-neutral keys left out; None: not compared), its metrics.jsonl no
+    eval row past iter 0, and there are no zero-shot results. Losing its rows loses nothing that
+    the new run does not write again.
+    """
+    out = Path(out_dir)
+    found = [name for name in (METRICS_NAME, CONFIG_NAME) if (out / name).is_file()]
+    found += sorted(p.name for p in out.glob(ZERO_SHOT_GLOB) if p.is_file()) if out.is_dir() else []
+    if not found:
+        return None
+    files = ", ".join(found)
+    if any(name not in (METRICS_NAME, CONFIG_NAME) for name in found):
+        return f"an earlier run's {files} (its zero-shot results)"
+    rows = read_metrics(out / METRICS_NAME) if METRICS_NAME in found else []
+    evaluated = [r["iter"] for r in rows if isinstance(r, dict) and r.get("kind") == "eval" and isinstance(r.get("iter"), int)]
+    if evaluated and max(evaluated) > 0:
+        return f"an earlier run's {files} (evaluated up to iter {max(evaluated)})"
+    if wanted is None:
+        return None
+    try:
+        saved = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict):
+        return f"an earlier run's {files} (with no readable {CONFIG_NAME} to tell whose)"
+    differ = [
+        f"{k}: it has {saved[k]!r}, this run {v!r}" for k, v in json.loads(json.dumps(wanted, default=str)).items()
+        if k in saved and saved[k] != v and k not in RESTART_FREE_KEYS and not k.startswith("debug_")
+    ]
+    if differ:
+        return f"an earlier run's {files} with other settings ({'; '.join(differ[:3])})"
+    return None
+
+
+def check_no_earlier_run(train: TrainConfig, wanted: dict[str, Any] | None) -> None:
+    """A new run (init_from scratch, hf:DIR, or auto without a checkpoint) never replaces another
+    run's files without overwrite=true; the same run starting again is no other run (earlier_run)."""
+    if train.overwrite or train.eval_only:
+        return
+    found = earlier_run(train.out_dir, wanted)
+    if found is not None:
+        raise OutDirError(
+            f"out_dir {str(train.out_dir)!r} holds {found} but no {CKPT_NAME} to resume, and init_from={train.init_from} "
+            "would start a new run over it; pass --overwrite=true to remove that run first, or give another --out_dir."
+        )
 
 
 # What scripts/launch.py --mode slurm keeps in a run folder (never removed with a run: the jobs
@@ -160,9 +227,16 @@ def check_out_dir(train: TrainConfig) -> None:
 
     The probe leaves nothing behind: folders it had to create are removed again.
     """
-    out = Path(train.out_dir)
+    check_folder(Path(train.out_dir), "out_dir")
+
+
+def check_folder(out: Path, what: str) -> None:
+    """`out` is, or can be made, a folder this process can write to (OutDirError, naming it as `what`)."""
     if out.exists() and not out.is_dir():
-        raise OutDirError(f"out_dir {str(out)!r} is a file; give a folder (it is created if missing).")
+        raise OutDirError(f"{what} {str(out)!r} is a file; give a folder (it is created if missing).")
+    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise OutDirError(f"{what} {str(out)!r} cannot be created because {str(blocking)!r} is a file; give a path under a folder.")
     missing = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +244,7 @@ def check_out_dir(train: TrainConfig) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise OutDirError(f"out_dir {str(out)!r} cannot be written to ({e.strerror or e}); give a writable folder.") from None
+        raise OutDirError(f"{what} {str(out)!r} cannot be written to ({e.strerror or e}); give a writable folder.") from None
     finally:
         for folder in missing:  # deepest first
             with contextlib.suppress(OSError):

@@ -26,6 +26,7 @@ META_FILE = "meta.json"
 
 
 MAX_TOKEN_KEY = "max_token"  # meta.json's train_max_token / val_max_token: the largest id in each bin
+MTIME_KEY = "mtime_ns"  # meta.json's train_mtime_ns / val_mtime_ns: each bin's st_mtime_ns when prepare.py wrote it
 
 
 
@@ -120,6 +121,14 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | N
 
 
 
+def bin_stamps(paths: dict[str, Path]) -> dict[str, int]:
+    """meta.json's {split}_mtime_ns of the bins at `paths` ({split: path}), as prepare.py records them
+    once they are written (a rename keeps a file's mtime): check_token_ids trusts the recorded
+    maximum of a bin only while its mtime is still this one."""
+    return {f"{split}_{MTIME_KEY}": Path(path).stat().st_mtime_ns for split, path in paths.items()}
+
+
+
 # Largest id of each token file that check_token_ids had to scan, by (path, size, mtime): train.py
 # opens a split afresh for every batch (batches.TokenData.split), and a scan reads the whole file.
 _SCANNED_MAX: dict[tuple[str, int, int], int] = {}
@@ -132,17 +141,22 @@ def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split:
     An id beyond the vocabulary would stop training mid-run: an IndexError in the embedding on a
     CPU, a device-side assert on CUDA. Every dataset prepare.py writes records the largest id of
     each split (train_max_token, val_max_token; AtomicSplitWriter.commit), so the check costs
-    nothing; a meta.json without it (an older prepare, a hand-made dataset) costs one vectorised
-    scan of the file, in SCAN_CHUNK steps, once per process. The recorded maximum is trusted: a
-    bin rewritten after prepare.py with the same length is not caught. A meta.json without a
-    vocab_size (never written by prepare.py) gives nothing to check against.
+    nothing while the file is the one prepare.py wrote. prepare.py also records each bin's mtime
+    ({split}_mtime_ns, bin_stamps), and the size is checked by open_split: a bin whose mtime
+    differs from the recorded one (rewritten after prepare.py, even with the same length; or
+    copied without its times) is scanned instead. So is a bin whose meta.json has no maximum (a
+    hand-made dataset): one vectorised scan of the file, in SCAN_CHUNK steps, once per process.
+    A meta.json with a maximum but no mtimes (prepared before they were recorded) is trusted as
+    it was, and so is a bin edited with its mtime put back. A meta.json without a vocab_size
+    (never written by prepare.py) gives nothing to check against.
     """
     vocab_size = meta.get("vocab_size")
     if vocab_size is None or not len(tokens):
         return
     top = meta.get(f"{split}_{MAX_TOKEN_KEY}")
-    if top is None:
-        stat = path.stat()
+    stat = path.stat()
+    stamp = meta.get(f"{split}_{MTIME_KEY}", stat.st_mtime_ns)  # none recorded: the maximum is trusted
+    if top is None or stamp != stat.st_mtime_ns:
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
         if key not in _SCANNED_MAX:
             _SCANNED_MAX[key] = max(int(tokens[i : i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK))

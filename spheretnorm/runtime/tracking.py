@@ -9,7 +9,6 @@ training, that W&B logging can work at all.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import netrc
 import os
@@ -23,7 +22,7 @@ from urllib.parse import urlsplit
 
 from spheretnorm.runtime.config import ConfigError, TrainConfig, wandb_mode
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic
-from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run
+from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run, write_json_atomic
 
 
 def format_duration(seconds: float) -> str:
@@ -294,12 +293,17 @@ class RunLog:
             return
         out = Path(self.cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if not resumed and self.progress.checkpoint.is_file():
+        if not resumed and (self.progress.checkpoint.is_file() or self.cfg.overwrite):
             # Replaced whole, before anything new is written: never the old checkpoint beside
-            # the new log (a crash before the first save would otherwise resume the old run).
+            # the new log (a crash before the first save would otherwise resume the old run), nor
+            # an earlier run's zero-shot results beside a new run that has no checkpoint yet.
             removed = remove_run(out)
-            print(f"NOTE: overwrite=true: removed the earlier run in {out} ({', '.join(removed)}) to start from scratch.")
-        (out / CONFIG_NAME).write_text(json.dumps(run_config, indent=2) + "\n")
+            if removed:
+                print(f"NOTE: overwrite=true: removed the earlier run in {out} ({', '.join(removed)}) to start from scratch.")
+        try:  # a temporary name, then a rename: a full disk leaves no partial config.json
+            write_json_atomic(out / CONFIG_NAME, run_config)
+        except OSError as e:  # the write's own error names no file: train.py's one line names it
+            raise OSError(e.errno, e.strerror or str(e), str(out / CONFIG_NAME)) from None
         self.metrics = MetricsLog(out / METRICS_NAME, self.progress.iter_num if resumed else None)
         if self.cfg.wandb_log:
             self.wandb = start_wandb(self.cfg, run_config, self.progress.wandb_run_id)
@@ -315,7 +319,8 @@ class RunLog:
             self.wandb.log(wandb_payload(row), step=row["iter"])
 
     def log_eval(self, row: dict[str, Any]) -> None:
-        self.progress.note_eval(sum(row.get(key) or 0.0 for key in ("eval_s", "diag_s")))
+        if self.progress is not None:  # the ETA leaves evaluation time out of the step rate
+            self.progress.note_eval(sum(row.get(key) or 0.0 for key in ("eval_s", "diag_s")))
         if self.is_master:
             ppl = f"{row['val_ppl']:.2f}" if row["val_ppl"] is not None else "inf"
             parts = [f"eval iter {row['iter']}", f"train {row['train_eval_loss']:.4f}", f"val {row['val_loss']:.4f} (ppl {ppl})"]

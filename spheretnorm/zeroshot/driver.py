@@ -34,6 +34,7 @@ exit with status 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -179,6 +180,76 @@ def task_configs(tasks: list[str], task_manager: Any) -> dict[str, dict[str, Any
         if isinstance(config, dict) and "task" in config:
             configs[task] = config
     return configs
+
+
+def _data_file_paths(data_files: Any) -> list[str]:
+    """The paths of a dataset_kwargs.data_files value: a string, a list, or {split: string or list}."""
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, list):
+        return [p for item in data_files for p in _data_file_paths(item)]
+    if isinstance(data_files, dict):
+        return [p for item in data_files.values() for p in _data_file_paths(item)]
+    return []
+
+
+def _known_metrics() -> set[str]:
+    from lm_eval.api import metrics as _  # noqa: F401 - registers the built-in metrics
+    from lm_eval.api.registry import METRIC_REGISTRY
+
+    return set(METRIC_REGISTRY)
+
+
+def task_yaml_problem(config: dict[str, Any], known_metrics: set[str]) -> str | None:
+    """What in a task YAML (includes merged) lm-eval would fail on only while evaluating, as a phrase; None if nothing.
+
+    Checked: a dataset_path, metric names lm-eval knows (a !function metric is the task's own
+    code and not checked), and the local data_files / data_dir it names.
+    """
+    if config.get("custom_dataset") is None and (not isinstance(config.get("dataset_path"), str) or not config["dataset_path"].strip()):
+        return "has no dataset_path (the Hugging Face dataset, or json / csv / parquet with local data_files)"
+    for item in config.get("metric_list") or []:
+        metric = item.get("metric") if isinstance(item, dict) else None
+        if not isinstance(metric, str):
+            return f"has a metric_list entry {item!r} without a metric name"
+        if "/" in metric or "." in metric:  # a !function (its path, unresolved here) or an evaluate module path
+            continue
+        if metric not in known_metrics:
+            return f"names the metric {metric!r}, which lm-eval does not know (known: {', '.join(sorted(known_metrics))})"
+    kwargs = config.get("dataset_kwargs") if isinstance(config.get("dataset_kwargs"), dict) else {}
+    for data_file in _data_file_paths(kwargs.get("data_files")):
+        if "://" in data_file:
+            continue
+        if any(c in data_file for c in "*?["):
+            import glob
+
+            if not glob.glob(os.path.expanduser(data_file), recursive=True):
+                return f"has data_files {data_file!r}, which matches no file"
+        elif not Path(data_file).expanduser().is_file():
+            return f"has data_files {data_file!r}, which is no file"
+    data_dir = kwargs.get("data_dir")
+    if isinstance(data_dir, str) and "://" not in data_dir and not Path(data_dir).expanduser().is_dir():
+        return f"has data_dir {data_dir!r}, which is no folder"
+    return None
+
+
+def check_user_task_yamls(tasks: list[str], task_manager: Any, include_paths: list[str]) -> None:
+    """Refuse, before the model loads, a requested task from --include_path whose YAML lm-eval would fail on mid-run.
+
+    One EvalError naming the YAML file and what is wrong in it.
+    """
+    roots = [Path(p).resolve() for p in include_paths]
+    known = _known_metrics()
+    for task, config in task_configs(tasks, task_manager).items():
+        path = Path(str(getattr(task_manager.task_index.get(task), "yaml_path", ""))).resolve()
+        if not any(path.is_relative_to(root) for root in roots):
+            continue  # lm-eval's own tasks, and the --local_data ones this module writes
+        problem = task_yaml_problem(config, known)
+        if problem:
+            raise EvalError(
+                f"Task {task!r} from --include_path: {path} {problem}; fix the YAML (lm-eval's task format, "
+                "https://github.com/EleutherAI/lm-evaluation-harness/blob/main/docs/task_guide.md)."
+            )
 
 
 def check_hub_free(tasks: list[str], task_manager: Any, hub_off: str) -> None:
@@ -329,8 +400,16 @@ def model_label(config: dict[str, Any]) -> str:
 def write_results(results: dict[str, Any], path: Path) -> None:
     from lm_eval.utils import handle_non_serializable
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n", encoding="utf-8")
+    """The results JSON, written to a temporary name beside path and renamed: no partial file on failure.
+
+    A full disk (or any OSError) is one EvalError naming the file.
+    """
+    from spheretnorm.zeroshot.errors import WriteFailed, write_text_atomically
+
+    try:
+        write_text_atomically(path, json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+    except WriteFailed as exc:
+        raise EvalError(str(exc)) from None
 
 
 def log_to_wandb(results: dict[str, Any], label: str, args: argparse.Namespace) -> None:
@@ -369,7 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=16, help="requests per forward pass")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 elsewhere), float32, bfloat16, float16")
-    p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable)")
+    p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable); each requested task's YAML is checked first (dataset_path, metric names, local data_files). lm-eval's `!function` tag in a YAML imports and runs the Python file it names: a task folder is code, like a config file that is Python, so give only folders you trust")
     p.add_argument("--local_data", default=None, help="folder with the benchmarks' original release files, read instead of the hub (layout in eval/README.md)")
     p.add_argument("--skip_missing", action="store_true", help="with --local_data: leave out the tasks whose files are absent (listed as skipped in the table and the results JSON) instead of loading them from the hub")
     p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint; with --limit, _limit<N> is appended)")
@@ -410,6 +489,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
             source_note, skipped, local = plan.source_note, plan.skipped, plan.local
         task_manager = make_task_manager(include_paths)
         check_tasks_known(tasks, task_manager.all_tasks)
+        check_user_task_yamls(tasks, task_manager, list(args.include_path))
         if hub_off:
             check_hub_free([t for t in tasks if t not in local], task_manager, hub_off)
         lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
@@ -440,7 +520,11 @@ def _run(args: argparse.Namespace, hub_off: str | None) -> int:
 
     limit = results_limit(results)
     out = results_path(args.ckpt, args.out, limit)
-    write_results(results, out)
+    try:
+        write_results(results, out)
+    except EvalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     skipped = results_skipped(results)
     print(make_table(results))
     print(format_paper_table(results["paper_table"], label if limit is None else f"{label} (limit {limit_text(limit)})", skipped))

@@ -11,8 +11,13 @@ scripts/plot.py use them too, for run folders (config.json, metrics.jsonl, ckpt_
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from spheretnorm.runtime.config import TYPE_WORDS, type_text
 
@@ -36,6 +41,90 @@ def read_text_file(path: str | Path) -> str:
     if "\x00" in text:  # valid UTF-8 but no text: e.g. a UTF-16 file or an archive
         raise UnreadableFile("holds NUL bytes, so it is not a text file")
     return text
+
+
+def parse_json(text: str) -> Any:
+    """json.loads, with a value nested too deeply for Python's parser a ValueError (phrase) rather than a RecursionError."""
+    import json
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"is nested too deeply to read (lists or objects inside each other beyond Python's recursion limit of {sys.getrecursionlimit()})") from None
+
+
+def non_finite(value: Any) -> bool:
+    """Whether a number is nan or +-inf (JSON's NaN / Infinity, which Python's json reads)."""
+    return isinstance(value, float) and (value != value or value in (float("inf"), float("-inf")))
+
+
+# -----------------------------------------------------------------------------
+# Writing outputs: a temporary name in the same folder, then a rename
+
+
+class WriteFailed(Exception):
+    """An output that could not be written; the message is one sentence naming the file."""
+
+
+def write_failure(path: str | Path, exc: OSError) -> WriteFailed:
+    """The sentence for an OSError while writing `path` (a full disk said as such)."""
+    full = exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    why = f"{exc.strerror or exc}" + ("; the disk (or the file size limit) is full, free space and run again" if full else "")
+    return WriteFailed(f"Cannot write {str(path)!r} ({why}); no partial file was left.")
+
+
+def file_mode() -> int:
+    """The permissions open() gives a new file: 0666 less the umask."""
+    umask = os.umask(0)  # the only way to read it; set back at once
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def folder_mode() -> int:
+    """The permissions mkdir() gives a new folder: 0777 less the umask."""
+    umask = os.umask(0)  # the only way to read it; set back at once
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call write(tmp) on a temporary name in path's folder, then rename it to path.
+
+    On any failure the temporary file is removed and path is untouched (an older file there
+    stays as it was); an OSError becomes one WriteFailed sentence naming path.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_failure(path, exc) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomically(path: str | Path, text: str) -> Path:
+    """write_atomically of a UTF-8 text."""
+    return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def remove_written(path: Path) -> None:
+    """Remove a file or folder an interrupted write left (best effort, never raising)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 # -----------------------------------------------------------------------------
@@ -91,6 +180,24 @@ def schema_problem(value: Any, schema: Schema, where: str = "") -> str | None:
     # JSON's true and false are Python ints too; only a field meant to be a bool may hold one.
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         return f"{where} is {kind_of(value)}, not {type_text(types)}"
+    return None
+
+
+def empty_field(value: Any, schema: Schema, may_be_empty: frozenset[str] = frozenset(), where: str = "") -> str | None:
+    """The path of the first string field of a schema-checked value that is empty or blank ('question.stem',
+    'endings[2]'); fields named in may_be_empty (last key) may be. None when there is none."""
+    if isinstance(schema, dict) and isinstance(value, dict):
+        for key, sub in schema.items():
+            if key in may_be_empty:
+                continue
+            found = empty_field(value.get(key), sub, may_be_empty, f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    if isinstance(schema, list) and isinstance(value, list):
+        return next((f for i, item in enumerate(value) if (f := empty_field(item, schema[0], may_be_empty, f"{where}[{i}]"))), None)
+    if isinstance(value, str) and not value.strip() and str in (schema if isinstance(schema, tuple) else (schema,)):
+        return where
     return None
 
 

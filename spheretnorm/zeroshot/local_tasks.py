@@ -41,7 +41,7 @@ from typing import Any, Callable
 import yaml
 
 from spheretnorm.zeroshot import errors
-from spheretnorm.zeroshot.errors import EvalError, Schema, kind_of, problem_sentence, schema_problem, schema_text
+from spheretnorm.zeroshot.errors import EvalError, Schema, empty_field, kind_of, parse_json, problem_sentence, schema_problem, schema_text
 
 Record = dict[str, Any]
 
@@ -90,14 +90,23 @@ SCIQ_FIELDS = ("question", "distractor3", "distractor1", "distractor2", "correct
 SCIQ_SCHEMA: Schema = {k: str for k in SCIQ_FIELDS}
 
 
-def check_records(records: list[Any], schema: Schema, source: str) -> list[Record]:
-    """The records, each checked against schema; the first bad one is an EvalError naming it."""
+# Text fields that the releases themselves leave empty in some records (SciQ's support, HellaSwag's
+# ctx_b, ...); every other text field of a record must hold text.
+MAY_BE_EMPTY = frozenset({"support", "ctx_a", "ctx_b", "title", "activity_label", "source_id", "split", "split_type", "id", "qID"})
+
+
+def check_records(records: list[Any], schema: Schema, source: str, lines: list[int] | None = None) -> list[Record]:
+    """The records, each checked against schema; the first bad one is an EvalError naming it (and its line, for jsonl)."""
     for index, record in enumerate(records):
+        subject = f"Record {index + 1} of {source}" + (f" (line {lines[index]})" if lines else "")
         problem = schema_problem(record, schema)
+        fields = schema_text(schema)
+        need = f"its records need the fields {fields}" if fields else "each record must be a JSON object"
         if problem:
-            fields = schema_text(schema)
-            need = f"its records need the fields {fields}" if fields else "each record must be a JSON object"
-            raise EvalError(f"{problem_sentence(f'Record {index + 1} of {source}', problem)}; {need} (see {LAYOUT_DOC}).")
+            raise EvalError(f"{problem_sentence(subject, problem)}; {need} (see {LAYOUT_DOC}).")
+        empty = empty_field(record, schema, MAY_BE_EMPTY)
+        if empty:
+            raise EvalError(f"{subject}: {empty} is empty; {need}, with text in {empty} (see {LAYOUT_DOC}).")
     return records
 
 
@@ -110,15 +119,18 @@ def read_jsonl(text: str, source: str, schema: Schema | None = None) -> list[Rec
 
     A bad line names its number; source is the file's name in errors.
     """
-    records = []
+    records, lines = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(parse_json(line))
         except json.JSONDecodeError as exc:
             raise EvalError(f"Line {number} of {source} is not valid JSON ({exc.msg}); expected one JSON object per line.") from None
-    return check_records(records, schema if schema is not None else {}, source)
+        except ValueError as exc:  # nested too deeply
+            raise EvalError(f"Line {number} of {source} {exc}; expected one flat JSON object per line (see {LAYOUT_DOC}).") from None
+        lines.append(number)
+    return check_records(records, schema if schema is not None else {}, source, lines)
 
 
 def read_labels(text: str, valid: tuple[str, ...], source: str) -> list[str]:
@@ -327,9 +339,11 @@ def _boolq(texts: Texts, data_dir: Path) -> list[Record]:
 def _sciq(texts: Texts, data_dir: Path) -> list[Record]:
     source = _name(data_dir, SCIQ_FILE)
     try:
-        originals = json.loads(texts[SCIQ_FILE] or "")
+        originals = parse_json(texts[SCIQ_FILE] or "")
     except json.JSONDecodeError as exc:
-        raise EvalError(f"{source} is not valid JSON ({exc.msg}); the SciQ release stores each split as one JSON array.") from None
+        raise EvalError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno}); the SciQ release stores each split as one JSON array.") from None
+    except ValueError as exc:  # nested too deeply
+        raise EvalError(f"{source} {exc}; the SciQ release stores each split as one JSON array of flat records.") from None
     if not isinstance(originals, list):
         raise EvalError(f"{source} holds {kind_of(originals)}; the SciQ release stores each split as one JSON array.")
     return [sciq_record(r) for r in check_records(originals, SCIQ_SCHEMA, source)]
