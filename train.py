@@ -68,6 +68,7 @@ from spheretnorm.runtime.config import (
     resolve_paths,
     resolve_wandb_names,
     run_neutral_keys,
+    run_settings,
     run_suffix,
     wants_help,
 )
@@ -554,8 +555,7 @@ def main(argv: list[str] | None = None) -> None:
         # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
         # keys in its default name come from the keys given, so resuming needs the same ones.
         explicit_out_dir = bool(parsed.train.out_dir)
-        wanted = {k: v for k, v in {**asdict(parsed.train), **asdict(parsed.model_config())}.items() if k not in run_neutral_keys()}
-        parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides), wanted)
+        parsed.train = resolve_init_from(resolve_paths(parsed.train, parsed.model_config(), parsed.overrides), run_settings(parsed))
         announce_out_dir(parsed, explicit_out_dir)
         if not parsed.train.eval_only:  # an evaluation writes nothing
             check_out_dir(parsed.train)

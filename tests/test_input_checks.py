@@ -31,17 +31,12 @@ from markov_data import VOCAB, write_markov_data
 from spheretnorm.runtime import token_files
 from spheretnorm.runtime.config import ConfigError, TrainConfig
 from spheretnorm.runtime.token_files import PrepareError, open_split
+from test_faults import ENV as FAULTS_ENV
 from test_train import tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {
-    **{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
-    "OMP_NUM_THREADS": "1",
-    "WANDB_MODE": "disabled",
-    "SPHERETNORM_EAGER_KERNELS": "1",
-    "SPHERETNORM_TOKENIZER_OFFLINE": "1",
-    "HF_HUB_OFFLINE": "1",
-}
+# test_faults.py's subprocess environment, without the Triton interpreter (a CPU has no GPU to run triton on).
+ENV = {k: v for k, v in FAULTS_ENV.items() if k != "TRITON_INTERPRET"}
 FULL_DISK_LIMIT = 1_000  # bytes a process under the limit may write to one file: less than any output here
 
 # Runs each [script, argv] of the JSON list on stdin as `python script *argv` would (the

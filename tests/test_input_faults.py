@@ -33,6 +33,7 @@ import torch
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import checkpoint_state
 from spheretnorm.runtime.config import method_dirname
+from test_eval_faults import ckpt  # noqa: F401  (a fixture: a real tiny GPT-2-vocabulary checkpoint)
 
 REPO = Path(__file__).resolve().parents[1]
 DEEP = "[" * 10_000 + "]" * 10_000  # 10,000 nested lists: more than Python's parser recurses
@@ -69,16 +70,6 @@ def leftovers(folder: Path) -> list[str]:
 
 # -----------------------------------------------------------------------------
 # eval/zero_shot.py: --include_path task YAMLs and --local_data files
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real GPT-2-vocabulary checkpoint, so that nothing but the input under test can be the fault."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304))
-    path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
-    torch.save({**checkpoint_state(model), "iter_num": 0, "data_meta": {"tokenizer": "gpt2"}}, path)
-    return path
 
 
 def task_yaml(data_file: Path, **changes: Any) -> str:

@@ -71,7 +71,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,7 @@ from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.methods import method_args, run_name
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.runtime.config import (
-    ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names, run_neutral_keys,
+    ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names, run_settings,
 )
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
@@ -181,8 +181,7 @@ def build_grid(
                     problems.append(str(e))
                     continue
                 conflicts = config_conflicts(REPO_ROOT / out_dir, parsed)
-                # As train.py computes them: the settings a restart of a run without a checkpoint keeps.
-                settings = {k: v for k, v in {**asdict(parsed.train), **asdict(model)}.items() if k not in run_neutral_keys()}
+                settings = run_settings(parsed)  # what train.py compares with out_dir's config.json
                 runs.append(
                     GridRun(dataset, scale, method, run_name(config_name, method), out_dir, parsed.train.max_iters,
                             [*args, f"--out_dir={out_dir}"], train, conflicts, settings)

@@ -32,7 +32,7 @@ import runpy
 import textwrap
 import tokenize
 import types
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -660,6 +660,12 @@ def _param_entries() -> list[str]:
 def run_neutral_keys() -> frozenset[str]:
     """RUN_NEUTRAL_KEYS and every connection's method keys."""
     return RUN_NEUTRAL_KEYS | method_keys_neutral()
+
+
+def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
+    """What a restart of a run compares with its folder's config.json (run_folder.earlier_run):
+    both configs, less the run-neutral keys. train.py and the launcher both ask here."""
+    return {k: v for k, v in {**asdict(parsed.train), **asdict(parsed.model_config())}.items() if k not in run_neutral_keys()}
 
 
 def config_help(

@@ -11,8 +11,11 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from spheretnorm.runtime.checkpoint import apply_umask
 
 if TYPE_CHECKING:
     from spheretnorm.runtime.config import TrainConfig
@@ -211,15 +214,29 @@ def slurm_lock_name(stage: str) -> str:
     return f"slurm_{stage}.lock"
 
 
+def replace_file(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call write(tmp) on a temporary name in path's folder, then rename it onto path, so that
+    path holds the whole new file or what it held before. On any failure the temporary file is
+    removed and the error raised as it came (an OSError names no file: callers say which).
+    The one mechanism behind every atomic writer but the checkpoint's (which also fsyncs)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        apply_umask(tmp)  # mkstemp makes its file private (0600); outputs get the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """path holds the JSON of value, or what it held before: never a half-written file."""
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    replace_file(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
 
 
 def check_out_dir(train: TrainConfig) -> None:

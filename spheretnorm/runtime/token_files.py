@@ -110,13 +110,14 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | N
     if f"{split}_tokens" not in meta:
         raise PrepareError(f"{Path(data_dir) / META_FILE} has no {split}_tokens count; re-run data/prepare.py for {data_dir}.")
     expected = meta[f"{split}_tokens"]
-    actual = path.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize if path.is_file() else None
+    stat = path.stat() if path.is_file() else None
+    actual = stat.st_size // np.dtype(TOKEN_DTYPE).itemsize if stat is not None else None
     if actual != expected:
         raise PrepareError(
             f"{path} holds {actual} tokens but {META_FILE} says {expected}; re-run data/prepare.py for {data_dir}."
         )
     tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
-    check_token_ids(path, tokens, meta, split)
+    check_token_ids(path, tokens, meta, split, stat)
     return tokens
 
 
@@ -135,7 +136,7 @@ _SCANNED_MAX: dict[tuple[str, int, int], int] = {}
 
 
 
-def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split: str) -> None:
+def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split: str, stat: os.stat_result | None = None) -> None:
     """A PrepareError naming `path` if a token id in it is not below meta.json's vocab_size.
 
     An id beyond the vocabulary would stop training mid-run: an IndexError in the embedding on a
@@ -154,7 +155,7 @@ def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split:
     if vocab_size is None or not len(tokens):
         return
     top = meta.get(f"{split}_{MAX_TOKEN_KEY}")
-    stat = path.stat()
+    stat = stat or path.stat()  # open_split's, when it called: one stat per batch, not two
     stamp = meta.get(f"{split}_{MTIME_KEY}", stat.st_mtime_ns)  # none recorded: the maximum is trusted
     if top is None or stamp != stat.st_mtime_ns:
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)

@@ -15,11 +15,11 @@ import errno
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from spheretnorm.runtime.config import TYPE_WORDS, type_text
+from spheretnorm.runtime.run_folder import replace_file
 
 
 class EvalError(Exception):
@@ -73,13 +73,6 @@ def write_failure(path: str | Path, exc: OSError) -> WriteFailed:
     return WriteFailed(f"Cannot write {str(path)!r} ({why}); no partial file was left.")
 
 
-def file_mode() -> int:
-    """The permissions open() gives a new file: 0666 less the umask."""
-    umask = os.umask(0)  # the only way to read it; set back at once
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def folder_mode() -> int:
     """The permissions mkdir() gives a new folder: 0777 less the umask."""
     umask = os.umask(0)  # the only way to read it; set back at once
@@ -88,30 +81,12 @@ def folder_mode() -> int:
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call write(tmp) on a temporary name in path's folder, then rename it to path.
-
-    On any failure the temporary file is removed and path is untouched (an older file there
-    stays as it was); an OSError becomes one WriteFailed sentence naming path.
-    """
-    path = Path(path)
+    """run_folder.replace_file (a temporary name, then a rename; nothing partial left), with an
+    OSError as one WriteFailed sentence naming path."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
-        os.close(fd)
+        return replace_file(path, write)
     except OSError as exc:
         raise write_failure(path, exc) from None
-    tmp = Path(name)
-    try:
-        write(tmp)
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise write_failure(path, exc) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_text_atomically(path: str | Path, text: str) -> Path:
