@@ -156,13 +156,23 @@ GPTConfig.__init__ = _params_as_keywords(GPTConfig.__init__)
 # Normalisations
 
 
+def constant_parameter(module: nn.Module, name: str, shape: tuple[int, ...], value: float) -> None:
+    """Give `module` a learnable parameter `name` filled with `value`, and remember the value so
+    that GPT.init_weights can fill it again (a model built on the meta device has no values yet)."""
+    module.register_parameter(name, nn.Parameter(torch.full(shape, float(value))))
+    module.__dict__.setdefault("constant_inits", {})[name] = float(value)
+
+
 class LayerNorm(nn.Module):
     """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
 
     def __init__(self, ndim: int, bias: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        constant_parameter(self, "weight", (ndim,), 1.0)
+        if bias:
+            constant_parameter(self, "bias", (ndim,), 0.0)
+        else:
+            self.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
@@ -173,9 +183,9 @@ class DyT(nn.Module):
 
     def __init__(self, ndim: int, alpha_init: float):
         super().__init__()
-        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim))
+        constant_parameter(self, "alpha", (), alpha_init)
+        constant_parameter(self, "weight", (ndim,), 1.0)
+        constant_parameter(self, "bias", (ndim,), 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * torch.tanh(self.alpha * x) + self.bias
@@ -193,7 +203,7 @@ class ScaleNorm(nn.Module):
     def __init__(self, ndim: int):
         super().__init__()
         self.max_radius = math.sqrt(ndim)
-        self.gamma = nn.Parameter(torch.tensor(inverse_softplus(self.max_radius)))
+        constant_parameter(self, "gamma", (), inverse_softplus(self.max_radius))
 
     def radius(self) -> torch.Tensor:
         return F.softplus(self.gamma).clamp(1.0, self.max_radius)
@@ -209,7 +219,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, ndim: int, eps: float = RMS_NORM_EPS):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
+        constant_parameter(self, "weight", (ndim,), 1.0)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -636,7 +646,7 @@ class SphereConnection(Connection):
         self.impl = config.sphere_impl
         self.decay = depth_decay(config, layer_idx, slot)
         # softplus(a) = 1 at init: the full (decayed) step.
-        self.a = nn.Parameter(torch.tensor(math.log(math.e - 1.0)))
+        constant_parameter(self, "a", (), math.log(math.e - 1.0))
 
     @staticmethod
     def embed_norm(config: GPTConfig) -> nn.Module:
@@ -724,9 +734,9 @@ def ngpt_scaling(config: GPTConfig) -> float:
     return 1.0 / math.sqrt(config.n_embd)
 
 
-def scaled_vector(size: int, scaling: float) -> nn.Parameter:
-    """A learnable vector stored at s_scale (nGPT's parametrisation, see above)."""
-    return nn.Parameter(torch.full((size,), float(scaling)))
+def scaled_vector(module: nn.Module, name: str, size: int, scaling: float) -> None:
+    """A learnable vector `name` of `module`, stored at s_scale (nGPT's parametrisation, see above)."""
+    constant_parameter(module, name, (size,), scaling)
 
 
 class NormalizedQK(nn.Module):
@@ -737,7 +747,7 @@ class NormalizedQK(nn.Module):
         super().__init__()
         scaling = ngpt_scaling(config)
         self.n_head = config.n_head
-        self.s_qk = scaled_vector(config.n_embd, scaling)  # one entry per head dimension, all heads
+        scaled_vector(self, "s_qk", config.n_embd, scaling)  # one entry per head dimension, all heads
         self.factor = 1.0 / scaling  # s_init = 1
         self.softmax_scale = math.sqrt(config.n_embd // config.n_head)
 
@@ -755,7 +765,7 @@ class ScaledHidden(nn.Module):
 
     def __init__(self, config: GPTConfig, width: int):
         super().__init__()
-        self.s_uv = scaled_vector(width, 1.0)
+        scaled_vector(self, "s_uv", width, 1.0)
         self.factor = math.sqrt(config.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -768,7 +778,7 @@ class ScaledHead(nn.Linear):
     def __init__(self, config: GPTConfig):
         super().__init__(config.n_embd, config.vocab_size, bias=False)
         scaling = ngpt_scaling(config)
-        self.s_z = scaled_vector(config.vocab_size, scaling)
+        scaled_vector(self, "s_z", config.vocab_size, scaling)
         self.factor = 1.0 / scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -807,7 +817,7 @@ class NGPT(Connection):
     def __init__(self, config: GPTConfig, layer_idx: int, slot: int = 0):
         super().__init__(config, layer_idx, slot)
         scaling = ngpt_scaling(config)
-        self.alpha = scaled_vector(config.n_embd, scaling)
+        scaled_vector(self, "alpha", config.n_embd, scaling)
         self.factor = NGPT_ALPHA_INIT / scaling
         self.impl = config.sphere_impl  # 'reference': reference_update's autograd graph; else kernels.NGPTUpdate
 
@@ -920,13 +930,22 @@ class GPT(nn.Module):
         if connection.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Every parameter's initial value, drawn in one fixed order (the same seed gives the same
+        model). Also run on a model built on the meta device once its shards exist (FSDP's start)."""
+        for module in self.modules():  # constants first: they draw no random numbers
+            for name, value in getattr(module, "constant_inits", {}).items():
+                getattr(module, name).fill_(value)
         self.apply(self._init_weights)
         # Residual projections get std 0.02 / sqrt(2L), as GPT-2.
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
         self._scale_init_for_mup()
-        connection.after_init(self)
+        CONNECTIONS[self.config.connection].after_init(self)
 
     def _scale_init_for_mup(self) -> None:
         """μP's init (mup.py): rescale the stds above by kind; nothing at all when the ratio is 1."""
