@@ -17,6 +17,7 @@ queries (each row sums to 1 over the keys it may see).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch.nn import functional as F
 
-from spheretnorm.model import SphereConnection
+from spheretnorm.model import ScaleNorm, SphereConnection
 
 # Guards the divisions below against an all-zero state (never seen in a trained model).
 EPS = 1e-12
@@ -119,6 +120,14 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("update_ratio", "sublayer", "update ||h after - h before|| / ||h before||", "update", scale="log", drawn=True,
                summaries=(Summary("update_ratio", "mean", "update", ".3f"),)),
     Diagnostic("step_sizes", "sublayer", "sphere step size alpha", "alpha", source="parameters"),
+    # Whether a clamp holds a learnable scale at its cap, where it passes no gradient: the paper's
+    # step size starts at its cap and, in CPU runs, never left it (docs/LOG.md, issue 27).
+    Diagnostic("step_pinned", "sublayer", "sphere step size at its cap (1: pinned)", "alpha pinned", source="parameters",
+               drawn=True, summaries=(Summary("step_pinned", "mean", "alpha pinned", ".2f"),)),
+    Diagnostic("radius", None, "embedding radius (ScaleNorm) / sqrt(d)", "radius", source="parameters",
+               summaries=(Summary("radius", "value", "radius/sqrt(d)", ".3f"),)),
+    Diagnostic("radius_pinned", None, "embedding radius at its cap (1: pinned)", "radius pinned", source="parameters",
+               console=".0f", summaries=(Summary("radius_pinned", "value", "radius pinned", ".0f"),)),
 )
 
 
@@ -243,11 +252,37 @@ def _record_layer(out: dict[str, Any], h: torch.Tensor) -> None:
     out["massive_top"].append(top)
 
 
+def _sphere_connections(model: torch.nn.Module) -> list[SphereConnection]:
+    return [conn for block in model.transformer.h for conn in (block.conn_attn, block.conn_mlp) if isinstance(conn, SphereConnection)]
+
+
 def step_sizes(model: torch.nn.Module) -> list[float]:
     """The current sphere step size alpha of every sublayer (empty for Euclidean models)."""
+    return [conn.step_size().item() for conn in _sphere_connections(model)]
+
+
+def step_pinned(model: torch.nn.Module) -> list[float]:
+    """1.0 for every sublayer whose softplus(a) is at or above its cap alpha_cap (alpha is then
+    alpha_cap * lambda_l, and a gets no gradient once above), else 0.0; empty without a cap."""
     return [
-        conn.step_size().item()
-        for block in model.transformer.h
-        for conn in (block.conn_attn, block.conn_mlp)
-        if isinstance(conn, SphereConnection)
+        float(F.softplus(conn.a.detach().float()).item() >= conn.alpha_cap)
+        for conn in _sphere_connections(model)
+        if conn.alpha_cap is not None
     ]
+
+
+def embedding_radius(model: torch.nn.Module) -> tuple[float | None, float | None]:
+    """(radius / sqrt(d), 1.0 if softplus(gamma) is at or above its cap else 0.0) of the
+    embedding's ScaleNorm; (None, None) for a model without one, a cap of None gives (r, 0.0)."""
+    norm = model.transformer.embed_norm
+    if not isinstance(norm, ScaleNorm):
+        return None, None
+    raw = F.softplus(norm.gamma.detach().float()).item()
+    pinned = norm.max_radius is not None and raw >= norm.max_radius
+    return norm.radius().item() / math.sqrt(model.config.n_embd), float(pinned)
+
+
+def parameter_report(model: torch.nn.Module) -> dict[str, Any]:
+    """Every diagnostic of DIAGNOSTICS whose source is the parameters, by name."""
+    radius, radius_pinned = embedding_radius(model)
+    return {"step_sizes": step_sizes(model), "step_pinned": step_pinned(model), "radius": radius, "radius_pinned": radius_pinned}

@@ -433,12 +433,14 @@ def sphere_update(
     p: float = 1.0,
     angle_max: float = math.pi / 4,
     impl: str = "fused",
+    cap: float | None = 1.0,
 ) -> torch.Tensor:
     """Move h (..., d) along its sphere towards the tangent part of f = F(h).
 
     kind is 'geo', 'proj', 'cay' or 'p' (p used only by 'p'). The step size is
-    alpha = min(softplus(a), 1) * decay, from the 0-dim step parameter a and the depth
-    decay lambda_l; the Triton kernels compute it themselves, with no launches of its own.
+    alpha = min(softplus(a), cap) * decay, from the 0-dim step parameter a and the depth
+    decay lambda_l (retractions.step_size); the Triton kernels compute it themselves at the
+    paper's cap 1, with no launches of its own.
     """
     get_retraction(kind)  # an unknown name is one clear error here, not a failure deep in a kernel
     train_only = compiles_for_training_only(impl, h.device.type)
@@ -452,6 +454,6 @@ def sphere_update(
             raise RuntimeError(problem)
         from . import triton_kernels  # imported late: triton is an optional dependency
 
-        return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t)
-    alpha = step_size(a, decay)
+        return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t, cap)
+    alpha = step_size(a, decay, cap)
     return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind, train_only)

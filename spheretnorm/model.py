@@ -61,6 +61,12 @@ class GPTConfig:
     angle_max: float = math.pi / 4  # largest rotation of one sphere update (paper 4.2)
     alpha_decay: str = "sqrt"  # depth decay lambda_l of the sphere step size
     alpha_index: str = "block"  # l counts blocks (1..L) or sublayers (1..2L)
+    # Three choices the paper fixes, opened up (docs/CONNECTIONS.md, "Not in the paper"); the
+    # defaults are the paper's model. The sphere connections read them, the others refuse them.
+    alpha_cap: float | None = 1.0  # the cap on softplus(a) in the sphere step size; None: uncapped
+    radius_cap: float | None = 1.0  # ScaleNorm's largest radius in units of sqrt(d); None: uncapped
+    sphere_input_gain: bool = False  # a learnable per-channel gain g on what each sphere sublayer reads
+    mlp_width: int = 0  # the MLP's hidden width; 0: the block's own (mlp_hidden)
     mup_base_width: int = 0  # μP base width n0: LRs and init transfer from width n0 (0: off; mup.py)
     # How the sphere update runs (same maths): auto | reference | fused | triton
     sphere_impl: str = "auto"
@@ -97,6 +103,27 @@ class GPTConfig:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
         if self.mup_base_width < 0:
             raise ValueError(f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}.")
+        if self.mlp_width < 0:
+            raise ValueError(f"mlp_width must be 0 (the block's own width) or a positive width, got {self.mlp_width}.")
+        self._check_sphere_keys()
+
+    def _check_sphere_keys(self) -> None:
+        """The keys only the sphere connections read: valid values, and their defaults elsewhere."""
+        if self.alpha_cap is not None and not self.alpha_cap > 0:
+            raise ValueError(f"alpha_cap must be > 0 (or None for no cap), got {self.alpha_cap}.")
+        if self.radius_cap is not None and not self.radius_cap * math.sqrt(self.n_embd) >= 1.0:
+            raise ValueError(
+                f"radius_cap must be at least 1 / sqrt(n_embd) = {1 / math.sqrt(self.n_embd):.4g} (the radius floor is 1), "
+                f"or None for no cap; got {self.radius_cap}."
+            )
+        if issubclass(CONNECTIONS[self.connection], SphereConnection):
+            return
+        changed = [k for k, default in SPHERE_KEY_DEFAULTS.items() if getattr(self, k) != default]
+        if changed:
+            raise ValueError(
+                f"{', '.join(changed)} {'applies' if len(changed) == 1 else 'apply'} only to the sphere connections ({', '.join(sphere_connections())}), "
+                f"not to connection {self.connection!r}; leave them at their defaults."
+            )
 
     def _resolve_bias(self) -> bool:
         allowed = CONNECTIONS[self.connection].biases
@@ -108,8 +135,11 @@ class GPTConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """Width of the MLP's hidden layer: 4d in GPT-2; in LLaMA 2/3 of 4d (so that SwiGLU's three
-        matrices cost what GELU's two do) rounded up to a multiple of 64, as Meta's code rounds it."""
+        """Width of the MLP's hidden layer: mlp_width where set; else 4d in GPT-2, and in LLaMA 2/3 of 4d
+        (so that SwiGLU's three matrices cost what GELU's two do) rounded up to a multiple of 64, as
+        Meta's code rounds it."""
+        if self.mlp_width:
+            return self.mlp_width
         if self.block == "gpt2":
             return 4 * self.n_embd
         return 64 * ((8 * self.n_embd // 3 + 63) // 64)
@@ -133,6 +163,7 @@ class GPTConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
+SPHERE_KEY_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("alpha_cap", "radius_cap", "sphere_input_gain")}
 
 
 def _params_as_keywords(init: Callable[..., None]) -> Callable[..., None]:
@@ -198,12 +229,13 @@ def inverse_softplus(y: float) -> float:
 
 class ScaleNorm(nn.Module):
     """Modified ScaleNorm of the embedding output (Eq. 11): h1 = clamp(softplus(gamma), 1, sqrt(d)) * x / ||x||,
-    softplus(gamma) = sqrt(d) at init, so every token starts on the sphere of radius sqrt(d) (RMS 1)."""
+    softplus(gamma) = sqrt(d) at init, so every token starts on the sphere of radius sqrt(d) (RMS 1).
+    radius_cap moves the upper end to radius_cap * sqrt(d) (None: no upper end; not in the paper)."""
 
-    def __init__(self, ndim: int):
+    def __init__(self, ndim: int, radius_cap: float | None = 1.0):
         super().__init__()
-        self.max_radius = math.sqrt(ndim)
-        constant_parameter(self, "gamma", (), inverse_softplus(self.max_radius))
+        self.max_radius = None if radius_cap is None else radius_cap * math.sqrt(ndim)
+        constant_parameter(self, "gamma", (), inverse_softplus(math.sqrt(ndim)))
 
     def radius(self) -> torch.Tensor:
         return F.softplus(self.gamma).clamp(1.0, self.max_radius)
@@ -647,22 +679,31 @@ class SphereConnection(Connection):
         self.decay = depth_decay(config, layer_idx, slot)
         # softplus(a) = 1 at init: the full (decayed) step.
         constant_parameter(self, "a", (), math.log(math.e - 1.0))
+        self.alpha_cap = config.alpha_cap
+        if config.sphere_input_gain:
+            constant_parameter(self, "input_gain", (config.n_embd,), 1.0)
+        else:
+            self.input_gain = None
 
     @staticmethod
     def embed_norm(config: GPTConfig) -> nn.Module:
-        return ScaleNorm(config.n_embd)
+        return ScaleNorm(config.n_embd, config.radius_cap)
 
     def step_size(self) -> torch.Tensor:
-        """alpha = min(softplus(a), 1) * lambda_l."""
-        return step_size(self.a, self.decay)
+        """alpha = min(softplus(a), alpha_cap) * lambda_l (alpha_cap 1 in the paper; None: softplus(a) * lambda_l)."""
+        return step_size(self.a, self.decay, self.alpha_cap)
+
+    def sublayer_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What F reads: h, or g * h with sphere_input_gain (the stream itself stays h, on the sphere)."""
+        return h if self.input_gain is None else h * self.input_gain.to(h.dtype)
 
     def forward(self, h: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
-        f = sublayer(h)
+        f = sublayer(self.sublayer_input(h))
         if resolve_impl(self.impl, h.device.type) == "reference":
             return self.reference_update(h, f, self.step_size())
         # The fused paths take a and lambda_l, not alpha: the Triton kernels compute the step
         # size inside, saving step_size()'s small launches at every sublayer.
-        return sphere_update(h, f, self.a, self.decay, self.retraction, self.p, self.angle_max, self.impl)
+        return sphere_update(h, f, self.a, self.decay, self.retraction, self.p, self.angle_max, self.impl, self.alpha_cap)
 
     def reference_update(self, h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         # The retraction keeps ||h|| only as well as <h, z> = 0 holds, so the
@@ -880,7 +921,12 @@ class NGPT(Connection):
         return unit(h + lr * (unit(f.to(geometry)) - h)).to(dtype)
 
 
-SPHERE_CONNECTIONS = tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))
+def sphere_connections() -> tuple[str, ...]:
+    """The registered connections that move h by a retraction (SphereConnection's subclasses)."""
+    return tuple(k for k, v in CONNECTIONS.items() if issubclass(v, SphereConnection))
+
+
+SPHERE_CONNECTIONS = sphere_connections()
 
 
 # -----------------------------------------------------------------------------

@@ -96,6 +96,8 @@ def retraction_angle(name: str, beta: Tensor, p: Tensor, angle_max: Tensor) -> t
     return get_retraction(name).angle(beta, p, angle_max)
 
 
-def step_size(a: Tensor, decay: float) -> Tensor:
-    """alpha = min(softplus(a), 1) * lambda_l: the sphere step size from its parameter a."""
-    return torch.nn.functional.softplus(a).clamp(max=1.0) * decay
+def step_size(a: Tensor, decay: float, cap: float | None = 1.0) -> Tensor:
+    """alpha = min(softplus(a), cap) * lambda_l: the sphere step size from its parameter a (the
+    paper's cap is 1; cap None leaves softplus(a) uncapped). At the cap no gradient reaches a."""
+    softplus = torch.nn.functional.softplus(a)
+    return (softplus if cap is None else softplus.clamp(max=cap)) * decay

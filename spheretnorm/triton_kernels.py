@@ -267,14 +267,22 @@ class _EagerSphereUpdate(torch.autograd.Function):
 
 
 def sphere_update_triton(
-    h: torch.Tensor, f: torch.Tensor, a: torch.Tensor, decay: float, kind: str, p: torch.Tensor, angle_max: torch.Tensor
+    h: torch.Tensor,
+    f: torch.Tensor,
+    a: torch.Tensor,
+    decay: float,
+    kind: str,
+    p: torch.Tensor,
+    angle_max: torch.Tensor,
+    cap: float | None = 1.0,
 ) -> torch.Tensor:
-    """kernels.sphere_update through the Triton kernels; a is the raw step parameter."""
+    """kernels.sphere_update through the Triton kernels; a is the raw step parameter. The kernels
+    compute the step size at the paper's cap 1 only; another cap passes alpha itself."""
     shape = h.shape
     h2 = h.reshape(-1, shape[-1]).contiguous()
     f2 = f.reshape(-1, shape[-1]).contiguous()
-    if torch.compiler.is_compiling():
-        out = sphere_fwd(h2, f2, step_size(a, decay), p, angle_max, kind)
+    if torch.compiler.is_compiling() or cap != 1.0:
+        out = sphere_fwd(h2, f2, step_size(a, decay, cap), p, angle_max, kind)
     else:
         out = _EagerSphereUpdate.apply(h2, f2, a, float(decay), p, angle_max, kind)
     return out.view(shape)

@@ -219,7 +219,7 @@ def test_eval_rows_carry_the_diagnostics_and_their_cost(data_dir: Path, tmp_path
     # The row's format: the diagnostics sit between eval_s and diag_s, in this order.
     assert list(row) == ["kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s", "rms",
                          "massive_ratio", "massive_top", "attn_sink", "angle", "contribution", "update_ratio", "final_cosine",
-                         "step_sizes", "diag_s"]
+                         "step_sizes", "step_pinned", "radius", "radius_pinned", "diag_s"]
 
 
 def test_every_diagnostic_of_the_table_reaches_the_row_and_w_and_b(data_dir: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as torch_dist
 
 from spheretnorm.runtime.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
-from spheretnorm.diagnostics import residual_stream_report, step_sizes
+from spheretnorm.diagnostics import parameter_report, residual_stream_report
 from spheretnorm.runtime.distributed import DistInfo, all_reduce_sum, print0
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.model import GPT
@@ -147,7 +147,7 @@ class Evaluator:
         with self.autocast:
             diag = residual_stream_report(self.raw_model, x)
         self.raw_model.train()
-        return {**diag, "step_sizes": step_sizes(self.raw_model)}
+        return {**diag, **parameter_report(self.raw_model)}
 
     def evaluate(self) -> dict[str, Any]:
         """The eval row of the current iteration; a non-finite val loss stops the run."""
