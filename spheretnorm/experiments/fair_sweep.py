@@ -68,7 +68,7 @@ PAPER_RECIPE: dict[str, Any] = {"beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1
 NGPT_RECIPE: dict[str, Any] = {"beta1": 0.9, "beta2": 0.95, "weight_decay": 0.0, "dropout": 0.0, "warmup_iters": 0}
 DEFAULT_LRS = "1e-3,2e-3,4e-3,8e-3"
 DEFAULT_SEEDS = "1337,1338"
-DEFAULT_MAX_ITERS = 1000
+DEFAULT_MAX_ITERS = 600
 DEFAULT_WARMUP = 100
 EXTENSIONS = 1  # grid steps an arm may add beyond an end of --lrs
 
