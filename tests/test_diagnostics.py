@@ -350,7 +350,8 @@ def eval_rows(scale: float, drop: tuple[str, ...] = ()) -> list[dict]:
     """Three eval rows of a 2-block model with every drawn diagnostic, less those in drop."""
     rows = [
         {"kind": "eval", "iter": i, "attn_sink": [0.1 * scale] * 2, "massive_ratio": [5.0 + i] * 3,
-         "contribution": [1e-3 * (k + 1) for k in range(4)], "update_ratio": [0.1 * (k + 1) for k in range(4)], "final_cosine": 0.1 * scale}
+         "contribution": [1e-3 * (k + 1) for k in range(4)], "update_ratio": [0.1 * (k + 1) for k in range(4)], "final_cosine": 0.1 * scale,
+         "step_pinned": [1.0, 0.0, 1.0, 1.0], "radius": 1.0, "radius_pinned": 1.0}
         for i in (0, 10, 20)
     ]
     return [{k: v for k, v in r.items() if k not in drop} for r in rows]
@@ -366,7 +367,7 @@ def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
     assert plot.diagnostic_matrix(chosen[0], "update_ratio")[1].shape == (4, 3)  # sublayers x evaluations
     paths = plot.plot_diagnostics(chosen, "tiny", tmp_path / "fig")
     drawn = [d.name for d in DIAGNOSTICS if d.drawn]
-    assert drawn == ["massive_ratio", "attn_sink", "contribution", "update_ratio"]
+    assert drawn == ["massive_ratio", "attn_sink", "contribution", "update_ratio", "step_pinned"]
     assert sorted(p.name for p in paths) == sorted(f"fig_{k}.{ext}" for k in drawn for ext in ("png", "pdf"))
     assert all(p.stat().st_size > 0 for p in paths)
     assert plot.run_label(chosen[0]) == "0.5-SpheretNorm (alpha_index=sublayer)"
@@ -398,7 +399,7 @@ def test_runs_without_any_diagnostic_are_drawn_blank_with_one_note(tmp_path: Pat
     assert all(not fig.axes[0].images for fig in figures.values())  # every panel empty
     (note,) = capsys.readouterr().err.splitlines()
     assert note == ("note: runs written before a diagnostic existed lack it, so it is drawn blank for them: "
-                    "massive_ratio (1 of 1 runs), attn_sink (1 of 1 runs), contribution (1 of 1 runs), update_ratio (1 of 1 runs).")
+                    "massive_ratio (1 of 1 runs), attn_sink (1 of 1 runs), contribution (1 of 1 runs), update_ratio (1 of 1 runs), step_pinned (1 of 1 runs).")
 
 
 def test_a_newer_diagnostic_is_drawn_blank_for_the_runs_that_predate_it(tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -432,12 +433,14 @@ def test_study_summaries_leave_a_newer_diagnostic_blank_with_one_note(capsys: py
     new, old = eval_rows(1.0)[-1], eval_rows(2.0, drop=("update_ratio",))[-1]
     summaries = study.diagnostic_summaries([new, old, None])  # None: a run with no evaluation yet
     assert summaries[0] == {"final_cosine": 0.1, "massive_ratio": 25.0, "attn_sink": pytest.approx(0.1),
-                            "contribution": pytest.approx(2.5e-3), "contribution_last_first": pytest.approx(4.0), "update_ratio": pytest.approx(0.25)}
+                            "contribution": pytest.approx(2.5e-3), "contribution_last_first": pytest.approx(4.0), "update_ratio": pytest.approx(0.25),
+                            "step_pinned": 0.75, "radius": 1.0, "radius_pinned": 1.0}
     assert summaries[1]["update_ratio"] is None and summaries[1]["attn_sink"] == pytest.approx(0.2) and summaries[2] == {}
     (note,) = capsys.readouterr().err.splitlines()
     assert note.endswith("so it is '-' in the table for them: update_ratio (1 of 2 runs).")
-    assert [c.header for c in study.summary_columns()] == ["final cosine", "massive max/med", "attn sink", "1 - cos", "last/first", "update"]
-    assert study.summary_cells(summaries[1]) == ["0.200", "25.0", "0.200", "0.0025", "4.00", "-"]
+    assert [c.header for c in study.summary_columns()] == ["final cosine", "massive max/med", "attn sink", "1 - cos", "last/first", "update",
+                                                                 "alpha pinned", "radius/sqrt(d)", "radius pinned"]
+    assert study.summary_cells(summaries[1]) == ["0.200", "25.0", "0.200", "0.0025", "4.00", "-", "0.75", "1.000", "1"]
 
 
 def test_lanczos_finds_every_eigenvalue_of_a_singular_operator() -> None:

@@ -55,6 +55,7 @@ from spheretnorm.experiments.study import (
     make_job,
     outcome,
     parse_number_list,
+    parse_train_args,
     run_jobs,
     study_main,
     wall_clock_line,
@@ -141,20 +142,22 @@ def swept_rates(lrs: list[float], losses: dict[float, float]) -> tuple[list[floa
         rates = sorted([*rates, best * step if at_top else best / step])
 
 
-def plan(lrs: list[float], seeds: list[int], blocks: list[str], done: dict[Point, float]) -> list[Point]:
+def plan(lrs: list[float], seeds: list[int], blocks: list[str], done: dict[Point, float], arms: tuple[Arm, ...] | list[Arm] = ARMS) -> list[Point]:
     """Every run of the design that the finished runs (done: Point -> final val loss, inf for a
     diverged or collapsed one) call for now, finished ones included: the first seed at each swept
     rate, then, once those are finished, every other seed at the best rate and its neighbours."""
     points: list[Point] = []
     first, others = seeds[0], seeds[1:]
     for block in blocks:
-        for arm in ARMS:
+        for arm in arms:
             losses = {p.lr: loss for p, loss in done.items() if (p.block, p.arm, p.seed) == (block, arm.slug, first)}
             rates, finished = swept_rates(lrs, losses)
             points += [Point(block, arm.slug, lr, first) for lr in rates]
             if not finished:
                 continue
             best = rates.index(min(rates, key=lambda lr: losses[lr]))
+            if not math.isfinite(losses[rates[best]]):
+                continue  # every rate diverged or collapsed: no best to seed
             points += [Point(block, arm.slug, lr, seed) for lr in rates[max(best - 1, 0): best + 2] for seed in others]
     return points
 
@@ -168,6 +171,7 @@ class Design:
     lrs: list[float]
     seeds: list[int]
     blocks: list[str]
+    arms: list[Arm]
     max_iters: int
     warmup: int
     out_dir: Path
@@ -202,7 +206,7 @@ def run_design(design: Design, jobs: int, threads: int, table_only: bool, dry_ru
     tried: set[Point] = set()  # failed, or (table_only, dry_run) absent: not asked for again
     while True:
         done = {p: final_loss(r) for p, r in rows.items()}
-        todo = [p for p in plan(design.lrs, design.seeds, design.blocks, done) if p not in tried]
+        todo = [p for p in plan(design.lrs, design.seeds, design.blocks, done, design.arms) if p not in tried]
         if not todo:
             return [rows[p] for p in sorted(rows)]
         tried.update(todo)
@@ -243,7 +247,7 @@ def best_rate(by_lr: dict[float, dict[int, float]]) -> float | None:
     return min((lr for lr, s in by_lr.items() if len(s) == most), key=lambda lr: statistics.fmean(by_lr[lr].values()))
 
 
-def best_rows(rows: list[dict[str, Any]], blocks: list[str]) -> list[dict[str, Any]]:
+def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm]) -> list[dict[str, Any]]:
     """One summary per (block, arm): its best rate, the seeds' mean and range there, the gap to
     Pre-LN of the same block at Pre-LN's best rate, paired by seed, and the pinned fractions."""
     out = []
@@ -251,7 +255,7 @@ def best_rows(rows: list[dict[str, Any]], blocks: list[str]) -> list[dict[str, A
         base_by_lr = seed_losses(rows, block, BASELINE)
         base_lr = best_rate(base_by_lr)
         base = base_by_lr.get(base_lr, {}) if base_lr is not None else {}
-        for arm in ARMS:
+        for arm in arms:
             by_lr = seed_losses(rows, block, arm.slug)
             lr = best_rate(by_lr)
             mine = by_lr.get(lr, {}) if lr is not None else {}
@@ -350,6 +354,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--lrs", default=DEFAULT_LRS, help=f"the first seed's learning rates (default {DEFAULT_LRS})")
     p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the sweep's seed, then the seeds of the best rates (default {DEFAULT_SEEDS})")
     p.add_argument("--blocks", default="gpt2,llama", help="the blocks (default gpt2,llama)")
+    p.add_argument("--arms", default="all", help=f"'all' or a comma-separated subset of: {', '.join(ARM_BY_SLUG)} (default all)")
     p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
     p.add_argument("--warmup_iters", type=int, default=DEFAULT_WARMUP, help=f"warm-up of every arm but nGPT (default {DEFAULT_WARMUP})")
     p.add_argument("--out_dir", default="out/fair_sweep", help="where the runs, table and plot go (default out/fair_sweep)")
@@ -360,7 +365,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def design_of(args: argparse.Namespace, overrides: list[str]) -> Design:
-    fixed = {k: "nothing (fixed by this study)" for k in (*SHAPE, *PAPER_RECIPE, *NGPT_RECIPE, "block", "learning_rate", "min_lr",
+    # The model's shape may change (--n_layer=12 --n_embd=128); what the arms compare may not.
+    fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, *NGPT_RECIPE, "block", "learning_rate", "min_lr",
                                                           "lr_decay_iters", "alpha_cap", "alpha_decay", "sphere_input_gain")}
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters", "warmup_iters": "--warmup_iters"})
     lrs = sorted(set(parse_number_list(args.lrs, "lrs", float)))
@@ -372,7 +378,18 @@ def design_of(args: argparse.Namespace, overrides: list[str]) -> Design:
     if not 0 <= args.warmup_iters < args.max_iters:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
     seeds = list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int)))
-    return Design(lrs, seeds, blocks, args.max_iters, args.warmup_iters, Path(args.out_dir), Path(args.data_dir), overrides)
+    return Design(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, Path(args.out_dir), Path(args.data_dir), overrides)
+
+
+def parse_arms(spec: str) -> list[Arm]:
+    if spec.strip() == "all":
+        return list(ARMS)
+    slugs = [s.strip() for s in spec.split(",") if s.strip()]
+    if not slugs or any(s not in ARM_BY_SLUG for s in slugs):
+        raise UsageError(f"--arms {spec!r} is not valid; give 'all' or a comma-separated subset of: {', '.join(ARM_BY_SLUG)}.")
+    if BASELINE not in slugs:
+        raise UsageError(f"--arms {spec!r} lacks {BASELINE}: every gap in the table is to Pre-LN of the same block.")
+    return [ARM_BY_SLUG[s] for s in dict.fromkeys(slugs)]
 
 
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -383,8 +400,9 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.dry_run:
         return 0
     unigram = unigram_loss(design.data_dir)
-    summary = best_rows(rows, design.blocks)
-    shape = f"{SHAPE['n_layer']} x {SHAPE['n_embd']}, {design.max_iters} iterations"
+    summary = best_rows(rows, design.blocks, design.arms)
+    model = parse_train_args(design.argv(Point(design.blocks[0], BASELINE, design.lrs[0], design.seeds[0]))).model_config()
+    shape = f"{model.n_layer} x {model.n_embd}, {design.max_iters} iterations"
     figures = plot_design(rows, design.blocks, unigram, f"Final val loss against the learning rate ({shape}, Shakespeare characters)",
                           design.out_dir / "fair_sweep") if rows else []
     text = f"{shape}\n\nEach arm at its best learning rate:\n\n{best_table(summary)}\n\nEvery run:\n\n{runs_table(rows)}\n"

@@ -1,0 +1,246 @@
+"""The paper's fixed choices opened up (alpha_cap, radius_cap, sphere_input_gain, mlp_width), their
+diagnostics, and the fair sweep's planner (scripts/fair_sweep.py).
+
+The maths is checked against formulas written here from docs/CONNECTIONS.md, not against the
+model's own functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from spheretnorm.diagnostics import parameter_report
+from spheretnorm.experiments import fair_sweep
+from spheretnorm.experiments.fair_sweep import ARMS, Point, plan, swept_rates
+from spheretnorm.model import GPT, GPTConfig, SphereConnection
+
+D = 16
+
+
+def tiny(**keys: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=D, block_size=8, vocab_size=32, **keys))
+
+
+def sphere_point(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """h on the sphere of radius sqrt(d) and an F(h), in float64."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, D, generator=g, dtype=torch.float64)
+    return h * math.sqrt(D) / h.norm(dim=-1, keepdim=True), torch.randn(rows, D, generator=g, dtype=torch.float64)
+
+
+def p_spheret_update(h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor, p: float) -> torch.Tensor:
+    """0 < p <= 1: rotate h towards the tangent part z of f by theta = p arctan(alpha ||z|| / (p ||h||))."""
+    r = h.norm(dim=-1, keepdim=True)
+    z = f - (h * f).sum(-1, keepdim=True) / r**2 * h
+    s = z.norm(dim=-1, keepdim=True)
+    theta = p * torch.atan(alpha * s / (r * p))
+    return torch.cos(theta) * h + r * torch.sin(theta) * z / s
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+@pytest.mark.parametrize("a0", [1.2, 3.0])  # softplus(a0) = 1.46, 3.05: above the paper's cap of 1
+def test_an_uncapped_step_size_passes_a_gradient_above_one_and_the_cap_passes_none(impl: str, a0: float) -> None:
+    h, f = sphere_point(5, 1)
+    w = torch.randn(5, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for cap in (None, 1.0):
+        model = tiny(connection="p_spheret", alpha_cap=cap, sphere_impl=impl).double()
+        conn = model.transformer.h[1].conn_mlp  # lambda_2 = 1 / sqrt(2)
+        with torch.no_grad():
+            conn.a.fill_(a0)
+        (conn(h, lambda u: f) * w).sum().backward()
+
+        a = torch.tensor(a0, dtype=torch.float64, requires_grad=True)
+        softplus = torch.log1p(torch.exp(a))
+        alpha = (softplus if cap is None else torch.minimum(softplus, torch.tensor(cap, dtype=torch.float64))) / math.sqrt(2)
+        (p_spheret_update(h, f, alpha, 0.5) * w).sum().backward()
+        if cap is None:
+            assert a.grad.abs() > 1e-3  # the formula's gradient is there to be passed
+            torch.testing.assert_close(conn.a.grad, a.grad, rtol=1e-9, atol=1e-12)
+        else:
+            assert conn.a.grad.item() == 0.0 and a.grad.item() == 0.0
+
+
+def test_the_default_cap_is_the_papers_and_passes_the_gradient_at_its_start() -> None:
+    """At init softplus(a) = 1 exactly: the clamp still passes the first step's gradient (as the
+    paper's code), which is why a_l moves once and then sits above its cap."""
+    model = tiny(connection="p_spheret")  # GeoNorm's angle cap would hold theta, and zero the gradient, for a large F
+    conn = model.transformer.h[0].conn_attn
+    assert model.config.alpha_cap == 1.0 and F.softplus(conn.a).item() == pytest.approx(1.0, abs=1e-6)
+    h, f = sphere_point(3, 3)
+    conn(h.float(), lambda u: f.float()).sum().backward()
+    assert conn.a.grad is not None and conn.a.grad.item() != 0.0
+
+
+def test_the_input_gain_scales_what_f_reads_and_leaves_the_stream_on_the_sphere() -> None:
+    for block in ("gpt2", "llama"):
+        model = tiny(connection="p_spheret", sphere_input_gain=True, block=block, sphere_impl="reference").double()
+        conn = model.transformer.h[0].conn_attn
+        g = torch.rand(D, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.5
+        with torch.no_grad():
+            conn.input_gain.copy_(g)
+        h, f = sphere_point(6, 5)
+        seen: list[torch.Tensor] = []
+
+        def sublayer(u: torch.Tensor) -> torch.Tensor:
+            seen.append(u)
+            return f
+
+        out = conn(h, sublayer)
+        assert torch.equal(seen[0], h * g)  # F reads g * h, exactly
+        torch.testing.assert_close(out.norm(dim=-1), h.norm(dim=-1), rtol=0, atol=1e-6)
+        plain = tiny(connection="p_spheret", block=block, sphere_impl="reference").double().transformer.h[0].conn_attn
+        torch.testing.assert_close(out, plain(h, lambda u: f), rtol=0, atol=1e-12)  # the update itself is the paper's
+
+    # The whole model: the gain is a learned, undecayed vector of each sphere sublayer, and every state stays on the sphere.
+    model = tiny(connection="geonorm", sphere_input_gain=True)
+    names = [n for n, _ in model.named_parameters() if n.endswith("input_gain")]
+    assert len(names) == 4 and all(model.get_parameter(n).shape == (D,) for n in names)
+    decayed = {id(p) for group in model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups if group["weight_decay"] for p in group["params"]}
+    assert not any(id(model.get_parameter(n)) in decayed for n in names)
+
+
+def test_radius_cap_moves_the_embeddings_upper_radius_and_none_removes_it() -> None:
+    for cap, want in ((1.0, math.sqrt(D)), (2.0, 2 * math.sqrt(D)), (None, 50.0)):
+        norm = tiny(connection="p_spheret", radius_cap=cap).transformer.embed_norm
+        with torch.no_grad():
+            norm.gamma.fill_(50.0)  # softplus(50) = 50: above every cap here
+        assert norm.radius().item() == pytest.approx(want, rel=1e-6)
+        x = torch.randn(3, D)
+        torch.testing.assert_close(norm(x).norm(dim=-1), torch.full((3,), want), rtol=1e-5, atol=0)
+
+
+def test_mlp_width_sets_the_hidden_width_of_both_blocks() -> None:
+    assert tiny().config.mlp_hidden == 4 * D and tiny(block="llama").config.mlp_hidden == 64  # the blocks' own
+    for block, matrix in (("gpt2", 48), ("llama", 2 * 48)):
+        model = tiny(block=block, mlp_width=48)
+        assert model.transformer.h[0].mlp.c_fc.weight.shape == (matrix, D)
+        assert model.transformer.h[0].mlp.c_proj.weight.shape == (D, 48)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"connection": "pre_ln", "alpha_cap": None}, "alpha_cap applies only to the sphere connections"),
+        ({"connection": "ngpt", "sphere_input_gain": True}, "sphere_input_gain applies only to the sphere connections"),
+        ({"connection": "p_spheret", "alpha_cap": 0.0}, "alpha_cap must be > 0"),
+        ({"connection": "p_spheret", "radius_cap": 0.1}, "radius_cap must be at least 1 / sqrt(n_embd) = 0.25"),
+        ({"mlp_width": -1}, "mlp_width must be 0"),
+    ],
+)
+def test_bad_values_are_one_sentence(keys: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tiny(**keys)
+
+
+def test_the_defaults_keep_the_papers_model() -> None:
+    """The defaults add no parameter and change no value: the same seed gives the same weights as a
+    model with every new key spelled out at the paper's value."""
+    for block in ("gpt2", "llama"):
+        plain = tiny(connection="p_spheret", block=block).state_dict()
+        spelled = tiny(connection="p_spheret", block=block, alpha_cap=1.0, radius_cap=1.0, sphere_input_gain=False, mlp_width=0).state_dict()
+        assert list(plain) == list(spelled) and all(torch.equal(plain[k], spelled[k]) for k in plain)
+
+
+def test_the_parameter_diagnostics_say_which_scales_sit_at_their_caps() -> None:
+    model = tiny(connection="p_spheret")
+    conns = [c for b in model.transformer.h for c in (b.conn_attn, b.conn_mlp)]
+    with torch.no_grad():
+        for conn, a in zip(conns, (0.2, 3.0, 0.6, 0.5412)):  # softplus: 0.80, 3.05, 1.04, 1.0000 - 2e-5
+            conn.a.fill_(a)
+    report = parameter_report(model)
+    assert report["step_pinned"] == [0.0, 1.0, 1.0, 0.0]
+    lam = [1.0, 1.0, 1 / math.sqrt(2), 1 / math.sqrt(2)]
+    sp = [math.log1p(math.exp(a)) for a in (0.2, 3.0, 0.6, 0.5412)]
+    assert report["step_sizes"] == pytest.approx([min(s, 1.0) * l for s, l in zip(sp, lam)], rel=1e-6)
+    assert report["radius"] == pytest.approx(1.0, abs=1e-6) and report["radius_pinned"] == 1.0  # softplus(gamma) starts at sqrt(d)
+
+    uncapped = parameter_report(tiny(connection="p_spheret", alpha_cap=None, radius_cap=None))
+    assert uncapped["step_pinned"] == [] and uncapped["radius_pinned"] == 0.0
+    euclidean = parameter_report(tiny(connection="pre_ln"))
+    assert euclidean == {"step_sizes": [], "step_pinned": [], "radius": None, "radius_pinned": None}
+
+
+# -----------------------------------------------------------------------------
+# The fair sweep's plan
+
+
+LRS = [1e-3, 2e-3, 4e-3, 8e-3]
+
+
+def test_the_plan_starts_with_every_arm_at_every_rate_with_the_first_seed() -> None:
+    points = plan(LRS, [1, 2], ["gpt2", "llama"], {})
+    assert len(points) == 2 * len(ARMS) * 4 and {p.seed for p in points} == {1}
+    assert {p.arm for p in points} == {"pre_ln", "p_spheret-0.5", "geonorm", "ngpt", "p_spheret-0.5+alpha_cap=none",
+                                       "p_spheret-0.5+alpha_decay=none", "p_spheret-0.5+sphere_input_gain"}
+
+
+def first_seed(block: str, arm: str, losses: dict[float, float]) -> dict[Point, float]:
+    return {Point(block, arm, lr, 1): loss for lr, loss in losses.items()}
+
+
+def test_a_best_inside_the_grid_adds_the_other_seeds_at_it_and_its_neighbours() -> None:
+    done = first_seed("gpt2", "pre_ln", {1e-3: 2.0, 2e-3: 1.8, 4e-3: 1.9, 8e-3: 2.5})
+    points = plan(LRS, [1, 2, 3], ["gpt2"], done, ARMS[:1])
+    assert sorted((p.lr, p.seed) for p in points if p.seed != 1) == [(1e-3, 2), (1e-3, 3), (2e-3, 2), (2e-3, 3), (4e-3, 2), (4e-3, 3)]
+
+
+def test_a_best_at_an_end_grows_the_grid_once_then_seeds_the_best() -> None:
+    losses = {1e-3: 2.5, 2e-3: 2.2, 4e-3: 2.0, 8e-3: 1.9}
+    points = plan(LRS, [1, 2], ["llama"], first_seed("llama", "ngpt", losses), ARMS[3:4])
+    assert [p.lr for p in points] == [*LRS, 0.016]  # one step beyond the top, nothing seeded while it runs
+    assert swept_rates(LRS, losses) == ([*LRS, 0.016], False)
+    # Still best at the new end: no second step; the best and its one neighbour get seed 2.
+    done = first_seed("llama", "ngpt", {**losses, 0.016: 1.85})
+    points = plan(LRS, [1, 2], ["llama"], done, ARMS[3:4])
+    assert sorted(p.lr for p in points if p.seed == 2) == [8e-3, 0.016]
+    # A diverged run (inf) is never the best; an arm whose every run diverged gets no seeds.
+    done = first_seed("llama", "ngpt", {lr: math.inf for lr in LRS})
+    assert [p.seed for p in plan(LRS, [1, 2], ["llama"], done, ARMS[3:4])] == [1] * 4
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Characters of a small made-up play, prepared as the studies prepare Tiny Shakespeare."""
+    from spheretnorm.experiments.study import ensure_data
+
+    root = tmp_path_factory.mktemp("fair_sweep_data")
+    lines = [f"{who}:\nThe {what} of the {where} is {how}.\n" for who in ("ANNE", "BEN", "CLEO") for what in ("king", "rain", "ring")
+             for where in ("hill", "sea", "town") for how in ("near", "gone", "ours")]
+    (root / "play.txt").write_text("\n".join(lines * 20), encoding="utf-8")
+    ensure_data(root / "data", str(root / "play.txt"))
+    return root / "data"
+
+
+def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "sweep"
+    argv = [
+        "--arms=pre_ln", "--blocks=llama", "--lrs=1e-2,3e-2", "--seeds=5,6", "--max_iters=30", "--warmup_iters=3",
+        f"--out_dir={out}", f"--data_dir={data_dir}", "--jobs=2",
+        "--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--global_batch_size=4", "--eval_iters=2",
+    ]
+    assert fair_sweep.main(argv) == 0
+    first = capsys.readouterr().out
+    record = json.loads((out / "fair_sweep.json").read_text())
+    losses = {r["lr"]: r["val_loss"] for r in record["runs"] if r["seed"] == 5}
+    assert all(r["status"] == "ok" for r in record["runs"])
+    # Two rates: the best lies at an end, so the grid grew by one step (x3) there, then seed 6 ran at the best and its neighbour.
+    rates, finished = swept_rates([1e-2, 3e-2], losses)
+    assert finished and len(rates) == 3 and sorted(losses) == rates
+    best = rates.index(min(rates, key=losses.get))
+    assert sorted(r["lr"] for r in record["runs"] if r["seed"] == 6) == rates[max(best - 1, 0): best + 2]
+    n_runs = len(record["runs"])
+    assert n_runs in (5, 6) and first.count(": done in ") == n_runs
+    assert len(list(out.glob("llama/pre_ln/*/config.json"))) == n_runs
+
+    assert fair_sweep.main(argv) == 0  # again: everything is finished, nothing runs
+    again = capsys.readouterr().out
+    assert ": done in " not in again and again.count("already finished") == n_runs
+    table = (out / "fair_sweep.md").read_text()
+    assert "| LLaMA | Pre-LN |" in table and (out / "fair_sweep.png").stat().st_size > 0
