@@ -282,6 +282,18 @@ def embedding_radius(model: torch.nn.Module) -> tuple[float | None, float | None
     return norm.radius().item() / math.sqrt(model.config.n_embd), float(pinned)
 
 
+def pinned_note(row: dict[str, Any]) -> str:
+    """'; the sphere step size sits at its cap in 24 of 24 sublayers and the embedding radius at its
+    cap (...)' for an eval row where a cap holds, '' elsewhere: what the collapse alarm adds."""
+    pinned = row.get("step_pinned") or []
+    parts = [f"the sphere step size sits at its cap in {int(sum(pinned))} of {len(pinned)} sublayers"] if sum(pinned) else []
+    if row.get("radius_pinned"):
+        parts.append("the embedding radius sits at its cap")
+    if not parts:
+        return ""
+    return f"; {' and '.join(parts)}, where it learns no more (--alpha_cap=none and --radius_cap=none lift the caps)"
+
+
 def parameter_report(model: torch.nn.Module) -> dict[str, Any]:
     """Every diagnostic of DIAGNOSTICS whose source is the parameters, by name."""
     radius, radius_pinned = embedding_radius(model)

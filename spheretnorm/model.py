@@ -122,7 +122,7 @@ class GPTConfig:
         if changed:
             raise ValueError(
                 f"{', '.join(changed)} {'applies' if len(changed) == 1 else 'apply'} only to the sphere connections ({', '.join(sphere_connections())}), "
-                f"not to connection {self.connection!r}; leave them at their defaults."
+                f"not to connection {self.connection!r}; leave {'it at its default' if len(changed) == 1 else 'them at their defaults'}."
             )
 
     def _resolve_bias(self) -> bool:
@@ -163,7 +163,10 @@ class GPTConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
-SPHERE_KEY_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("alpha_cap", "radius_cap", "sphere_input_gain")}
+# The keys that open a choice the paper fixed, at their defaults (the paper's): a run that sets
+# one otherwise names it in its method key ('p_spheret:0.5+alpha_cap=none', runtime/config.py).
+OPENED_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("alpha_cap", "radius_cap", "sphere_input_gain", "mlp_width")}
+SPHERE_KEY_DEFAULTS = {k: v for k, v in OPENED_DEFAULTS.items() if k != "mlp_width"}  # read by the sphere connections only
 
 
 def _params_as_keywords(init: Callable[..., None]) -> Callable[..., None]:

@@ -244,3 +244,31 @@ def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_di
     assert ": done in " not in again and again.count("already finished") == n_runs
     table = (out / "fair_sweep.md").read_text()
     assert "| LLaMA | Pre-LN |" in table and (out / "fair_sweep.png").stat().st_size > 0
+
+
+def test_a_setting_other_than_the_papers_is_part_of_the_method_key_and_the_folder() -> None:
+    from spheretnorm.runtime.config import default_out_dir, method_key
+    from spheretnorm.runtime.methods import UsageError, canonical_method, display_name, method_args
+
+    cfg = GPTConfig(connection="p_spheret", alpha_cap=None, sphere_input_gain=True)
+    assert method_key(cfg) == "p_spheret:0.5+alpha_cap=none+sphere_input_gain=true"
+    assert default_out_dir("c", cfg, {"alpha_cap": None, "sphere_input_gain": True, "max_iters": 9}) == \
+        "out/c/p_spheret-0.5+alpha_cap=none+sphere_input_gain=true+max_iters=9"  # never twice
+    assert method_key(GPTConfig(connection="p_spheret")) == "p_spheret:0.5"  # the paper's keys are today's
+    key = "geonorm+mlp_width=96+radius_cap=2"
+    assert canonical_method(key) == "geonorm+radius_cap=2+mlp_width=96"  # in the table's order
+    assert method_args(key) == ["--connection=geonorm", "--radius_cap=2", "--mlp_width=96"]
+    assert display_name("p_spheret:0.5+alpha_cap=none") == "0.5-SpheretNorm (alpha_cap=none)"
+    with pytest.raises(UsageError, match=r"'\+dyt_alpha=1' is no setting of a method key; valid ones are \+alpha_cap=VALUE"):
+        canonical_method("p_spheret:0.5+dyt_alpha=1")
+    with pytest.raises(UsageError, match="alpha_cap applies only to the sphere connections"):
+        canonical_method("pre_ln+alpha_cap=none")
+
+
+def test_the_collapse_alarm_names_the_caps_that_hold() -> None:
+    from spheretnorm.diagnostics import pinned_note
+
+    note = pinned_note({"step_pinned": [1.0, 1.0, 0.0, 1.0], "radius_pinned": 1.0})
+    assert note.startswith("; the sphere step size sits at its cap in 3 of 4 sublayers and the embedding radius sits at its cap")
+    assert "--alpha_cap=none" in note
+    assert pinned_note({"step_pinned": [0.0, 0.0], "radius_pinned": 0.0}) == "" == pinned_note({"final_cosine": 0.99})

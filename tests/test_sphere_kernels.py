@@ -68,8 +68,9 @@ def make_inputs(case: str, n: int = 24, d: int = 32, seed: int = 0) -> tuple[tor
     return h, f
 
 
-def build_connection(name: str, p: float, impl: str, softplus_a: float = 0.8, layer: int = 1) -> torch.nn.Module:
-    cfg = GPTConfig(n_layer=max(2, layer), n_head=2, n_embd=32, block_size=8, vocab_size=64, connection=name, spheret_p=p, sphere_impl=impl)
+def build_connection(name: str, p: float, impl: str, softplus_a: float = 0.8, layer: int = 1, alpha_cap: float | None = 1.0) -> torch.nn.Module:
+    cfg = GPTConfig(n_layer=max(2, layer), n_head=2, n_embd=32, block_size=8, vocab_size=64, connection=name, spheret_p=p,
+                    sphere_impl=impl, alpha_cap=alpha_cap)
     conn = CONNECTIONS[name](cfg, layer, slot=0)  # layer 1: lambda = 1, the largest step
     with torch.no_grad():
         conn.a.fill_(math.log(math.expm1(softplus_a)))  # default 0.8: off the clamp at 1
@@ -196,6 +197,16 @@ def test_step_parameter_regimes_match_reference(impl, softplus_a, layer, monkeyp
         assert ref[3].item() == 0 and got[3].item() == 0
     else:
         assert ref[3].item() != 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("alpha_cap,softplus_a", [(None, 1.5), (None, 0.3), (2.0, 1.5), (0.5, 0.8)])
+def test_other_caps_match_reference_on_every_path(impl, alpha_cap, softplus_a, monkeypatch):
+    """alpha_cap other than the paper's 1 (the Triton kernels then take alpha itself): the same
+    update and gradients as the reference, and a gradient of a exactly where softplus(a) < cap."""
+    ref, got = compare_to_reference("p_spheret", 0.5, impl, "mixed", False, monkeypatch, softplus_a=softplus_a, alpha_cap=alpha_cap)
+    capped = alpha_cap is not None and softplus_a > alpha_cap
+    assert (ref[3].item() == 0) is capped and (got[3].item() == 0) is capped
 
 
 def test_cases_exercise_the_cap():

@@ -17,7 +17,17 @@ from typing import Any, Mapping
 
 from spheretnorm.model import CONNECTIONS, GPTConfig
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
-from spheretnorm.runtime.config import ConfigError, TrainConfig, method_key, method_params, parse_value, resolve_wandb_names
+from spheretnorm.model import OPENED_DEFAULTS
+from spheretnorm.runtime.config import (
+    ConfigError,
+    TrainConfig,
+    method_key,
+    method_params,
+    opened_settings,
+    parse_value,
+    resolve_wandb_names,
+    setting_text,
+)
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
 
@@ -37,8 +47,10 @@ def valid_methods_text() -> str:
 def method_model_keys(key: str) -> dict[str, Any]:
     """The model keys of a method key: the connection, then one value per parameter its class
     declares with in_key (method_params): 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5.
-    A parameter left out takes its default."""
-    connection, *values = key.strip().split(":")
+    A parameter left out takes its default. '+key=value' parts set choices the paper fixed
+    (model.OPENED_DEFAULTS): 'p_spheret:0.5+alpha_cap=none'."""
+    base, *settings = key.strip().split("+")
+    connection, *values = base.split(":")
     if connection not in CONNECTIONS:
         raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}.")
     params = method_params(connection)
@@ -50,6 +62,17 @@ def method_model_keys(key: str) -> dict[str, Any]:
             keys[param.key] = parse_value(param.key, text)
         except ConfigError:
             raise UsageError(f"Method {key!r}: {param.key} must be a {(param.kind or type(param.default)).__name__}, as in {method_form(connection)}.") from None
+    for setting in settings:
+        name, eq, text = setting.partition("=")
+        if name not in OPENED_DEFAULTS or not eq:
+            raise UsageError(
+                f"Method {key!r}: '+{setting}' is no setting of a method key; valid ones are "
+                f"{', '.join(f'+{k}=VALUE' for k in OPENED_DEFAULTS)}."
+            )
+        try:
+            keys[name] = parse_value(name, text)
+        except ConfigError as e:
+            raise UsageError(f"Method {key!r}: {e}") from None
     return keys
 
 
@@ -73,7 +96,11 @@ def canonical_method(key: str) -> str:
 def method_args(key: str) -> list[str]:
     """train.py arguments of a method: ['--connection=p_spheret', '--spheret_p=0.5']."""
     cfg = method_config(key)
-    return [f"--connection={cfg.connection}", *(f"--{p.key}={getattr(cfg, p.key)}" for p in method_params(cfg.connection))]
+    return [
+        f"--connection={cfg.connection}",
+        *(f"--{p.key}={getattr(cfg, p.key)}" for p in method_params(cfg.connection)),
+        *(f"--{k}={setting_text(v)}" for k, v in opened_settings(cfg).items()),
+    ]
 
 
 
@@ -84,20 +111,23 @@ def run_name(config_name: str, key: str) -> str:
 
 
 def display_name(key: str) -> str:
-    """The paper's name of a method: 'p_spheret:0.5' -> '0.5-SpheretNorm'."""
+    """The paper's name of a method: 'p_spheret:0.5' -> '0.5-SpheretNorm', and the settings that
+    are not the paper's after it: '0.5-SpheretNorm (alpha_cap=none)'."""
     try:
         cfg = method_config(key)
     except UsageError:
         return key
     connection = CONNECTIONS[cfg.connection]
     values = {p.key: getattr(cfg, p.key) for p in method_params(cfg.connection)}
-    return connection.title.format(**values) if connection.title else cfg.connection
+    name = connection.title.format(**values) if connection.title else cfg.connection
+    settings = ", ".join(f"{k}={setting_text(v)}" for k, v in opened_settings(cfg).items())
+    return f"{name} ({settings})" if settings else name
 
 
 
 def is_sphere_method(key: str) -> bool:
     """Whether the method keeps every hidden state on a sphere (SpheretNorm, GeoNorm, nGPT)."""
-    connection = CONNECTIONS.get(key.partition(":")[0])
+    connection = CONNECTIONS.get(key.partition("+")[0].partition(":")[0])
     return connection is not None and connection.on_sphere
 
 
