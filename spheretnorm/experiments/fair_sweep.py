@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.block_variants import BLOCK_TITLES
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, unigram_loss
+from spheretnorm.experiments.grid import CONFIG_NAME, STOPPED_COLLAPSE, check_overrides, load_run, unigram_loss
 from spheretnorm.experiments.study import (
     CPU_MODEL,
     RESERVED,
@@ -186,9 +186,18 @@ class Design:
         return as_args(settings) + method_args(arm.method) + self.overrides + extra
 
 
+UNSTABLE = ("diverged", "collapsed", STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
+
+
 def final_loss(row: dict[str, Any]) -> float:
     """What the planner ranks: the final val loss, inf for a run that diverged or collapsed."""
     return row["val_loss"] if row["status"] == "ok" and row["val_loss"] is not None else math.inf
+
+
+def has_ended(row: dict[str, Any]) -> bool:
+    """Whether a run counts for the plan: trained to the end, or stopped for good (not failed, not
+    still unfinished as a run in progress is, seen by --table_only)."""
+    return row["status"] == "ok" or row["status"] in UNSTABLE
 
 
 def point_row(point: Point, result: JobResult, unigram: float) -> dict[str, Any]:
@@ -205,7 +214,7 @@ def run_design(design: Design, jobs: int, threads: int, table_only: bool, dry_ru
     rows: dict[Point, dict[str, Any]] = {}
     tried: set[Point] = set()  # failed, or (table_only, dry_run) absent: not asked for again
     while True:
-        done = {p: final_loss(r) for p, r in rows.items()}
+        done = {p: final_loss(r) for p, r in rows.items() if has_ended(r)}
         todo = [p for p in plan(design.lrs, design.seeds, design.blocks, done, design.arms) if p not in tried]
         if not todo:
             return [rows[p] for p in sorted(rows)]
@@ -221,7 +230,7 @@ def run_design(design: Design, jobs: int, threads: int, table_only: bool, dry_ru
             results = run_jobs(job_list, jobs, threads)
         for p, result in zip(todo, results):
             row = point_row(p, result, unigram)
-            if row["status"] != "failed":
+            if row["status"] != "failed":  # (an unfinished one is shown, and not planned on)
                 rows[p] = row
 
 
@@ -269,7 +278,7 @@ def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm]) ->
                 "gap_low": min(gaps, default=None), "gap_high": max(gaps, default=None),
                 "step_pinned": mean_of(at_best, "step_pinned"), "radius": mean_of(at_best, "radius"),
                 "radius_pinned": mean_of(at_best, "radius_pinned"),
-                "unstable": sorted({r["lr"] for r in rows if (r["block"], r["arm"]) == (block, arm.slug) and not math.isfinite(final_loss(r))}),
+                "unstable": sorted({r["lr"] for r in rows if (r["block"], r["arm"]) == (block, arm.slug) and r["status"] in UNSTABLE}),
             })
     return out
 
@@ -309,33 +318,41 @@ def runs_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+Y_SPAN = 0.6  # nats above a panel's lowest loss that it shows; a point beyond is a triangle at the top
+
+
 def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, title: str, out: Path) -> list[Path]:
     """Final val loss against the learning rate: one panel per block, a line per arm through the
-    seeds' means, each seed a point; a diverged or collapsed run is a red x at the panel's top."""
+    seeds' means, each seed a point; a diverged or collapsed run is a red x at the panel's top,
+    a loss more than Y_SPAN above the panel's best a triangle there."""
     fig, axes = plt.subplots(1, len(blocks), figsize=(6.2 * len(blocks), 4.6), squeeze=False)
     cmap = plt.get_cmap("tab10")
-    finite = [final_loss(r) for r in rows if math.isfinite(final_loss(r))]
     for ax, block in zip(axes[0], blocks):
         mine = [r for r in rows if r["block"] == block]
-        top = max([final_loss(r) for r in mine if math.isfinite(final_loss(r))] + [min(finite + [unigram])]) + 0.05
+        trained = [final_loss(r) for r in mine if math.isfinite(final_loss(r))] or [unigram]
+        top = min(max(trained), min(trained) + Y_SPAN) + 0.02
         for i, arm in enumerate(ARMS):
             by_lr = seed_losses(rows, block, arm.slug)
-            if not by_lr:
-                continue
-            style = {"color": cmap(i), "linestyle": "--" if arm.method == BASELINE else "-"}
-            xs = sorted(by_lr)
-            ax.plot(xs, [statistics.fmean(by_lr[x].values()) for x in xs], label=arm.title, linewidth=1.4, **style)
-            for x in xs:
-                ax.plot([x] * len(by_lr[x]), list(by_lr[x].values()), marker="o", markersize=3.5, linestyle="none", color=style["color"])
+            color = cmap(i)
+            if by_lr:
+                xs = sorted(by_lr)
+                means = [min(statistics.fmean(by_lr[x].values()), top) for x in xs]
+                ax.plot(xs, means, label=arm.title, linewidth=1.4, color=color, linestyle="--" if arm.method == BASELINE else "-")
+                for x in xs:
+                    for loss in by_lr[x].values():
+                        ax.plot(x, min(loss, top), marker="o" if loss <= top else "^", markersize=3.5, linestyle="none", color=color)
             for r in mine:
-                if r["arm"] == arm.slug and not math.isfinite(final_loss(r)) and r["status"] != "failed":
+                if r["arm"] == arm.slug and r["status"] in UNSTABLE:
                     ax.plot(r["lr"], top, marker="x", markersize=8, color="red", linestyle="none")
-        ax.set_xscale("log", base=2)
+        rates = sorted({r["lr"] for r in mine})
+        ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], fontsize=7)
+        ax.minorticks_off()
         ax.set_title(f"{BLOCK_TITLES[block]} block")
         ax.set_xlabel("peak learning rate")
-        ax.set_ylim(top=top + 0.02)
-        ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)")
+        ax.set_ylim(min(trained) - 0.02, top + 0.02)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(title)
