@@ -189,6 +189,7 @@ def test_a_best_inside_the_grid_adds_the_other_seeds_at_it_and_its_neighbours() 
     done = first_seed("gpt2", "pre_ln", {1e-3: 2.0, 2e-3: 1.8, 4e-3: 1.9, 8e-3: 2.5})
     points = plan(LRS, [1, 2, 3], ["gpt2"], done, ARMS[:1])
     assert sorted((p.lr, p.seed) for p in points if p.seed != 1) == [(1e-3, 2), (1e-3, 3), (2e-3, 2), (2e-3, 3), (4e-3, 2), (4e-3, 3)]
+    assert [p.lr for p in points if p.seed != 1][:2] == [2e-3, 2e-3]  # the best's seeds run first
 
 
 def test_a_best_at_an_end_grows_the_grid_once_then_seeds_the_best() -> None:

@@ -145,21 +145,26 @@ def swept_rates(lrs: list[float], losses: dict[float, float]) -> tuple[list[floa
 def plan(lrs: list[float], seeds: list[int], blocks: list[str], done: dict[Point, float], arms: tuple[Arm, ...] | list[Arm] = ARMS) -> list[Point]:
     """Every run of the design that the finished runs (done: Point -> final val loss, inf for a
     diverged or collapsed one) call for now, finished ones included: the first seed at each swept
-    rate, then, once those are finished, every other seed at the best rate and its neighbours."""
-    points: list[Point] = []
+    rate, then, once those are finished, every other seed at the best rate and its neighbours.
+    In the order to run them: every sweep point, then the seeds at the best rates, then at their
+    neighbours (so a study cut short misses the least telling runs)."""
+    sweeps: list[Point] = []
+    at_best: list[Point] = []
+    beside: list[Point] = []
     first, others = seeds[0], seeds[1:]
     for block in blocks:
         for arm in arms:
             losses = {p.lr: loss for p, loss in done.items() if (p.block, p.arm, p.seed) == (block, arm.slug, first)}
             rates, finished = swept_rates(lrs, losses)
-            points += [Point(block, arm.slug, lr, first) for lr in rates]
+            sweeps += [Point(block, arm.slug, lr, first) for lr in rates]
             if not finished:
                 continue
             best = rates.index(min(rates, key=lambda lr: losses[lr]))
             if not math.isfinite(losses[rates[best]]):
                 continue  # every rate diverged or collapsed: no best to seed
-            points += [Point(block, arm.slug, lr, seed) for lr in rates[max(best - 1, 0): best + 2] for seed in others]
-    return points
+            at_best += [Point(block, arm.slug, rates[best], seed) for seed in others]
+            beside += [Point(block, arm.slug, lr, seed) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for seed in others]
+    return sweeps + at_best + beside
 
 
 # -----------------------------------------------------------------------------
