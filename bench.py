@@ -5,6 +5,7 @@ Speed and activation memory of every deep connection: forward + backward + AdamW
     python bench.py --n_layer=12 --n_head=4 --n_embd=128 --block_size=128 --batch_size=8 --device=cpu
     python bench.py ... --connections=pre_ln,p_spheret --sphere_impl=reference,auto --json=bench.json
     python bench.py ... --json=- | tail -1 | jq .             # the results as one JSON line on stdout
+    torchrun --standalone --nproc_per_node=8 bench.py config/openwebtext_xl.py --connections=pre_ln --parallel=fsdp
 
 Model and training keys are read exactly as train.py reads them (--compile=True/False as in
 train.py, or --compile=both). Every variant (connection x sphere_impl x compile) is built
@@ -19,16 +20,25 @@ the per-step times) as one line on stdout after the table.
 
 Memory: 'saved MB' is what autograd keeps for backward in one eager forward pass (tensors
 packed by torch.autograd.graph.saved_tensors_hooks, each storage once, parameters left
-out): the activation memory of a step, on any device. 'peak MB' is
-torch.cuda.max_memory_allocated of the variant's own steps (CUDA only).
+out): the activation memory of a step, on any device (not measured for --parallel=fsdp, whose
+weights are gathered during the forward). 'peak MB' is torch.cuda.max_memory_allocated of the
+variant's own steps on CUDA; on a CPU, the process's peak resident memory (ru_maxrss, with glibc
+told to return freed tensors), which covers every variant built, so measure one variant per run there.
+
+Under torchrun every rank steps its own copy (--parallel=ddp: DDP; --parallel=fsdp: FSDP2 shards,
+runtime/parallel.py) on the same tokens; rank 0 prints, and 'peak MB' is the largest over the
+ranks (every rank's in the JSON). --activation_checkpointing=true recomputes each block in backward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import math
+import os
+import resource
 import statistics
 import sys
 import time
@@ -41,6 +51,8 @@ from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf3
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
+from spheretnorm.runtime.distributed import DistInfo, init_distributed
+from spheretnorm.runtime.parallel import build_model, clip_grad_norm, init_process_group_for, is_sharded, wrap_model
 
 BENCH_OPTIONS = {
     "--connections=all": "connections to measure: all, or a comma-separated list of names",
@@ -57,6 +69,7 @@ BENCH_OPTIONS = {
 PROFILE_TOP = 15  # kernels (or ops) listed per variant
 PROGRESS_EVERY_S = 5.0  # at most one progress line per timed round this often (and the first and last round)
 JSON_STDOUT = "-"
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 USAGE = "usage: python bench.py [config/NAME.py ...] [--key=value ...]"
 
 
@@ -145,6 +158,14 @@ def saved_activation_bytes(model: GPT, idx: torch.Tensor, autocast: Any = None) 
     return total
 
 
+def return_freed_memory() -> None:
+    """On a CPU, glibc keeps freed blocks of up to 32 MB in its heap (its mmap threshold rises with
+    every large free), so the process's peak RSS would count memory long given back; a fixed
+    threshold of 128 KiB maps every tensor on its own and returns it when freed (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -173,11 +194,10 @@ class Variant:
         return {"method": method_key(self.cfg), "block": self.cfg.block, "impl": impl, "mode": "compiled" if self.compiled else "eager"}
 
 
-def make_step(model: GPT, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, compiled: bool, device: str, dtype: str) -> Callable[[], float]:
-    """A closure that runs one timed training step and returns its seconds."""
+def make_step(model: GPT, fwd: torch.nn.Module, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, device: str, dtype: str) -> Callable[[], float]:
+    """A closure that runs one timed training step of `fwd` (the model, compiled or wrapped) and returns its seconds."""
     device_type = device.split(":")[0]
     optimizer = model.configure_optimizers(train.weight_decay, train.learning_rate, (train.beta1, train.beta2), device_type)
-    fwd = torch.compile(model) if compiled else model
     clip = train.grad_clip if train.grad_clip > 0 else math.inf
 
     def step() -> float:
@@ -186,7 +206,7 @@ def make_step(model: GPT, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, 
         with autocast_context(device_type, dtype):
             _, loss = fwd(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        clip_grad_norm(model, clip)  # the global norm, over the shards too
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         model.after_optimizer_step()  # part of a training step (nGPT renormalises its matrices)
@@ -197,10 +217,12 @@ def make_step(model: GPT, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, 
 
 
 def build_variants(
-    base: GPTConfig, train: TrainConfig, opts: BenchOptions, device: str, dtype: str, bias: bool | None = None
+    base: GPTConfig, train: TrainConfig, opts: BenchOptions, device: str, dtype: str, bias: bool | None = None,
+    dist: DistInfo = DistInfo(),
 ) -> list[Variant]:
     """Every (compile mode, block, connection, sphere_impl) of opts; bias is the one the config set
-    (None: each block's and connection's own, as GPTConfig resolves it)."""
+    (None: each block's and connection's own, as GPTConfig resolves it). Each model is built as
+    train.py builds it (runtime/parallel.py: whole, or FSDP shards, with activation checkpointing)."""
     shape = (train.batch_size, base.block_size)
     g = torch.Generator().manual_seed(train.seed)
     x = torch.randint(base.vocab_size, shape, generator=g).to(device)
@@ -213,16 +235,18 @@ def build_variants(
                 impls = opts.sphere_impls if name in SPHERE_CONNECTIONS else ["auto"]
                 for impl in impls:
                     cfg = replace(base, connection=name, sphere_impl=impl, block=block, bias=bias)
-                    torch.manual_seed(train.seed)
-                    model = GPT(cfg).to(device)
-                    step = make_step(model, train, x, y, compiled, device, dtype)
+                    run = replace(train, compile=compiled)
+                    model = build_model(cfg, run, dist, device, dtype)
+                    fwd, _ = wrap_model(model, run, dist, device.split(":")[0], dist.local_rank)
+                    step = make_step(model, fwd, train, x, y, device, dtype)
                     variants.append(Variant(cfg, compiled, step, model, [], device_type=device.split(":")[0]))
     return variants
 
 
 def progress(line: str) -> None:
-    """One progress line on stderr (stdout holds the table, and JSON when asked for)."""
-    print(line, file=sys.stderr, flush=True)
+    """One progress line on stderr (stdout holds the table, and JSON when asked for); rank 0's only."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def variant_name(v: Variant) -> str:
@@ -247,9 +271,8 @@ def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) ->
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             v.times.append(v.step())
-            if cuda:
-                peak = torch.cuda.max_memory_allocated(device) / 2**20
-                v.peak_mb = max(v.peak_mb or 0.0, peak)
+            peak = torch.cuda.max_memory_allocated(device) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            v.peak_mb = max(v.peak_mb or 0.0, peak / 2**20)
         now = time.perf_counter()
         if r in (1, opts.steps) or now - last_line >= PROGRESS_EVERY_S:
             left = (now - started) / r * (opts.steps - r)
@@ -368,7 +391,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dtype = resolve_dtype(train.dtype, device.split(":")[0])
     if device.startswith("cuda"):
         enable_tf32()
-    base = parsed.model_config()
+    else:
+        return_freed_memory()  # before the models: the peak RSS is then what they hold
+    backend = train.backend or ("nccl" if device.startswith("cuda") else "gloo")
+    dist = init_distributed(backend, train.dist_timeout)  # under torchrun; else one process
+    init_process_group_for(train, dist, backend)
+    if dist.enabled and device.startswith("cuda"):
+        device = f"cuda:{dist.local_rank}"
+    try:
+        return run_bench(opts, parsed.model_config(), train, parsed.model_keys.get("bias"), device, dtype, dist)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def run_bench(opts: BenchOptions, base: GPTConfig, train: TrainConfig, bias: bool | None, device: str, dtype: str, dist: DistInfo) -> dict[str, Any]:
+    """Build, time and report every variant; every rank steps, rank 0 prints."""
     setting = {
         **{k: v for k, v in asdict(base).items() if k not in ("connection", "sphere_impl", "block", "bias")},
         "batch_size": train.batch_size,
@@ -377,18 +415,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": opts.steps,
         "warmup": opts.warmup,
         "torch": torch.__version__,
+        "parallel": f"{train.parallel} x {dist.world_size}",
+        "activation_checkpointing": train.activation_checkpointing,
     }
-    print("bench: " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
-    variants = build_variants(base, train, opts, device, dtype, parsed.model_keys.get("bias"))
+    if dist.is_master:
+        print("bench: " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
+    variants = build_variants(base, train, opts, device, dtype, bias, dist)
     run_round_robin(variants, opts, device)
+    if dist.enabled:  # every rank's peak: a sharded model's ranks differ
+        peaks: list[Any] = [None] * dist.world_size
+        torch.distributed.all_gather_object(peaks, [v.peak_mb for v in variants])
     cuda = device.startswith("cuda")
     profiles = [profile_variant(v, opts.profile_steps, cuda) for v in variants] if opts.profile_steps else []
     autocast = autocast_context(device.split(":")[0], dtype)
     idx = torch.randint(base.vocab_size, (train.batch_size, base.block_size), device=device)
     results = []
     for i, v in enumerate(variants, 1):
-        saved = None if v.compiled else saved_activation_bytes(v.model, idx, autocast)
+        saved = None if v.compiled or is_sharded(v.model) else saved_activation_bytes(v.model, idx, autocast)
         results.append(result_row(v, train, device, dtype, saved))
+        if dist.enabled:
+            results[-1]["peak_memory_mb_per_rank"] = [rank_peaks[i - 1] for rank_peaks in peaks]
+            results[-1]["peak_memory_mb"] = max(results[-1]["peak_memory_mb_per_rank"])
         r = results[-1]
         memory = f", saved {r['saved_mb']:.1f} MB" if r["saved_mb"] is not None else ""
         progress(f"  row {i}/{len(variants)}: {variant_name(v)}: {r['ms_per_step']:.2f} ms/step{memory}")
@@ -398,6 +445,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {"setting": setting, "results": results}
     if profiles:
         report["profiles"] = profiles
+    if not dist.is_master:
+        return report
     for p in profiles:
         print(format_profile(p, cuda))
     print(format_table(results))

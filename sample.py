@@ -36,7 +36,8 @@ from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, T
 from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import SAFETENSORS_SUFFIX, load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import SAFETENSORS_SUFFIX, is_sharded_checkpoint, load_checkpoint, load_model
+from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME
 
 CKPT_NAME = "ckpt.pt"
 SAFETENSORS_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
@@ -146,11 +147,14 @@ def read_start(start: str) -> str:
 
 
 def checkpoint_file(path: Path) -> Path:
-    """The checkpoint file itself, or the one inside an out_dir: ckpt.pt, else ckpt.safetensors.
+    """The checkpoint file itself (or a sharded checkpoint folder), or the one inside an out_dir:
+    ckpt.pt, else ckpt.safetensors, else the sharded ckpt.dcp of a --parallel=fsdp run.
 
     When the out_dir's file is not plainly its ckpt.pt (only a ckpt.safetensors, or both),
     one line on stderr says which file the samples come from.
     """
+    if is_sharded_checkpoint(path):
+        return path
     if not path.is_dir():
         if not path.is_file():
             raise SampleError(
@@ -165,6 +169,8 @@ def checkpoint_file(path: Path) -> Path:
     if st.is_file():
         print(f"sample.py: {str(path)!r} has no {CKPT_NAME}; sampling from {st}", file=sys.stderr)
         return st
+    if is_sharded_checkpoint(path / SHARDED_CKPT_NAME):
+        return path / SHARDED_CKPT_NAME
     raise SampleError(
         f"No checkpoint to sample from: the out_dir {str(path)!r} has no {CKPT_NAME} or {SAFETENSORS_NAME}; "
         "give a ckpt.pt file or an out_dir that holds one."

@@ -283,15 +283,16 @@ def embedding_radius(model: torch.nn.Module) -> tuple[float | None, float | None
 
 
 def pinned_note(row: dict[str, Any]) -> str:
-    """'; the sphere step size sits at its cap in 24 of 24 sublayers and the embedding radius at its
-    cap (...)' for an eval row where a cap holds, '' elsewhere: what the collapse alarm adds."""
+    """' The sphere step size sits at its cap in 24 of 24 sublayers and ... (--alpha_cap=none ...).'
+    for an eval row where a cap holds, '' elsewhere: the sentence the collapse alarm adds."""
     pinned = row.get("step_pinned") or []
     parts = [f"the sphere step size sits at its cap in {int(sum(pinned))} of {len(pinned)} sublayers"] if sum(pinned) else []
     if row.get("radius_pinned"):
         parts.append("the embedding radius sits at its cap")
     if not parts:
         return ""
-    return f"; {' and '.join(parts)}, where it learns no more (--alpha_cap=none and --radius_cap=none lift the caps)"
+    text = " and ".join(parts)
+    return f" {text[0].upper()}{text[1:]}, where a scale learns no more (--alpha_cap=none and --radius_cap=none lift the caps)."
 
 
 def parameter_report(model: torch.nn.Module) -> dict[str, Any]:

@@ -16,8 +16,8 @@ import torch
 from torch.nn import functional as F
 
 from spheretnorm.diagnostics import parameter_report
-from spheretnorm.experiments import fair_sweep
-from spheretnorm.experiments.fair_sweep import ARMS, Point, plan, swept_rates
+from spheretnorm.experiments import fair_comparison as fair_sweep
+from spheretnorm.experiments.fair_comparison import ARMS, Point, plan, swept_rates
 from spheretnorm.model import GPT, GPTConfig, SphereConnection
 
 D = 16
@@ -270,6 +270,6 @@ def test_the_collapse_alarm_names_the_caps_that_hold() -> None:
     from spheretnorm.diagnostics import pinned_note
 
     note = pinned_note({"step_pinned": [1.0, 1.0, 0.0, 1.0], "radius_pinned": 1.0})
-    assert note.startswith("; the sphere step size sits at its cap in 3 of 4 sublayers and the embedding radius sits at its cap")
-    assert "--alpha_cap=none" in note
+    assert note.startswith(" The sphere step size sits at its cap in 3 of 4 sublayers and the embedding radius sits at its cap")
+    assert note.endswith("(--alpha_cap=none and --radius_cap=none lift the caps).")
     assert pinned_note({"step_pinned": [0.0, 0.0], "radius_pinned": 0.0}) == "" == pinned_note({"final_cosine": 0.99})

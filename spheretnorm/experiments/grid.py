@@ -38,6 +38,7 @@ from spheretnorm.runtime.run_folder import (
     read_metrics,
     CKPT_NAME,
     CONFIG_NAME,
+    SHARDED_CKPT_NAME,
     EXIT_COLLAPSE,
     EXIT_CONFIG,
     EXIT_CRASH,
@@ -219,8 +220,16 @@ def stopped_row(out_dir: Path) -> dict[str, Any] | None:
     return final_stop(read_metrics(path)) if path.is_file() else None
 
 
+def checkpoint_path(out_dir: Path) -> Path:
+    """The run's checkpoint: ckpt.pt, or the sharded folder ckpt.dcp of a --parallel=fsdp run
+    (every reader takes either: runtime/checkpoint.load_model); ckpt.pt where neither is there."""
+    sharded = Path(out_dir) / SHARDED_CKPT_NAME
+    return sharded if sharded.is_dir() and not (Path(out_dir) / CKPT_NAME).is_file() else Path(out_dir) / CKPT_NAME
+
+
 def has_checkpoint(out_dir: Path) -> bool:
-    return (Path(out_dir) / CKPT_NAME).is_file()
+    path = checkpoint_path(out_dir)
+    return path.is_dir() or path.is_file()
 
 
 # Settings that must agree before an existing run folder is reused (skipped or resumed).

@@ -79,6 +79,7 @@ from spheretnorm.runtime.run_folder import (
     CKPT_NAME, SLURM_JOBS_NAME, OutDirError, check_folder, earlier_run, slurm_lock_name, write_json_atomic,
 )
 from spheretnorm.experiments.grid import (
+    checkpoint_path,
     PAPER_DATASETS,
     PAPER_SCALES,
     ZERO_SHOT_NAME,
@@ -301,7 +302,7 @@ def zero_shot_command(run: GridRun, eval_args: list[str]) -> list[str]:
     return [
         "python",
         "eval/zero_shot.py",
-        f"--ckpt={run.out_dir / CKPT_NAME}",
+        f"--ckpt={checkpoint_path(run.out_dir)}",
         "--tasks=paper",
         f"--out={run.out_dir / ZERO_SHOT_NAME}",
         *eval_args,

@@ -5,19 +5,26 @@ A checkpoint (format spheretnorm-ckpt-v1) is a dict: format, model_config (GPTCo
 model (the state dict), and what train.py adds (optimizer, iter_num, train_config, data_meta,
 RNG state). load_model rebuilds the GPT of one; the trainer, sampling, the evaluator and the
 exports all read checkpoints through this module.
+
+A sharded checkpoint (train.py --parallel=fsdp, format spheretnorm-dcp-v1) is a folder that
+torch.distributed.checkpoint wrote (model.* and optimizer.* by parameter name, one file per
+rank) plus meta.pt, the rest of the dict above. load_checkpoint reads one whole into this process,
+so every reader of ckpt.pt reads it too; runtime/sharded_checkpoint.py writes and reshards them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -27,6 +34,9 @@ from spheretnorm.runtime.config import config_from_dict
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
+SHARDED_FORMAT = "spheretnorm-dcp-v1"
+SHARDED_META = "meta.pt"  # a sharded folder's config, progress and RNG: everything but the tensors
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the folder's tensors
 
 
 def atomic_torch_save(obj: object, path: str | Path) -> None:
@@ -46,11 +56,15 @@ def atomic_torch_save(obj: object, path: str | Path) -> None:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.strerror:
-            reason = e.strerror
-        else:  # torch's zip writer: "[enforce fail at inline_container.cc:...] unexpected pos ..."
-            reason = f"the file system took less than was written: a full disk or a quota? torch: {str(e).splitlines()[0][:160]}"
-        raise OSError(getattr(e, "errno", None) or 0, f"could not write {path} ({reason})") from None
+        raise OSError(getattr(e, "errno", None) or 0, f"could not write {path} ({write_failure_reason(e)})") from None
+
+
+def write_failure_reason(e: BaseException) -> str:
+    """Why a write failed, in words: the OS's, or what torch's zip writer means by its own."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    # torch's zip writer: "[enforce fail at inline_container.cc:...] unexpected pos ..."
+    return f"the file system took less than was written: a full disk or a quota? torch: {str(e).splitlines()[0][:160]}"
 
 
 
@@ -78,7 +92,7 @@ _OPTIONAL_KEYS: dict[str, type] = {"data_meta": dict, "train_config": dict, "ite
 
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """An exception's type and the first sentence of its message, short enough for one line
     (torch's messages run over paragraphs, after a "[enforce fail at file.cc:180] ." prefix)."""
     text = re.sub(r"^\[[^\]]*\][\s.]*", "", str(exc).strip())
@@ -129,7 +143,7 @@ def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", 
         # the bytes stop making sense), and every one of them means the same to the user.
         raise CheckpointError(
             f"{str(path)!r} cannot be read as a PyTorch checkpoint: it is truncated, damaged or another program's file "
-            f"({_describe(exc)})."
+            f"({describe_error(exc)})."
         ) from None
 
 
@@ -144,6 +158,10 @@ def load_checkpoint(
     file. require lists further keys the caller needs (a resume needs the optimizer state).
     """
     path = Path(path)
+    if path.is_dir():  # a sharded checkpoint (train.py --parallel=fsdp), read whole
+        ckpt = read_sharded_meta(path, require)
+        ckpt["model"] = read_sharded_weights(path)
+        return ckpt
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
     if path.suffix == SAFETENSORS_SUFFIX:
@@ -347,13 +365,11 @@ def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def checkpoint_state(model: GPT) -> dict[str, Any]:
-    """The model part of a checkpoint: format tag, config and weights."""
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "model_config": asdict(model.config),
-        "model": model.state_dict(),
-    }
+def checkpoint_state(model: GPT, weights: bool = True) -> dict[str, Any]:
+    """The model part of a checkpoint: format tag, config and (unless weights=False: a sharded
+    checkpoint keeps them apart) the weights."""
+    state = {"format": CHECKPOINT_FORMAT, "model_config": asdict(model.config)}
+    return {**state, "model": model.state_dict()} if weights else state
 
 
 def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.device = "cpu") -> GPT:
@@ -370,3 +386,158 @@ def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.devi
     model = GPT(config)
     model.load_state_dict(clean_state_dict(ckpt["model"]))
     return model
+
+
+# -----------------------------------------------------------------------------
+# Sharded checkpoints (folders), read into one process
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a folder that claims to be a sharded checkpoint (load_checkpoint then checks it)."""
+    path = Path(path)
+    return path.is_dir() and ((path / SHARDED_META).is_file() or (path / DCP_METADATA).is_file())
+
+
+# What torch.distributed.checkpoint's index (.metadata, a pickle) is built of: its own metadata
+# classes, torch's Size, dtypes and layouts, and a path. Anything else is refused unrun.
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if module in _DCP_MODULES or (module, name) in _DCP_GLOBALS or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+
+
+def safe_dcp_reader(path: str | Path) -> Any:
+    """torch.distributed.checkpoint's FileSystemReader, reading the index with _IndexUnpickler."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(Path(self.path) / DCP_METADATA, "rb") as f:
+                metadata = _IndexUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def safe_dcp_planner() -> Any:
+    """DCP's load planner, unpickling the non-tensor values (the optimizer's hyperparameters) as
+    torch.load(weights_only=True) does: plain values only."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            plain = io.BytesIO()
+            torch.save(torch.load(value, weights_only=True), plain)  # refuses code, as read_torch_file does
+            plain.seek(0)
+            super().load_bytes(read_item, plain)
+
+    return SafePlanner()
+
+
+def _dcp_metadata(path: Path, where: str) -> Any:
+    """torch.distributed.checkpoint's index of a folder, after checking that every file it names is
+    there and long enough (a shard deleted or cut short is named before any tensor is read)."""
+    if not (path / DCP_METADATA).is_file():
+        raise CheckpointError(f"{where} has no {DCP_METADATA} (torch.distributed.checkpoint's index); it is damaged or was never finished.")
+    try:
+        metadata = safe_dcp_reader(path).read_metadata()
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{where} has a {DCP_METADATA} that holds disallowed objects ({str(exc).removeprefix('GLOBAL ')}) that could run "
+            "code when unpickled, so it was not loaded."
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - an unpickling failure of damaged bytes has no one type
+        raise CheckpointError(f"{where} has a {DCP_METADATA} that cannot be read ({describe_error(exc)}); it is damaged.") from None
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        size = (path / name).stat().st_size if (path / name).is_file() else -1
+        if size < end:
+            state = "is missing" if size < 0 else f"has {size} of its {end} bytes"
+            raise CheckpointError(f"{where} is damaged: its shard file {name} {state}.")
+    return metadata
+
+
+def sharded_shapes(path: Path, where: str, prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The tensors under `prefix` in a sharded folder, as meta tensors of their full shapes and dtypes."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    items = _dcp_metadata(path, where).state_dict_metadata.items()
+    return {
+        key[len(prefix):]: torch.empty(tuple(md.size), dtype=md.properties.dtype, device="meta")
+        for key, md in items
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+    }
+
+
+def read_sharded_meta(path: str | Path, require: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The checkpoint dict of a sharded folder without its tensors (meta.pt), checked as
+    check_checkpoint checks a file: the format tag, the config, the weights' names and shapes (from
+    the folder's index) and the keys in `require` (the optimizer's tensors count when present)."""
+    path = Path(path)
+    where = f"Sharded checkpoint {str(path)!r}"
+    if not (path / SHARDED_META).is_file():
+        raise CheckpointError(
+            f"{where} is not a spheretnorm sharded checkpoint: it has no {SHARDED_META} "
+            "(train.py --parallel=fsdp writes one last; its folder is another program's, or its writing never finished)."
+        )
+    meta = read_torch_file(path / SHARDED_META)
+    if not isinstance(meta, dict) or meta.get("format") != SHARDED_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{where} is not a spheretnorm sharded checkpoint (format {found!r}, expected {SHARDED_FORMAT!r}).")
+    check_checkpoint({**meta, "format": CHECKPOINT_FORMAT, "model": sharded_shapes(path, where)}, where)
+    has_optimizer = bool(sharded_shapes(path, where, "optimizer."))
+    missing = [key for key in require if key not in meta and not (key == "optimizer" and has_optimizer)]
+    if missing:
+        raise CheckpointError(f"{where} lacks {', '.join(missing)}, which train.py writes and this use of it needs; it is damaged.")
+    return meta
+
+
+def dcp_errors() -> tuple[type[BaseException], ...]:
+    """What torch.distributed.checkpoint raises on a failed read or write: its CheckpointException
+    (a BaseException, which gathers every rank's own) and whatever it did not wrap."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def dcp_cause(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside a CheckpointException (an OSError of a full disk, say)."""
+    failures = getattr(exc, "failures", None)
+    return next(iter(failures.values()))[0] if failures else exc
+
+
+@contextlib.contextmanager
+def one_process_dcp() -> Iterator[None]:
+    """torch.distributed.checkpoint without a process group: its warning that it then loads in one
+    process is silenced, since that is the point (sample.py, the exports, consolidation)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def read_sharded_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights of a sharded folder, in this process on the CPU, whatever the
+    number of ranks that wrote it (no process group needed)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    where = f"Sharded checkpoint {str(path)!r}"
+    state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in sharded_shapes(path, where).items()}
+    try:
+        with one_process_dcp():
+            dcp.load({"model": state}, storage_reader=safe_dcp_reader(path), planner=safe_dcp_planner(), no_dist=True)
+    except dcp_errors() as exc:
+        raise CheckpointError(f"{where} cannot be read: it is damaged ({describe_error(dcp_cause(exc))}).") from None
+    return state

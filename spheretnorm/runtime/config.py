@@ -38,12 +38,14 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.runtime.token_files import read_json_object
-from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, MethodParam, declared_params
+from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, MethodParam, OPENED_DEFAULTS, declared_params
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
+PARALLEL_MODES = ("ddp", "fsdp")  # spheretnorm/runtime/parallel.py
+FSDP_STARTS = ("auto", "full", "meta")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 SEED_MAX = 2**32 - 1  # np.random.seed's largest seed
 
@@ -103,7 +105,13 @@ class TrainConfig:
     # -- system
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA, else fp32
-    compile: bool = False  # torch.compile the model (the paper trains without it)
+    compile: bool = False  # torch.compile the model (the paper trains without it); under fsdp each block
+    # ddp: a whole model per process; fsdp: FSDP2 shards of it (weights, gradients, AdamW), sharded checkpoints
+    parallel: str = field(default="ddp", metadata=_choices(*PARALLEL_MODES))
+    # fsdp only: full builds the whole model and shards it (DDP's initial weights); meta builds it on the
+    # meta device and initialises each shard; auto: meta when the whole model would not fit (parallel.py)
+    fsdp_init: str = field(default="auto", metadata=_choices(*FSDP_STARTS))
+    activation_checkpointing: bool = False  # recompute each block in backward: memory for time
     backend: str = ""  # process-group backend; "" means nccl on CUDA, gloo otherwise
     seed: int = 1337  # seeds the weights, the data order and dropout
     dist_timeout: float = 600.0  # seconds a collective waits for the other processes (one stopped or dead) before the run stops
@@ -430,14 +438,29 @@ def param_text(value: Any) -> str:
 def method_key(cfg: GPTConfig) -> str:
     """The paper's method name: the connection, then the values of the parameters its class
     declares with in_key (method_params), each after a ':'. 'p_spheret:0.5' means connection
-    p_spheret with spheret_p 0.5; a connection without such parameters is its name alone."""
-    return ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
+    p_spheret with spheret_p 0.5; a connection without such parameters is its name alone. A
+    choice the paper fixed (model.OPENED_DEFAULTS) set otherwise follows as '+key=value':
+    'p_spheret:0.5+alpha_cap=none'."""
+    base = ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
+    return base + "".join(f"+{k}={setting_text(v)}" for k, v in opened_settings(cfg).items())
+
+
+def opened_settings(cfg: GPTConfig) -> dict[str, Any]:
+    """The choices the paper fixed that cfg sets otherwise, in model.OPENED_DEFAULTS' order."""
+    return {k: getattr(cfg, k) for k, default in OPENED_DEFAULTS.items() if getattr(cfg, k) != default}
+
+
+def setting_text(value: Any) -> str:
+    """A value as a method key and the command line write it: 'none', 'true', '0.5', '256'."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def method_keys_neutral() -> frozenset[str]:
     """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS). A
     parameter without in_key (dyt_alpha) is a setting: a changed value is a folder suffix."""
-    return frozenset({"connection", *(k for k, p in declared_params().items() if p.in_key)})
+    return frozenset({"connection", *OPENED_DEFAULTS, *(k for k, p in declared_params().items() if p.in_key)})
 
 
 def method_dirname(key: str) -> str:
@@ -452,7 +475,8 @@ RUN_NEUTRAL_KEYS = frozenset({
     "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
     "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
     "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_entity", "wandb_run_name", "wandb_group",
-    "wandb_mode", "dist_timeout", "collapse_cosine", "collapse_evals", *EXECUTION_KEYS,
+    "wandb_mode", "dist_timeout", "collapse_cosine", "collapse_evals", "parallel", "fsdp_init",
+    "activation_checkpointing", *EXECUTION_KEYS,
 })
 _SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
 _SUFFIX_MAX_CHARS = 60

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from spheretnorm.runtime.config import TrainConfig
 
 CKPT_NAME = "ckpt.pt"
+SHARDED_CKPT_NAME = "ckpt.dcp"  # --parallel=fsdp's checkpoint, a folder (runtime/sharded_checkpoint.py)
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "config.json"
 AVG_WINDOW = 200  # the paper reports the train loss averaged over the last 200 iterations
@@ -82,7 +84,28 @@ class CollapseError(RunStopped):
 
 
 def checkpoint_path(train: TrainConfig) -> Path:
-    return Path(train.out_dir) / CKPT_NAME
+    """out_dir/ckpt.pt, or under parallel=fsdp the sharded folder out_dir/ckpt.dcp."""
+    return Path(train.out_dir) / (SHARDED_CKPT_NAME if train.parallel == "fsdp" else CKPT_NAME)
+
+
+def check_checkpoint_kind(train: TrainConfig) -> None:
+    """Take back a sharded folder whose replacement stopped between its two renames (ckpt.dcp.old,
+    see sharded_checkpoint.save_sharded), and refuse a resume that would miss the checkpoint the
+    other parallel mode wrote (a new run over it is refused as any other run's files are)."""
+    folder = Path(train.out_dir) / SHARDED_CKPT_NAME
+    old = folder.with_name(folder.name + ".old")
+    if not folder.exists() and old.is_dir():
+        with contextlib.suppress(FileNotFoundError):  # another rank took it back first
+            os.replace(old, folder)
+    own = checkpoint_path(train)
+    other, mode = (Path(train.out_dir) / CKPT_NAME, "ddp") if train.parallel == "fsdp" else (folder, "fsdp")
+    if own.exists() or not other.exists() or not (train.init_from in ("resume", "auto") or train.eval_only):
+        return
+    hint = f", or turn it into a {CKPT_NAME} with `python scripts/consolidate.py {other}`" if mode == "fsdp" else ""
+    raise OutDirError(
+        f"out_dir {str(train.out_dir)!r} holds {other.name}, the checkpoint of --parallel={mode}, and no {own.name} "
+        f"for --parallel={train.parallel}; resume it with --parallel={mode}{hint}."
+    )
 
 
 class MetricsLog:
@@ -131,6 +154,7 @@ class MetricsLog:
 
 # What a run folder holds besides user files: removed together when a run is replaced.
 RUN_FILES = (CKPT_NAME, CKPT_NAME + ".tmp", METRICS_NAME, METRICS_NAME + ".tmp", CONFIG_NAME)
+RUN_FOLDERS = tuple(SHARDED_CKPT_NAME + suffix for suffix in ("", ".tmp", ".old"))
 
 
 def remove_run(out_dir: Path) -> list[str]:
@@ -142,6 +166,10 @@ def remove_run(out_dir: Path) -> list[str]:
             with contextlib.suppress(FileNotFoundError):  # another rank removed it first
                 path.unlink()
                 removed.append(path.name)
+    for path in (out_dir / name for name in RUN_FOLDERS):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)  # another rank may be removing it too
+            removed.append(path.name)
     return removed
 
 

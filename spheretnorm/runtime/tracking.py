@@ -268,7 +268,7 @@ class Progress:
 
     def kept_checkpoint_text(self) -> str:
         """How a stop message names the checkpoint a resume would start from."""
-        if self.checkpoint.is_file():
+        if self.checkpoint.exists():  # a file, or a sharded folder
             at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
             return f"the last good checkpoint {self.checkpoint}{at} is untouched"
         return "no checkpoint had been written"

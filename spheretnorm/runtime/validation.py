@@ -17,9 +17,10 @@ import torch
 import torch.distributed as torch_dist
 
 from spheretnorm.runtime.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
-from spheretnorm.diagnostics import parameter_report, residual_stream_report
+from spheretnorm.diagnostics import parameter_report, pinned_note, residual_stream_report
 from spheretnorm.runtime.distributed import DistInfo, all_reduce_sum, print0
 from spheretnorm.runtime.config import TrainConfig
+from spheretnorm.runtime.parallel import full_parameters, is_sharded
 from spheretnorm.model import GPT
 from spheretnorm.runtime.token_files import SPLITS
 from spheretnorm.runtime.run_folder import CollapseError, NonFiniteLossError
@@ -92,11 +93,13 @@ class Evaluator:
         self.progress = progress
         self.model, self.fwd_model, self.raw_model = model, fwd_model, raw_model
         self.block_size = raw_model.config.block_size
+        self.sharded = is_sharded(raw_model)  # FSDP: every rank takes part in every forward
         # Whether every rank agrees to stop (the trainer sets it): checked before each batch.
         self.stop_requested: Callable[[], bool] = lambda: False
         # The final_cosine of a collapse alarm that fired at the final evaluation (stop_if_collapsed).
         self.collapsed_at_end: float | None = None
         self.final_suspect = False  # whether the evaluation at max_iters counted towards a collapse stop
+        self.pinned = ""  # pinned_note of the last evaluation (rank 0), for the collapse messages
 
     @torch.no_grad()
     def estimate_loss(self) -> dict[str, float]:
@@ -122,13 +125,16 @@ class Evaluator:
                     if done % STOP_CHECK_ROUNDS == 0 and self.stop_requested():
                         raise EvalAbandoned(split)
                     i = done * self.dist.world_size + self.dist.rank
-                    if i >= self.cfg.eval_iters:
+                    # A sharded model's forward is a collective: a rank past the last batch runs one
+                    # all the same (on the last batch) and does not count it.
+                    if i >= self.cfg.eval_iters and not self.sharded:
                         continue
-                    x, y = get_batch(tokens, self._eval_offsets(split_id, i), self.block_size, self.device)
+                    x, y = get_batch(tokens, self._eval_offsets(split_id, min(i, self.cfg.eval_iters - 1)), self.block_size, self.device)
                     with self.autocast:
                         _, loss = self.fwd_model(x, y)
-                    total += loss.float()
-                    progress.update(done + 1)
+                    if i < self.cfg.eval_iters:
+                        total += loss.float()
+                        progress.update(done + 1)
                 out[split] = all_reduce_sum(total, self.dist).item() / self.cfg.eval_iters
                 progress.finish()
         finally:
@@ -167,10 +173,13 @@ class Evaluator:
             "elapsed_s": round(progress.elapsed(), 3),
             "eval_s": round(eval_s, 4),  # the two loss estimates, so diag_s can be weighed against them
         }
-        if self.dist.is_master:
+        if self.dist.is_master or self.sharded:  # a sharded model is gathered by all ranks together
             started = time.perf_counter()
-            row.update(self.diagnostics())
-            row["diag_s"] = round(time.perf_counter() - started, 4)
+            with full_parameters(self.raw_model):
+                diagnostics = self.diagnostics()
+            if self.dist.is_master:
+                row.update(diagnostics)
+                row["diag_s"] = round(time.perf_counter() - started, 4)
         return row
 
     def collapse_suspect(self, row: dict[str, Any]) -> bool:
@@ -189,6 +198,7 @@ class Evaluator:
         mine = row.get("final_cosine", 0.0) if self.dist.is_master else 0.0
         cosine = all_reduce_sum(torch.tensor(float(mine), device=self.device), self.dist).item()
         suspect = cosine > cfg.collapse_cosine
+        self.pinned = pinned_note(row) if self.dist.is_master else ""  # the diagnostics live on rank 0
         final = progress.iter_num >= cfg.max_iters
         progress.collapse_streak = progress.collapse_streak + 1 if suspect else 0
         self.final_suspect = final and suspect
@@ -205,7 +215,7 @@ class Evaluator:
             )
             print0(
                 f"WARNING: final_cosine {cosine:.3f} > collapse_cosine={cfg.collapse_cosine} "
-                f"({progress.collapse_streak} of {cfg.collapse_evals} evaluations before the collapse stop); {saved}."
+                f"({progress.collapse_streak} of {cfg.collapse_evals} evaluations before the collapse stop); {saved}.{self.pinned}"
             )
         return suspect
 
@@ -226,7 +236,7 @@ class Evaluator:
         raise CollapseError(
             f"final_cosine {cosine:.3f} stayed above collapse_cosine={cfg.collapse_cosine} for "
             f"{progress.collapse_streak} evaluations in a row (iter {progress.iter_num}): every token's final "
-            f"state is nearly the same point (representation collapse); {kept}. Try a longer warm-up (e.g. --warmup_iters="
+            f"state is nearly the same point (representation collapse); {kept}.{self.pinned} Try a longer warm-up (e.g. --warmup_iters="
             f"{max(4 * cfg.warmup_iters, 100)}) or a lower peak learning rate (e.g. --learning_rate="
             f"{cfg.learning_rate / 3:.1e}); --collapse_evals=0 turns this stop off."
         )

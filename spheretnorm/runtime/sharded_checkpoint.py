@@ -1,0 +1,155 @@
+"""Sharded checkpoints of an FSDP run: written by every rank at once, read back on any number.
+
+The folder (out_dir/ckpt.dcp) is a torch.distributed.checkpoint folder of the model's and the
+optimizer's state by parameter name (so a resume on another number of ranks reshards it), plus
+meta.pt (runtime/checkpoint.py's SHARDED_META: config, progress, RNG). It is written as
+ckpt.dcp.tmp and renamed when whole, so a crash or a full disk mid-write leaves the previous
+checkpoint as it was; between the two renames of a replacement the previous one is ckpt.dcp.old,
+which a resume takes back when ckpt.dcp is missing (run_folder.check_checkpoint_kind).
+
+    python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt]
+
+turns a folder into one ckpt.pt of the usual format (consolidate), in one process.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from spheretnorm.runtime.checkpoint import (
+    SHARDED_FORMAT,
+    SHARDED_META,
+    CheckpointError,
+    atomic_torch_save,
+    checkpoint_state,
+    dcp_cause,
+    dcp_errors,
+    describe_error,
+    load_model,
+    one_process_dcp,
+    read_sharded_meta,
+    safe_dcp_planner,
+    safe_dcp_reader,
+    write_failure_reason,
+)
+from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.distributed import DistInfo, any_rank
+
+TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state by parameter name (DTensor shards under FSDP, whole tensors else)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def save_sharded(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], dist: DistInfo, device: str
+) -> None:
+    """Every rank writes its shards into path.tmp, rank 0 adds meta.pt (`extra`, less the tensors),
+    then the folder replaces `path`. A write that fails on any rank fails on all of them, with an
+    OSError naming the folder, and leaves `path` as it was (its temporary folder removed)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    tmp, old = Path(str(path) + TMP_SUFFIX), Path(str(path) + OLD_SUFFIX)
+    if dist.is_master:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier write
+    _barrier()
+    failure: BaseException | None = None
+    try:
+        dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
+        if dist.is_master:
+            atomic_torch_save({**extra, "format": SHARDED_FORMAT}, tmp / SHARDED_META)
+    except dcp_errors() as e:  # any failure here must reach every rank, or the others wait for it
+        failure = dcp_cause(e)
+    if any_rank(failure is not None, dist, device):
+        if dist.is_master:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if failure is not None and not isinstance(failure, (OSError, RuntimeError)):
+            raise failure  # no file system's doing: a bug, with its traceback
+        reason = write_failure_reason(failure) if failure is not None else "another rank could not write its shard"
+        raise OSError(getattr(failure, "errno", None) or errno.EIO, f"could not write {path} ({reason})") from None
+    if dist.is_master:
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Fill the model and the optimizer (sharded or whole) from a folder written by any number of
+    ranks; a damaged one is a CheckpointError (checked by read_sharded_meta before)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _state(model, optimizer)
+    try:
+        # The index and the optimizer's values are pickles: read as checkpoint.py reads files, without code.
+        safe = {"storage_reader": safe_dcp_reader(path), "planner": safe_dcp_planner()}
+        if torch_dist.is_initialized():
+            dcp.load(state, **safe)
+        else:  # consolidate: this one process reads every rank's files
+            with one_process_dcp():
+                dcp.load(state, no_dist=True, **safe)
+    except dcp_errors() as exc:
+        raise CheckpointError(
+            f"Sharded checkpoint {str(path)!r} cannot be read: it is damaged or not of this model ({describe_error(dcp_cause(exc))})."
+        ) from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _barrier() -> None:
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.barrier()
+
+
+def consolidate(folder: str | Path, out: str | Path) -> Path:
+    """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
+    in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it."""
+    folder, out = Path(folder), Path(out)
+    if out.resolve() == folder.resolve() or out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.parent / 'ckpt.pt'}.")
+    meta = read_sharded_meta(folder, require=("optimizer", "train_config"))
+    model = load_model(folder)  # the whole weights, then the optimizer state by name into a whole optimizer
+    train = meta["train_config"]
+    optimizer = model.configure_optimizers(train["weight_decay"], train["learning_rate"], (train["beta1"], train["beta2"]), "cpu")
+    load_sharded(folder, model, optimizer)
+    fields = {k: v for k, v in meta.items() if k not in ("format", "model_config")}
+    atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **fields}, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """scripts/consolidate.py: FOLDER [--out FILE], FILE by default beside FOLDER as ckpt.pt."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        description="A sharded checkpoint folder (train.py --parallel=fsdp) as one ckpt.pt of the usual format (model, "
+        "optimizer, progress, RNG), which --parallel=ddp resumes:\n\n    python scripts/consolidate.py out/RUN/ckpt.dcp [--out FILE]",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("folder", help="the sharded checkpoint, e.g. out/RUN/ckpt.dcp")
+    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder)")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    try:
+        if not folder.is_dir():
+            raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
+        written = consolidate(folder, Path(args.out) if args.out else folder.parent / "ckpt.pt")
+    except (ValueError, OSError) as e:  # CheckpointError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"wrote {written}")
