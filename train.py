@@ -1,5 +1,6 @@
 """
-Train a GPT with a chosen deep connection, on one CPU/GPU or many GPUs with DDP.
+Train a GPT with a chosen deep connection, on one CPU/GPU or many GPUs with DDP, or sharded
+with FSDP2 past one GPU's memory (--parallel=fsdp, spheretnorm/runtime/parallel.py).
 
     python train.py config/shakespeare_char.py                          # a laptop, minutes
     python train.py config/openwebtext_s.py --connection=p_spheret --spheret_p=0.5
@@ -12,8 +13,8 @@ the number of micro-steps per optimizer step follows from batch_size and the num
 processes, and the sequences of step k are a function of (seed, k) only (spheretnorm/runtime/batches.py),
 so neither the GPU count nor a resume changes the optimisation.
 
-Outputs in out_dir: ckpt.pt (written atomically), metrics.jsonl (one JSON object per line, see
-README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0.
+Outputs in out_dir: ckpt.pt (written atomically; under fsdp the sharded folder ckpt.dcp),
+metrics.jsonl (one JSON object per line, see README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0.
 Exit status: 0 done or signalled, 1 crash, 2 bad config, 3 collapse (final_cosine above
 collapse_cosine for collapse_evals evaluations in a row), 4 non-finite loss; every early end
 also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
@@ -37,7 +38,6 @@ from typing import Any
 
 import torch
 import torch.distributed as torch_dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from spheretnorm.runtime.batches import TRAIN_STREAM, TokenData, batch_offsets, get_batch, load_data
 from spheretnorm.runtime.schedule import learning_rate_at
@@ -49,11 +49,12 @@ from spheretnorm.runtime.device import (
     peak_flops_for,
     resolve_dtype,
     rng_state,
-    seed_everything,
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state
+from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, read_sharded_meta
+from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
+from spheretnorm.runtime.sharded_checkpoint import load_sharded, save_sharded
 from spheretnorm.runtime.config import (
     HF_PREFIX,
     ConfigError,
@@ -75,7 +76,7 @@ from spheretnorm.runtime.config import (
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
-from spheretnorm.model import EXECUTION_KEYS, GPT, GPTConfig
+from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.checkpoint import load_checkpoint
@@ -90,6 +91,7 @@ from spheretnorm.runtime.run_folder import (
     check_no_earlier_run,
     check_out_dir,
     checkpoint_path,
+    check_checkpoint_kind,
     evaluated_at,
     machine_failure,
 )
@@ -106,14 +108,16 @@ RESUME_KEYS = ("optimizer", "rng", "train_config", "iter_num", "best_val_loss", 
 
 def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
     path = checkpoint_path(train)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(
             f"init_from=resume but there is no checkpoint at {path}; check out_dir (the "
             "connection and any key that differs from the config file name the default out_dir), "
             "start with --init_from=scratch, or use --init_from=auto."
         )
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
-    try:
+    try:  # a sharded folder: its tensors are read by every rank's own shards (Trainer._restore)
+        if path.is_dir():
+            return read_sharded_meta(path, require=RESUME_KEYS)
         return load_checkpoint(path, map_location="cpu", require=RESUME_KEYS)
     except ValueError as e:  # not a checkpoint of this project, or one with disallowed objects
         raise ConfigError(str(e)) from None
@@ -123,7 +127,8 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
     """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint, nor
     another run's files (run_folder.earlier_run; `wanted`: the new run's settings);
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
-    exists = checkpoint_path(train).is_file()
+    check_checkpoint_kind(train)
+    exists = checkpoint_path(train).exists()
     if train.eval_only and not train.init_from.startswith(HF_PREFIX):
         if not exists:
             raise ConfigError(
@@ -252,14 +257,11 @@ class Trainer:
         self.accum = grad_accum_steps(self.cfg.global_batch_size, self.cfg.batch_size, dist.world_size)
         self.tokens_per_step = self.cfg.global_batch_size * self.model_cfg.block_size
 
-        # Identical initial weights on every rank; then each rank its own dropout stream.
-        torch.manual_seed(self.cfg.seed)
-        self.raw_model = GPT(self.model_cfg)
-        if hf_folder_of(train) is not None:
-            load_folder_weights(self.raw_model, hf_folder_of(train))
-        seed_everything(self.cfg.seed + dist.rank)
+        # Identical initial weights on every rank (sharded under fsdp); then each rank its own dropout stream.
+        hf_folder = hf_folder_of(train)
+        prepare = (lambda model: load_folder_weights(model, hf_folder)) if hf_folder is not None else None
+        self.raw_model = build_model(self.model_cfg, self.cfg, dist, device, self.dtype, prepare)
         self.progress = Progress(checkpoint_path(self.cfg), self.tokens_per_step)
-        self.raw_model.to(device)
         self.optimizer = self.raw_model.configure_optimizers(
             self.cfg.weight_decay, self.cfg.learning_rate, (self.cfg.beta1, self.cfg.beta2), self.device_type
         )
@@ -268,12 +270,7 @@ class Trainer:
             self._restore(ckpt)
             del ckpt
 
-        self.fwd_model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
-        self.model = (
-            DDP(self.fwd_model, device_ids=[dist.local_rank] if self.device_type == "cuda" else None)
-            if dist.enabled
-            else self.fwd_model
-        )
+        self.model, self.fwd_model = wrap_model(self.raw_model, self.cfg, dist, self.device_type, dist.local_rank)
         self.peak_flops = self.cfg.peak_flops or peak_flops_for(device)
         self.evaluator = Evaluator(
             self.cfg, self.data, dist, device, self.autocast, self.progress,
@@ -282,8 +279,11 @@ class Trainer:
         self.outputs = RunLog(self.cfg, dist.is_master, self.progress)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        self.raw_model.load_state_dict(ckpt["model"])
-        load_optimizer_state(self.optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
+        if self.cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
+            load_sharded(checkpoint_path(self.cfg), self.raw_model, self.optimizer)
+        else:
+            self.raw_model.load_state_dict(ckpt["model"])
+            load_optimizer_state(self.optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)
@@ -328,9 +328,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             last = micro == self.accum - 1
-            # DDP all-reduces gradients only on the last micro-step.
-            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.model.no_sync()
-            with sync:
+            with grad_sync(self.model, last, self.dist):  # gradients reduced on the last micro-step only
                 with self.autocast:
                     _, loss = self.model(x, y)
                 if step + 1 == cfg.debug_nan_at_iter:
@@ -343,9 +341,7 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
         self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.raw_model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        )
+        grad_norm = clip_grad_norm(self.raw_model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
         # One all-reduce for the three things every rank must agree on.
         flag = torch.tensor(float(stop.requested), device=self.device)
         stats = all_reduce_sum(torch.stack([loss_sum, grad_norm.float(), flag]), self.dist)
@@ -371,17 +367,19 @@ class Trainer:
         if self.dist.enabled:
             rng = [None] * self.dist.world_size
             torch_dist.all_gather_object(rng, rng_state())
-        if self.dist.is_master:
-            state = {
-                **checkpoint_state(self.raw_model),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                "train_config": asdict(self.cfg),
-                **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
-                "rng": rng,
-                "world_size": self.dist.world_size,
-                "data_meta": self.data.meta,
-            }
+        extra = {
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "train_config": asdict(self.cfg),
+            **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
+            "rng": rng,
+            "world_size": self.dist.world_size,
+            "data_meta": self.data.meta,
+        }
+        if self.cfg.parallel == "fsdp":  # every rank writes its shards
+            model_cfg = checkpoint_state(self.raw_model, weights=False)
+            save_sharded(progress.checkpoint, self.raw_model, self.optimizer, {**model_cfg, **extra}, self.dist, self.device)
+        elif self.dist.is_master:
+            state = {**checkpoint_state(self.raw_model), "optimizer": self.optimizer.state_dict(), **extra}
             atomic_torch_save(state, progress.checkpoint)
         progress.saved_iter = progress.iter_num
 
@@ -563,6 +561,7 @@ def main(argv: list[str] | None = None) -> None:
         device_type = get_device(parsed.train.device).split(":")[0]
         backend = parsed.train.backend or ("nccl" if device_type == "cuda" else "gloo")
         dist = init_distributed(backend, parsed.train.dist_timeout)
+        init_process_group_for(parsed.train, dist, backend)
         try:
             device = pick_device(parsed.train, dist)
             if device.startswith("cuda"):
@@ -573,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 trainer.close()
         finally:
-            if dist.enabled:
+            if torch_dist.is_initialized():
                 torch_dist.destroy_process_group()
 
 
