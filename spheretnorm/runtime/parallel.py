@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from typing import Callable, Iterator
 
 import torch
 import torch.distributed as torch_dist
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from spheretnorm.model import GPT, GPTConfig
@@ -30,15 +30,17 @@ from spheretnorm.runtime.distributed import DistInfo, print0
 FULL_BUILD_SHARE = 0.25
 
 
-def fsdp_module_type() -> type:
-    from torch.distributed.fsdp import FSDPModule
-
-    return FSDPModule
+def fsdp_module_type() -> type | None:
+    """FSDP2's module class, or None while nothing has imported FSDP (then no module is sharded):
+    importing it costs about a second, which a DDP run never pays."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return None if fsdp is None else fsdp.FSDPModule
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether `model` is an FSDP2 root (its parameters are DTensor shards)."""
-    return isinstance(model, fsdp_module_type())
+    kind = fsdp_module_type()
+    return kind is not None and isinstance(model, kind)
 
 
 # -----------------------------------------------------------------------------
@@ -199,6 +201,8 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     """
     if not is_sharded(model):
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    from torch.distributed.tensor import DTensor  # imported here: 0.85 s at every start of a DDP run
+
     params = [p for p in model.parameters() if p.grad is not None]
     sharded = [p for p in params if isinstance(p.grad, DTensor)]
     whole = [p for p in params if not isinstance(p.grad, DTensor)]
@@ -221,7 +225,8 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
 def full_parameters(model: torch.nn.Module) -> Iterator[None]:
     """Every parameter of an FSDP model gathered whole on every rank (all ranks must enter), for
     code that calls submodules directly (the diagnostics); nothing to do for a whole model."""
-    sharded = [m for m in model.modules() if isinstance(m, fsdp_module_type())]
+    kind = fsdp_module_type()
+    sharded = [m for m in model.modules() if kind is not None and isinstance(m, kind)]
     for module in sharded:
         module.unshard()
     try:
