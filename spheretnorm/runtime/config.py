@@ -429,8 +429,9 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
 
 
 def param_text(value: Any) -> str:
-    """A method parameter's value as method keys and folder names write it (0.5, not 0.50)."""
-    if isinstance(value, bool):
+    """A value as method keys, folder names and the command line write it: '0.5' (not 0.50),
+    'true', 'none', '256'."""
+    if value is None or isinstance(value, bool):
         return str(value).lower()
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -442,19 +443,12 @@ def method_key(cfg: GPTConfig) -> str:
     choice the paper fixed (model.OPENED_DEFAULTS) set otherwise follows as '+key=value':
     'p_spheret:0.5+alpha_cap=none'."""
     base = ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
-    return base + "".join(f"+{k}={setting_text(v)}" for k, v in opened_settings(cfg).items())
+    return base + "".join(f"+{k}={param_text(v)}" for k, v in opened_settings(cfg).items())
 
 
 def opened_settings(cfg: GPTConfig) -> dict[str, Any]:
     """The choices the paper fixed that cfg sets otherwise, in model.OPENED_DEFAULTS' order."""
     return {k: getattr(cfg, k) for k, default in OPENED_DEFAULTS.items() if getattr(cfg, k) != default}
-
-
-def setting_text(value: Any) -> str:
-    """A value as a method key and the command line write it: 'none', 'true', '0.5', '256'."""
-    if value is None or isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def method_keys_neutral() -> frozenset[str]:
@@ -483,11 +477,8 @@ _SUFFIX_MAX_CHARS = 60
 
 
 def _suffix_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+    # 'None' as folder suffixes have always written it, so an earlier run's folder is found again.
+    return "None" if value is None else param_text(value)
 
 
 def run_suffix(overrides: dict[str, Any]) -> str:

@@ -24,9 +24,9 @@ from spheretnorm.runtime.config import (
     method_key,
     method_params,
     opened_settings,
+    param_text,
     parse_value,
     resolve_wandb_names,
-    setting_text,
 )
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
@@ -99,7 +99,7 @@ def method_args(key: str) -> list[str]:
     return [
         f"--connection={cfg.connection}",
         *(f"--{p.key}={getattr(cfg, p.key)}" for p in method_params(cfg.connection)),
-        *(f"--{k}={setting_text(v)}" for k, v in opened_settings(cfg).items()),
+        *(f"--{k}={param_text(v)}" for k, v in opened_settings(cfg).items()),
     ]
 
 
@@ -120,7 +120,7 @@ def display_name(key: str) -> str:
     connection = CONNECTIONS[cfg.connection]
     values = {p.key: getattr(cfg, p.key) for p in method_params(cfg.connection)}
     name = connection.title.format(**values) if connection.title else cfg.connection
-    settings = ", ".join(f"{k}={setting_text(v)}" for k, v in opened_settings(cfg).items())
+    settings = ", ".join(f"{k}={param_text(v)}" for k, v in opened_settings(cfg).items())
     return f"{name} ({settings})" if settings else name
 
 
