@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import itertools
 import json
 import math
 import os
@@ -47,9 +48,10 @@ from typing import Any, Callable
 
 import torch
 
-from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf32, get_device, peak_flops_for, resolve_dtype
+from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf32, estimate_mfu, get_device, peak_flops_for, resolve_dtype
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
+from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
 from spheretnorm.runtime.distributed import DistInfo, init_distributed
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, init_process_group_for, is_sharded, wrap_model
@@ -59,6 +61,7 @@ BENCH_OPTIONS = {
     "--sphere_impl=auto": "sphere update implementations, comma-separated (e.g. reference,auto); "
     "Euclidean connections run once",
     "--blocks=": "blocks to measure, comma-separated (gpt2, llama); default: the config's --block",
+    "--optimizers=": "optimizers to measure, comma-separated or all (spheretnorm/optim.py); default: the config's --optimizer",
     "--compile=False": "as train.py (True/False), or both for eager and compiled rows",
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
@@ -79,6 +82,7 @@ class BenchOptions:
     sphere_impls: list[str]
     compile_modes: tuple[bool, ...]
     blocks: list[str] = field(default_factory=list)  # empty: the config's block
+    optimizers: list[str] = field(default_factory=list)  # empty: the config's optimizer
     steps: int = 20
     warmup: int = 5
     json_path: str = ""
@@ -95,7 +99,7 @@ def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str
 
 def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
     """Take out the bench options; the rest goes to train.py's config parser."""
-    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "compile": None, "steps": "20", "warmup": "5", "json": "", "profile": "0"}
+    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "optimizers": "", "compile": None, "steps": "20", "warmup": "5", "json": "", "profile": "0"}
     rest = []
     for arg in argv:
         key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
@@ -122,6 +126,7 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
         sphere_impls=_names(raw["sphere_impl"], list(SPHERE_IMPLS), "sphere_impl"),
         compile_modes=modes,
         blocks=_names(raw["blocks"], list(BLOCKS), "blocks") if raw["blocks"] else [],
+        optimizers=_names(raw["optimizers"], list(OPTIMIZERS), "optimizers") if raw["optimizers"] else [],
         steps=steps,
         warmup=warmup,
         json_path=raw["json"],
@@ -177,9 +182,11 @@ class Variant:
 
     cfg: GPTConfig
     compiled: bool
-    step: Callable[[], float]
+    step: Callable[[], tuple[float, float]]  # seconds of one training step, and of its optimizer step
     model: GPT
     times: list[float]
+    optimizer: str = "adamw"
+    optimizer_times: list[float] = field(default_factory=list)
     peak_mb: float | None = None
 
     device_type: str = "cpu"
@@ -191,29 +198,40 @@ class Variant:
             impl = self.cfg.sphere_impl
             if impl == "auto":  # say what auto picked here
                 impl = f"auto ({resolve_impl(impl, self.device_type)})"
-        return {"method": method_key(self.cfg), "block": self.cfg.block, "impl": impl, "mode": "compiled" if self.compiled else "eager"}
+        return {"method": method_key(self.cfg), "block": self.cfg.block, "impl": impl, "mode": "compiled" if self.compiled else "eager",
+                "optimizer": self.optimizer}
 
 
-def make_step(model: GPT, fwd: torch.nn.Module, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, device: str, dtype: str) -> Callable[[], float]:
-    """A closure that runs one timed training step of `fwd` (the model, compiled or wrapped) and returns its seconds."""
+def make_step(model: GPT, fwd: torch.nn.Module, train: TrainConfig, x: torch.Tensor, y: torch.Tensor, device: str, dtype: str) -> Callable[[], tuple[float, float]]:
+    """A closure that runs one timed training step of `fwd` (the model, compiled or wrapped) with
+    train.optimizer and returns its seconds, and those of the optimizer's step within it."""
     device_type = device.split(":")[0]
-    optimizer = model.configure_optimizers(train.weight_decay, train.learning_rate, (train.beta1, train.beta2), device_type)
+    optimizer = build_optimizer(model, train, device_type)
     clip = train.grad_clip if train.grad_clip > 0 else math.inf
 
-    def step() -> float:
+    def step() -> tuple[float, float]:
         synchronize(device)
         t0 = time.perf_counter()
         with autocast_context(device_type, dtype):
             _, loss = fwd(x, y)
         loss.backward()
         clip_grad_norm(model, clip)  # the global norm, over the shards too
+        synchronize(device)
+        t1 = time.perf_counter()
         optimizer.step()
+        synchronize(device)
+        t2 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         model.after_optimizer_step()  # part of a training step (nGPT renormalises its matrices)
         synchronize(device)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, t2 - t1
 
     return step
+
+
+def with_optimizer(train: TrainConfig, name: str) -> TrainConfig:
+    """train with optimizer `name`: its keys as the config set them when it names that optimizer, else their defaults."""
+    return train if name == train.optimizer else replace(train, optimizer=name, optimizer_params={})
 
 
 def build_variants(
@@ -221,7 +239,8 @@ def build_variants(
     dist: DistInfo = DistInfo(),
 ) -> list[Variant]:
     """Every (compile mode, block, connection, sphere_impl) of opts; bias is the one the config set
-    (None: each block's and connection's own, as GPTConfig resolves it). Each model is built as
+    (None: each block's and connection's own, as GPTConfig resolves it); each optimizer of
+    opts (default: the config's) steps its own copy of the model. Each model is built as
     train.py builds it (runtime/parallel.py: whole, or FSDP shards, with activation checkpointing)."""
     shape = (train.batch_size, base.block_size)
     g = torch.Generator().manual_seed(train.seed)
@@ -233,13 +252,13 @@ def build_variants(
         for block in opts.blocks or [base.block]:
             for name in opts.connections:
                 impls = opts.sphere_impls if name in SPHERE_CONNECTIONS else ["auto"]
-                for impl in impls:
+                for impl, optimizer in itertools.product(impls, opts.optimizers or [train.optimizer]):
                     cfg = replace(base, connection=name, sphere_impl=impl, block=block, bias=bias)
-                    run = replace(train, compile=compiled)
+                    run = replace(with_optimizer(train, optimizer), compile=compiled)
                     model = build_model(cfg, run, dist, device, dtype)
                     fwd, _ = wrap_model(model, run, dist, device.split(":")[0], dist.local_rank)
-                    step = make_step(model, fwd, train, x, y, device, dtype)
-                    variants.append(Variant(cfg, compiled, step, model, [], device_type=device.split(":")[0]))
+                    step = make_step(model, fwd, run, x, y, device, dtype)
+                    variants.append(Variant(cfg, compiled, step, model, [], optimizer, device_type=device.split(":")[0]))
     return variants
 
 
@@ -250,7 +269,7 @@ def progress(line: str) -> None:
 
 
 def variant_name(v: Variant) -> str:
-    return f"{v.label['method']} {v.label['block']} {v.label['impl']} {v.label['mode']}"
+    return f"{v.label['method']} {v.label['block']} {v.label['impl']} {v.label['mode']} {v.optimizer}"
 
 
 def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) -> None:
@@ -270,7 +289,9 @@ def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) ->
         for v in variants:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            v.times.append(v.step())
+            total, optimizer = v.step()
+            v.times.append(total)
+            v.optimizer_times.append(optimizer)
             peak = torch.cuda.max_memory_allocated(device) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             v.peak_mb = max(v.peak_mb or 0.0, peak / 2**20)
         now = time.perf_counter()
@@ -291,7 +312,7 @@ def profile_variant(v: Variant, steps: int, cuda: bool) -> dict[str, Any]:
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        wall = sum(v.step() for _ in range(steps))
+        wall = sum(v.step()[0] for _ in range(steps))
     kernels: dict[str, list[float]] = {}  # name -> [microseconds, calls]
     for e in prof.events() if cuda else ():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -331,24 +352,27 @@ def format_profile(p: dict[str, Any], cuda: bool) -> str:
 
 def result_row(v: Variant, train: TrainConfig, device: str, dtype: str, saved: int | None) -> dict[str, Any]:
     dt = statistics.median(v.times)
+    optimizer_dt = statistics.median(v.optimizer_times)
     tokens = train.batch_size * v.cfg.block_size
     peak_flops = train.peak_flops or peak_flops_for(device)
     return {
         **v.label,
         "ms_per_step": 1000 * dt,
+        "optimizer_ms_per_step": 1000 * optimizer_dt,
+        "optimizer_share": optimizer_dt / dt,
         "tokens_per_s": tokens / dt,
         "saved_mb": saved / 2**20 if saved is not None else None,
         "peak_memory_mb": v.peak_mb,
-        "mfu": v.model.estimate_mfu(train.batch_size, dt, peak_flops) if peak_flops else None,
+        "mfu": estimate_mfu(v.model, train.batch_size, dt, peak_flops) if peak_flops else None,
         "step_ms_all": [round(1000 * t, 3) for t in v.times],
     }
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """Step time relative to pre_ln in the same block and mode (None when pre_ln was not measured)."""
-    base = {(r["block"], r["mode"]): r["ms_per_step"] for r in results if r["method"] == "pre_ln"}
+    """Step time relative to pre_ln in the same block, mode and optimizer (None when pre_ln was not measured)."""
+    base = {(r["block"], r["mode"], r["optimizer"]): r["ms_per_step"] for r in results if r["method"] == "pre_ln"}
     for r in results:
-        key = (r["block"], r["mode"])
+        key = (r["block"], r["mode"], r["optimizer"])
         r["ratio_to_pre_ln"] = r["ms_per_step"] / base[key] if key in base else None
         saved_base = next((b["saved_mb"] for b in results if b["method"] == "pre_ln" and b["block"] == r["block"] and b["mode"] == "eager"), None)
         r["saved_ratio_to_pre_ln"] = r["saved_mb"] / saved_base if saved_base and r["saved_mb"] is not None else None
@@ -363,7 +387,10 @@ def format_table(results: list[dict[str, Any]]) -> str:
         ("block", "block", "<5", None),
         ("impl", "sphere_impl", "<16", None),
         ("mode", "mode", "<8", None),
+        ("optimizer", "optimizer", "<9", None),
         ("ms_per_step", "ms/step", ">8", ".2f"),
+        ("optimizer_ms_per_step", "opt ms", ">7", ".2f"),
+        ("optimizer_share", "opt share", ">9", ".1%"),
         ("ratio_to_pre_ln", "vs pre_ln", ">9", ".3f"),
         ("tokens_per_s", "tokens/s", ">10", ",.0f"),
         ("saved_mb", "saved MB", ">8", ".1f"),

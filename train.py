@@ -45,6 +45,7 @@ from spheretnorm.runtime.device import (
     DeviceError,
     autocast_context,
     enable_tf32,
+    estimate_mfu,
     get_device,
     peak_flops_for,
     resolve_dtype,
@@ -68,11 +69,14 @@ from spheretnorm.runtime.config import (
     parse_config,
     resolve_paths,
     resolve_wandb_names,
+    changed_train_keys,
+    check_resume_keys,
     run_neutral_keys,
     run_settings,
     run_suffix,
     wants_help,
 )
+from spheretnorm.optim import Optimizers, build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
@@ -225,16 +229,6 @@ def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, An
     return model_cfg
 
 
-def warn_changed_train_keys(train: TrainConfig, saved: dict[str, Any]) -> None:
-    changed = [
-        f"{k}: {saved[k]!r} -> {v!r}"
-        for k, v in asdict(train).items()
-        if k in saved and saved[k] != v and k not in ("init_from", "eval_only", "overwrite")
-    ]
-    if changed:
-        print0("NOTE: resuming with training keys changed from the checkpoint's: " + "; ".join(changed))
-
-
 # -----------------------------------------------------------------------------
 # The trainer: the model, the optimizer and the loop (validation loss: spheretnorm/runtime/validation.py,
 # the rows it writes: spheretnorm/runtime/tracking.py)
@@ -252,6 +246,8 @@ class Trainer:
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)
         ckpt = load_resume_checkpoint(train) if train.init_from == "resume" else None
+        if ckpt is not None:
+            check_resume_keys(train, ckpt["train_config"])
         self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
         self.cfg = resolve_wandb_names(train, self.model_cfg)
         self.accum = grad_accum_steps(self.cfg.global_batch_size, self.cfg.batch_size, dist.world_size)
@@ -262,9 +258,10 @@ class Trainer:
         prepare = (lambda model: load_folder_weights(model, hf_folder)) if hf_folder is not None else None
         self.raw_model = build_model(self.model_cfg, self.cfg, dist, device, self.dtype, prepare)
         self.progress = Progress(checkpoint_path(self.cfg), self.tokens_per_step)
-        self.optimizer = self.raw_model.configure_optimizers(
-            self.cfg.weight_decay, self.cfg.learning_rate, (self.cfg.beta1, self.cfg.beta2), self.device_type
-        )
+        try:  # an optimizer that cannot train this model (a resumed μP model under Muon) refuses it
+            self.optimizer = build_optimizer(self.raw_model, self.cfg, self.device_type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype == "float16")
         if ckpt is not None:
             self._restore(ckpt)
@@ -294,7 +291,9 @@ class Trainer:
                 f"NOTE: the checkpoint was written by {len(ckpt['rng'])} process(es), this run has "
                 f"{self.dist.world_size}; dropout random streams restart from the seed."
             )
-        warn_changed_train_keys(self.cfg, ckpt["train_config"])
+        changed = changed_train_keys(self.cfg, ckpt["train_config"])
+        if changed:
+            print0("NOTE: resuming with training keys changed from the checkpoint's: " + "; ".join(changed))
         if ckpt.get("data_meta") and ckpt["data_meta"].get("tokenizer") != self.data.meta.get("tokenizer"):
             print0("WARNING: the dataset's tokenizer differs from the one the checkpoint was trained on.")
 
@@ -318,7 +317,8 @@ class Trainer:
         cfg = self.cfg
         lr = learning_rate_at(step, cfg)
         for group in self.optimizer.param_groups:
-            # μP's per-kind factor (model.configure_optimizers); absent in older checkpoints.
+            # Each group's peak rate in units of learning_rate (μP's factor, Muon's rate:
+            # spheretnorm/optim.py); absent in older checkpoints.
             group["lr"] = lr * group.get("lr_scale", 1.0)
         block = self.model_cfg.block_size
         offsets = batch_offsets(cfg.seed, TRAIN_STREAM, step, cfg.global_batch_size, self.data.num_tokens("train"), block)
@@ -399,7 +399,7 @@ class Trainer:
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float) -> None:
         mfu = None
         if self.peak_flops:
-            mfu = self.raw_model.estimate_mfu(self.cfg.batch_size * self.accum, step_time, self.peak_flops)
+            mfu = estimate_mfu(self.raw_model, self.cfg.batch_size * self.accum, step_time, self.peak_flops)
         self.outputs.log_train(loss, grad_norm, lr, step_time, mfu)
 
     def run(self, stop: StopSignal) -> None:
@@ -498,7 +498,7 @@ def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improv
     return progress.iter_num > 0 and (final or not suspect) and wanted
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path) -> None:
+def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
     """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
     try:
         optimizer.load_state_dict(state)

@@ -15,7 +15,6 @@ numbers are the paper's. docs/ARCHITECTURE.md shows how to add a connection.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
@@ -28,13 +27,10 @@ from torch.nn import functional as F
 # copies these files, unchanged, into its folder (spheretnorm/hf/folder.py), where the same
 # lines import the copies beside them.
 from .kernels import SPHERE_IMPLS, compute_dtype, ngpt_update, resolve_impl, scale_to_radius, sphere_update
-from .mup import init_scale, lr_scale, output_multiplier, param_kind, width_ratio
+from .mup import init_scale, output_multiplier, param_kind, width_ratio
 from .retractions import EPS, get_retraction, step_size
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
-# GPTConfig keys that choose how the model runs, not what it computes: a resume or an
-# evaluation may change them, and they are not part of a run's identity.
-EXECUTION_KEYS = ("sphere_impl",)
 ALPHA_INDICES = ("block", "sublayer")
 BLOCKS = ("gpt2", "llama")
 ROPE_BASE = 10000.0  # theta of the rotary embedding (RoPE paper, LLaMA 1-2)
@@ -44,11 +40,20 @@ RMS_NORM_EPS = 1e-6  # LLaMA's
 # -----------------------------------------------------------------------------
 # Configuration
 
+# What a config key is to a run's identity, declared where the key is defined (field metadata
+# "run", here and in runtime/config.py's TrainConfig; runtime/config.py derives every list of
+# keys from it). A key without it changes what a run computes: it is part of the run's folder
+# name when set otherwise, and a run folder holding another value is another run.
+NEUTRAL = {"run": "neutral"}  # changes nothing a run computes: where and how it runs and logs
+RESTART_FREE = {"run": "restart_free"}  # computes, but a restart or an extension may change it
+RESUME_FIXED = {"run": "resume_fixed"}  # computes, and a resume may not change it (the state would not fit)
+
 
 @dataclass
 class GPTConfig:
     block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    # GPT-2's 50257 padded up to a multiple of 64 for speed (train.py derives it from the dataset)
+    vocab_size: int = field(default=50304, metadata=RESTART_FREE)
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -69,7 +74,7 @@ class GPTConfig:
     mlp_width: int = 0  # the MLP's hidden width; 0: the block's own (mlp_hidden)
     mup_base_width: int = 0  # μP base width n0: LRs and init transfer from width n0 (0: off; mup.py)
     # How the sphere update runs (same maths): auto | reference | fused | triton
-    sphere_impl: str = "auto"
+    sphere_impl: str = field(default="auto", metadata=NEUTRAL)
     # The values of the parameters the connection's class declares (Connection.params: spheret_p,
     # dyt_alpha, keel_alpha, ...), read as attributes like the keys above (config.spheret_p).
     connection_params: dict[str, Any] = field(default_factory=dict)
@@ -163,6 +168,9 @@ class GPTConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
+# GPTConfig keys that choose how the model runs, not what it computes: a resume or an
+# evaluation may change them, and they are not part of a run's identity.
+EXECUTION_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata == NEUTRAL)
 # The keys that open a choice the paper fixed, at their defaults (the paper's): a run that sets
 # one otherwise names it in its method key ('p_spheret:0.5+alpha_cap=none', runtime/config.py).
 OPENED_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("alpha_cap", "radius_cap", "sphere_input_gain", "mlp_width")}
@@ -1073,42 +1081,6 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-
-    def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
-    ) -> torch.optim.AdamW:
-        """AdamW with the connection's rules (Connection.optimizer_rule) for every parameter: the
-        paper's, decay on matrices and embeddings (dim >= 2) only, for every connection but nGPT.
-        Under μP (mup.py) a group's lr is learning_rate * lr_scale, the factor of its kind, which the
-        trainer's schedule applies too. Equal (decay, lr_scale) make one group: two without μP."""
-        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        ratio = self.config.mup_ratio
-        connection = CONNECTIONS[self.config.connection]
-        grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
-        for name, p in params.items():
-            rule = connection.optimizer_rule(name, p)
-            scale = lr_scale(param_kind(name, p), ratio) if ratio != 1.0 else 1.0
-            grouped.setdefault((rule.decay, scale * rule.lr_factor), []).append(p)
-        groups = [
-            {"params": ps, "weight_decay": weight_decay if decayed else 0.0, "lr": learning_rate * scale, "lr_scale": scale}
-            for (decayed, scale), ps in grouped.items()
-        ]
-        ids = [id(p) for g in groups for p in g["params"]]
-        assert len(ids) == len(params), "a parameter is in no group"
-        assert len(set(ids)) == len(ids), "a parameter is in two groups"
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = {"fused": True} if fused else {}
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
-
-    def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float) -> float:
-        """Model FLOPs utilisation as a fraction of peak_flops (e.g. 989e12 for H100 bf16); FLOPs per
-        token as the PaLM paper (Appendix B) counts them: 6N + 12 L H Q T."""
-        cfg = self.config
-        N = self.get_num_params()
-        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
-        flops_per_token = 6 * N + 12 * L * H * Q * T
-        flops_per_iter = flops_per_token * T * fwdbwd_per_iter
-        return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:

@@ -18,6 +18,8 @@ import torch
 
 import train
 from spheretnorm.hf import export_cli
+from spheretnorm.optim import build_optimizer
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.experiments import launcher as launch
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.config import method_dirname
@@ -84,7 +86,7 @@ def test_the_class_alone_defines_the_method(gain_connection) -> None:
         runs.check_overrides(["--res_gain=0.3"], {})
     # Its optimizer rule: the token embedding (tied head) is not decayed, other matrices are.
     model = GPT(cfg)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=1e-3, min_lr=0.0, beta1=0.9, beta2=0.95), "cpu")
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(model.transformer.wte.weight) not in decayed and id(model.transformer.h[0].mlp.c_fc.weight) in decayed
 

@@ -207,7 +207,7 @@ def test_readme_names_every_top_level_entry() -> None:
 # experiment tooling. A module found in no layer fails the test: a new one must choose.
 LAYERS = {
     "core": ("spheretnorm", "spheretnorm.model", "spheretnorm.retractions", "spheretnorm.kernels",
-             "spheretnorm.triton_kernels", "spheretnorm.mup", "spheretnorm.diagnostics"),
+             "spheretnorm.triton_kernels", "spheretnorm.mup", "spheretnorm.diagnostics", "spheretnorm.optim"),
     "runtime": ("spheretnorm.runtime",),
     "integrations": ("spheretnorm.data", "spheretnorm.zeroshot", "spheretnorm.hf"),
     "experiments": ("spheretnorm.experiments",),

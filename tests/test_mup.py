@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from spheretnorm.optim import build_optimizer
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm import mup
 import train
 from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
@@ -42,7 +44,7 @@ def build(cfg: GPTConfig, seed: int = 0) -> GPT:
 
 
 def optimizer(model: GPT) -> torch.optim.AdamW:
-    return model.configure_optimizers(0.1, BASE_LR, (0.9, 0.95), "cpu")
+    return build_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=BASE_LR, min_lr=0.0, beta1=0.9, beta2=0.95), "cpu")
 
 
 def group_layout(model: GPT, opt: torch.optim.Optimizer) -> list[tuple]:

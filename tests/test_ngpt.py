@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 
 import train
+from spheretnorm.optim import build_optimizer
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.config import ConfigError, parse_config
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import load_checkpoint
@@ -216,7 +218,7 @@ def assert_unit_along_embedding(weights: dict[str, torch.Tensor], config: GPTCon
 
 def random_optimizer_step(model: GPT, seed: int = 0) -> torch.optim.Optimizer:
     """One AdamW step of the model's own optimizer on random gradients (then the after-step hook)."""
-    opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=1e-2, min_lr=0.0, beta1=0.9, beta2=0.95), "cpu")
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen)
@@ -293,7 +295,7 @@ def test_alpha_acts_as_0_05_and_s_z_as_1_at_init(block: str) -> None:
 @pytest.mark.parametrize("block", BLOCKS)
 def test_nothing_is_weight_decayed(block: str) -> None:
     model = ngpt_model(block)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=1e-3, min_lr=0.0, beta1=0.9, beta2=0.95), "cpu")
     assert all(group["weight_decay"] == 0.0 for group in opt.param_groups)
     in_groups = [id(p) for group in opt.param_groups for p in group["params"]]
     assert sorted(in_groups) == sorted(id(p) for p in model.parameters())

@@ -15,6 +15,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from spheretnorm.optim import build_optimizer
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.diagnostics import parameter_report
 from spheretnorm.experiments import fair_comparison as fair_sweep
 from spheretnorm.experiments.fair_comparison import ARMS, Point, plan, swept_rates
@@ -102,7 +104,7 @@ def test_the_input_gain_scales_what_f_reads_and_leaves_the_stream_on_the_sphere(
     model = tiny(connection="geonorm", sphere_input_gain=True)
     names = [n for n, _ in model.named_parameters() if n.endswith("input_gain")]
     assert len(names) == 4 and all(model.get_parameter(n).shape == (D,) for n in names)
-    decayed = {id(p) for group in model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups if group["weight_decay"] for p in group["params"]}
+    decayed = {id(p) for group in build_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=1e-3, min_lr=0.0, beta1=0.9, beta2=0.99), "cpu").param_groups if group["weight_decay"] for p in group["params"]}
     assert not any(id(model.get_parameter(n)) in decayed for n in names)
 
 

@@ -12,6 +12,8 @@ import math
 import pytest
 import torch
 
+from spheretnorm.optim import build_optimizer
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.checkpoint import load_model, checkpoint_state
 from spheretnorm import kernels  # conftest.py sets TRITON_INTERPRET=1 where there is no CUDA
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
@@ -321,7 +323,7 @@ def test_inductor_compiled_model_same_loss():
 
 def train_losses(name: str, impl: str, steps: int = 20) -> list[float]:
     model = tiny_model(name, impl)
-    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), DEVICE)
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=3e-3, min_lr=0.0, beta1=0.9, beta2=0.95), DEVICE)
     g = torch.Generator().manual_seed(5)
     losses = []
     for _ in range(steps):

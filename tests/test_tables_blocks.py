@@ -131,23 +131,31 @@ def test_llama_runs_alone_say_their_block_in_titles_and_rows(tmp_path: Path, cap
     assert "**Table 3. Final val perplexity (LLaMA block) (best" in text and "| Pre-LN (LLaMA) |" in text
 
 
-def test_two_runs_of_one_cell_name_the_settings_they_differ_in(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_runs_of_one_method_that_differ_in_settings_are_rows_named_by_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_run(tmp_path / "a", "pre_ln", 3.0, block="llama")
     write_run(tmp_path / "b", "pre_ln", 3.1, block="llama", seed=1338, learning_rate=0.001, wandb_run_name="other")
-    assert tables.main(["--runs_root", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    a, b = (tmp_path / d / "openwebtext_l" / "pre_ln+block=llama" for d in ("a", "b"))
-    assert err == (
-        f"error: Two runs of pre_ln with the LLaMA block on openwebtext at scale L: {a} and {b}; their config.json files "
-        "differ in learning_rate (0.0006 vs 0.001), seed (1337 vs 1338); point --runs_root at the folder of one experiment."
-    )
-    assert plot.main(["--runs_root", str(tmp_path), "--dataset", "openwebtext", "--scale", "L", "--out", str(tmp_path / "f")]) == 2
-    assert capsys.readouterr().err.strip() == err
-    # A run from before the block key is GPT-2's: it shares a cell with an explicit gpt2 run.
+    assert tables.main(["--runs_root", str(tmp_path), "--tables", "3"]) == 0
+    text = capsys.readouterr().out
+    # Only the computing keys that differ name the rows: wandb_run_name is neutral.
+    assert "| Pre-LN (LLaMA), learning_rate=0.0006, seed=1337 | **20.09** |" in text
+    assert "| Pre-LN (LLaMA), learning_rate=0.001, seed=1338 | <u>22.20</u> |" in text
+    figures = captured_figures_of(lambda: plot.main(["--runs_root", str(tmp_path), "--dataset", "openwebtext", "--scale", "L", "--out", str(tmp_path / "f")]))
+    assert {"Pre-LN (LLaMA), learning_rate=0.0006, seed=1337", "Pre-LN (LLaMA), learning_rate=0.001, seed=1338"} <= set(legend_labels(figures[0]))
+    # A run from before the block key is GPT-2's: it shares a cell with an explicit gpt2 run, and
+    # the same settings twice is a collision, naming both folders.
     write_run(tmp_path / "c", "geonorm", 3.0)
     write_run(tmp_path / "d", "geonorm", 3.0, block="gpt2")
-    with pytest.raises(runs.UsageError, match=r"Two runs of geonorm on openwebtext at scale L: .* hold the same settings \(a copied folder\?\)"):
+    c, d = (tmp_path / x / "openwebtext_l" / "geonorm" for x in ("c", "d"))
+    with pytest.raises(runs.UsageError, match=rf"Two runs of geonorm on openwebtext at scale L hold the same settings: {c} and {d} \(a copied folder\?\)"):
         runs.index_runs(tables.load_checked_run(f) for f in tables.scan_runs(tmp_path) if f.method == "geonorm")
+
+
+def captured_figures_of(call) -> list[plt.Figure]:
+    figures: list[plt.Figure] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plot, "save_figure", lambda fig, out: figures.append(fig) or [])
+        assert call() == 0
+    return figures
 
 
 def captured_figures(monkeypatch: pytest.MonkeyPatch) -> list[plt.Figure]:

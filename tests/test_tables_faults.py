@@ -212,7 +212,7 @@ def test_only_the_runs_asked_about_are_read(tmp_path: Path, capsys: pytest.Captu
     assert plots.main([*figure, "--dataset", "fineweb_edu"]) == 2
     assert tables.main(["--runs_root", str(root), "--datasets", "openwebtext,fineweb_edu"]) == 2
     for err in capsys.readouterr().err.strip().splitlines():
-        assert err.startswith("error: Two runs of pre_ln on fineweb_edu at scale S:") and "seed1" in err and "seed2" in err
+        assert err.startswith("error: Two runs of pre_ln on fineweb_edu at scale S hold the same settings:") and "seed1" in err and "seed2" in err
     assert tables.main(["--runs_root", str(root), "--datasets", "wikitext103"]) == 2
     assert "it has runs of: fineweb_edu S; openwebtext S; shakespeare_char S" in capsys.readouterr().err
 

@@ -484,7 +484,7 @@ def test_eval_only_with_the_runs_own_config_json(data_dir: Path, tmp_path: Path,
     train.main(tiny_args(data_dir, out, f"--connection={connection}", "--max_iters=2", "--eval_interval=2", "--collapse_evals=0"))
     recorded = json.loads((out / "config.json").read_text())
     # The list of recorded keys keeps step with what train.py writes.
-    assert set(recorded) - set(TRAIN_KEYS) - set(MODEL_KEYS) - {"connection_params"} == set(RUN_RECORD_KEYS)
+    assert set(recorded) - set(TRAIN_KEYS) - set(MODEL_KEYS) - {"connection_params", "optimizer_params"} == set(RUN_RECORD_KEYS)
     evals = read_metrics(out, "eval")
     want = evals[-1]["val_loss"]
     capsys.readouterr()

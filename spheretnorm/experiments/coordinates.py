@@ -43,6 +43,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.optim import build_optimizer
+from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
 from spheretnorm.experiments.figures import save_figure
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
@@ -106,7 +108,7 @@ def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tensor]], probe: torch.Tensor) -> dict[str, list[list[float]]]:
     """Train `steps` steps on batches; per layer, delta_rms and angle after each step (index t - 1)."""
-    opt = model.configure_optimizers(setup.weight_decay, setup.lr, (0.9, 0.95), "cpu")
+    opt = build_optimizer(model, TrainConfig(learning_rate=setup.lr, min_lr=0.0, weight_decay=setup.weight_decay))
     first = previous = layer_states(model, probe)
     out: dict[str, list[list[float]]] = {m: [[] for _ in first] for m in METRICS}
     for x, y in batches[: setup.steps]:

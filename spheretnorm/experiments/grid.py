@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -56,8 +56,13 @@ from spheretnorm.runtime.config import (
     method_dirname as config_dirname,
     method_key,
     method_keys_neutral,
-    model_values,
     param_keys,
+    param_text,
+    run_conflicts,
+    run_settings,
+    saved_settings,
+    RUN_NEUTRAL_KEYS,
+    RUN_RECORD_KEYS,
     resolve_wandb_names,
 )
 SHARED_DIR = REPO_ROOT.parent / "shared"
@@ -232,35 +237,14 @@ def has_checkpoint(out_dir: Path) -> bool:
     return path.is_dir() or path.is_file()
 
 
-# Settings that must agree before an existing run folder is reused (skipped or resumed).
-# max_iters may grow (a finished run can be extended); the schedule's end, lr_decay_iters, may not.
-_COMPARED_TRAIN_KEYS = (
-    "dataset", "batch_size", "global_batch_size", "learning_rate", "min_lr", "weight_decay", "beta1",
-    "beta2", "grad_clip", "decay_lr", "warmup_iters", "lr_decay_iters", "seed", "dtype",
-)
-
-
 def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
-    """'key: the run has X, asked for Y' for each setting where out_dir's config.json differs.
-
-    parsed is the config of the command that would reuse out_dir; vocab_size is not compared
-    (train.py derives it from the dataset).
-    """
+    """'key: the run has X, asked for Y' for each setting where out_dir's config.json is another
+    run than the one `parsed` asks for (config.run_conflicts, the question train.py asks too)."""
     path = Path(out_dir) / CONFIG_NAME
     if not path.is_file():
         return []
     saved = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(saved, dict):
-        return []
-    if "connection" in saved:
-        saved.setdefault("block", "gpt2")  # runs from before the block key are GPT-2's
-    wanted = {k: getattr(parsed.train, k) for k in _COMPARED_TRAIN_KEYS}
-    # The model keys in today's form on both sides (model_values): a folder written before the
-    # connection parameters moved into connection_params holds them at the top level.
-    model = model_values(asdict(parsed.model_config()))
-    wanted.update({k: v for k, v in model.items() if k != "vocab_size"})
-    saved = {**saved, **model_values(saved, connection=GPTConfig.connection)}
-    return [f"{k}: the run has {saved[k]!r}, asked for {v!r}" for k, v in wanted.items() if k in saved and saved[k] != v]
+    return run_conflicts(saved, run_settings(parsed)) if isinstance(saved, dict) else []
 
 
 # -----------------------------------------------------------------------------
@@ -274,6 +258,7 @@ def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
 DEFAULT_BLOCK = GPTConfig.block
 BLOCK_TITLES = {"gpt2": "GPT-2", "llama": "LLaMA"}
 _ROW_BLOCK = "+block="
+_ROW_SETTINGS = ", "  # then the settings that tell runs of one method apart: 'pre_ln, optimizer=muon'
 
 
 def block_title(block: str) -> str:
@@ -281,21 +266,31 @@ def block_title(block: str) -> str:
     return BLOCK_TITLES.get(block, block)
 
 
-def row_key(method: str, block: str = DEFAULT_BLOCK) -> str:
-    """The row of a method in a block: the method key alone for the default block, else '<method>+block=<block>'."""
-    return method if block == DEFAULT_BLOCK else f"{method}{_ROW_BLOCK}{block}"
+def row_key(method: str, block: str = DEFAULT_BLOCK, settings: str = "") -> str:
+    """The row of a method in a block: the method key alone for the default block, else
+    '<method>+block=<block>'; then ', <settings>' where runs of the method differ in settings
+    ('pre_ln, optimizer=muon', settings_labels)."""
+    base = method if block == DEFAULT_BLOCK else f"{method}{_ROW_BLOCK}{block}"
+    return f"{base}{_ROW_SETTINGS}{settings}" if settings else base
 
 
 def split_row(row: str) -> tuple[str, str]:
     """(method key, block) of a row key."""
-    method, _, block = row.partition(_ROW_BLOCK)
+    method, _, block = row.partition(_ROW_SETTINGS)[0].partition(_ROW_BLOCK)
     return method, block or DEFAULT_BLOCK
 
 
+def row_settings(row: str) -> str:
+    """The settings part of a row key ('' for a method whose runs all share their settings)."""
+    return row.partition(_ROW_SETTINGS)[2]
+
+
 def row_label(row: str) -> str:
-    """The name of a row: '0.5-SpheretNorm', or '0.5-SpheretNorm (LLaMA)' for a non-default block."""
+    """The name of a row: '0.5-SpheretNorm', or '0.5-SpheretNorm (LLaMA)' for a non-default block,
+    then the settings that tell it from the method's other rows: 'Pre-LN, optimizer=muon'."""
     method, block = split_row(row)
-    return display_name(method) + ("" if block == DEFAULT_BLOCK else f" ({block_title(block)})")
+    settings = row_settings(row)
+    return display_name(method) + ("" if block == DEFAULT_BLOCK else f" ({block_title(block)})") + (f"{_ROW_SETTINGS}{settings}" if settings else "")
 
 
 def sort_rows(rows: Iterable[str]) -> list[str]:
@@ -303,7 +298,7 @@ def sort_rows(rows: Iterable[str]) -> list[str]:
     rows = set(rows)
     order = {m: i for i, m in enumerate(sort_methods(split_row(r)[0] for r in rows))}
     blocks = {b: i for i, b in enumerate(BLOCKS)}
-    return sorted(rows, key=lambda r: (order[split_row(r)[0]], blocks.get(split_row(r)[1], len(blocks)), split_row(r)[1]))
+    return sorted(rows, key=lambda r: (order[split_row(r)[0]], blocks.get(split_row(r)[1], len(blocks)), split_row(r)[1], row_settings(r)))
 
 
 def blocks_text(rows: Iterable[str]) -> str:
@@ -324,6 +319,7 @@ class Run:
     rows: list[dict[str, Any]]
     zero_shot: dict[str, float | None] | None
     zero_shot_limit: int | float | None = None  # the --limit of partial zero-shot results (None: full)
+    settings: str = ""  # what tells it from other runs of its method ('optimizer=muon'; settings_labels)
 
     @property
     def method(self) -> str:
@@ -340,8 +336,9 @@ class Run:
 
     @property
     def row(self) -> str:
-        """Its row in tables and its curve in figures (row_key): the method, and the block unless GPT-2's."""
-        return row_key(self.method, self.block)
+        """Its row in tables and its curve in figures (row_key): the method, the block unless GPT-2's,
+        and the settings that tell it from the method's other runs."""
+        return row_key(self.method, self.block, self.settings)
 
     @property
     def scale(self) -> str:
@@ -409,22 +406,23 @@ def find_runs(root: Path) -> list[Run]:
     return [load_run(p.parent) for p in sorted(root.rglob(CONFIG_NAME)) if (p.parent / METRICS_NAME).is_file()]
 
 
-# Keys of config.json that say nothing about what a run computed: where and how it ran and logged
-# (config.RUN_NEUTRAL_KEYS), and what train.py derives from the others.
-_DERIVED_KEYS = frozenset({"method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params"})
 _SHOWN_DIFFERENCES = 4
 
 
-def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """'seed (1337 vs 1338)' for each setting where two runs' config.json differ (block defaulted, a
-    missing key shown as absent); neutral and derived keys left out."""
-    from spheretnorm.runtime.config import run_neutral_keys
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a run's config.json that make it another run than its method's others:
+    every computing key (config.saved_settings: a key the file predates has its default), less
+    the method's own keys and the block, which the row names already."""
+    ignored = RUN_NEUTRAL_KEYS | method_keys_neutral() | {"block", *RUN_RECORD_KEYS}
+    return {k: v for k, v in saved_settings(dict(config)).items() if k not in ignored}
 
-    ignored = run_neutral_keys() | _DERIVED_KEYS
-    a = {"block": DEFAULT_BLOCK, **a}
-    b = {"block": DEFAULT_BLOCK, **b}
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """'seed (1337 vs 1338)' for each setting where two runs' config.json differ (run_identity: a key
+    one file predates has its default); neutral and derived keys left out."""
+    a, b = run_identity(a), run_identity(b)
     absent = object()
-    keys = sorted(k for k in {*a, *b} - ignored if a.get(k, absent) != b.get(k, absent))
+    keys = sorted(k for k in {*a, *b} if a.get(k, absent) != b.get(k, absent))
 
     def text(v: Any) -> str:
         return "absent" if v is absent else json.dumps(v) if isinstance(v, (dict, list)) else repr(v)
@@ -432,25 +430,41 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return [f"{k} ({text(a.get(k, absent))} vs {text(b.get(k, absent))})" for k in keys]
 
 
+def settings_labels(runs: list[Run]) -> None:
+    """Name the rows of runs of one method that differ in settings: where two runs of one (dataset,
+    scale, method, block) differ in keys both have (optimizer, learning_rate, seed, ...), every run
+    of the set gets those keys' values as its settings ('optimizer=muon'), so each is a row of its
+    own. A key only one run has (muon_lr beside an AdamW run) follows from one that differs, and is
+    left out. Runs that share every setting keep one row (and index_runs refuses them)."""
+    cells: dict[tuple[str, str, str], list[Run]] = {}
+    for run in runs:
+        cells.setdefault((run.dataset, run.scale, row_key(run.method, run.block)), []).append(run)
+    differing: set[str] = set()
+    for cell in cells.values():
+        identities = [run_identity(run.config) for run in cell]
+        shared = set.intersection(*(set(i) for i in identities))
+        differing |= {k for k in shared if len({json.dumps(i[k], sort_keys=True, default=str) for i in identities}) > 1}
+    for run in runs:
+        identity = run_identity(run.config)
+        run.settings = ", ".join(f"{k}={param_text(identity[k])}" for k in sorted(differing) if k in identity)
+
+
 def _collision(first: Run, second: Run) -> str:
-    """Why two runs cannot share a cell: both folders, and the settings in which they differ."""
+    """Why two runs cannot share a row: both folders (they hold the same settings)."""
     block = "" if first.block == DEFAULT_BLOCK else f" with the {block_title(first.block)} block"
-    differences = config_differences(first.config, second.config)
-    if differences:
-        shown = ", ".join(differences[:_SHOWN_DIFFERENCES])
-        more = f" and {len(differences) - _SHOWN_DIFFERENCES} more" if len(differences) > _SHOWN_DIFFERENCES else ""
-        how = f"; their config.json files differ in {shown}{more}"
-    else:
-        how = "; their config.json files hold the same settings (a copied folder?)"
+    settings = f" ({first.settings})" if first.settings else ""
     return (
-        f"Two runs of {first.method}{block} on {first.dataset} at scale {first.scale}: {first.path} and {second.path}{how}; "
-        "point --runs_root at the folder of one experiment."
+        f"Two runs of {first.method}{block}{settings} on {first.dataset} at scale {first.scale} hold the same settings: "
+        f"{first.path} and {second.path} (a copied folder?); point --runs_root at the folder of one experiment, or move one away."
     )
 
 
 def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
-    """{(dataset, scale, row): run}, row = Run.row (the method, and the block unless GPT-2's); two
-    runs of one cell are refused, not silently merged, naming the settings in which they differ."""
+    """{(dataset, scale, row): run}, row = Run.row. Runs of one method that differ in settings are
+    rows of their own, named by those settings (settings_labels); two runs with the same settings
+    are refused, naming both folders, never silently merged."""
+    runs = list(runs)
+    settings_labels(runs)
     index: dict[tuple[str, str, str], Run] = {}
     for run in runs:
         key = (run.dataset, run.scale, run.row)

@@ -97,10 +97,10 @@ from spheretnorm.experiments.grid import (
     stopped_row,
 )
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
-from spheretnorm.runtime.methods import method_args, run_name
+from spheretnorm.runtime.methods import method_args
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.runtime.config import (
-    ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names, run_settings,
+    RESTART_FREE_KEYS, ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names, run_settings, run_suffix,
 )
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
@@ -174,7 +174,8 @@ def build_grid(
                     problems.append(f"{dataset} {scale} {method}: {e}")
                     continue
                 config_name = parsed.train.config_name
-                out_dir = runs_root / config_name / method_dirname(method)
+                folder = grid_folder(method, parsed.overrides)
+                out_dir = runs_root / config_name / folder
                 model = parsed.model_config()
                 try:
                     train = resolve_wandb_names(resolve_paths(parsed.train, model, parsed.overrides), model)
@@ -184,12 +185,20 @@ def build_grid(
                 conflicts = config_conflicts(REPO_ROOT / out_dir, parsed)
                 settings = run_settings(parsed)  # what train.py compares with out_dir's config.json
                 runs.append(
-                    GridRun(dataset, scale, method, run_name(config_name, method), out_dir, parsed.train.max_iters,
+                    GridRun(dataset, scale, method, f"{config_name}/{folder}", out_dir, parsed.train.max_iters,
                             [*args, f"--out_dir={out_dir}"], train, conflicts, settings)
                 )
     if problems:
         raise UsageError("\n".join(dict.fromkeys(problems)))
     return runs
+
+
+def grid_folder(method: str, overrides: dict[str, Any]) -> str:
+    """A grid run's folder: the method's, and a suffix naming every key the command line sets to
+    a value that computes otherwise (config.run_suffix: '+optimizer=muon'), so the grid of another
+    setting never lands in the paper grid's folders; keys a restart may change (max_iters) are
+    left out, so a grid is extended in place."""
+    return method_dirname(method) + run_suffix({k: v for k, v in overrides.items() if k not in RESTART_FREE_KEYS})
 
 
 def check_run_folders(runs: list[GridRun], runs_root: str) -> None:

@@ -262,7 +262,7 @@ def load_checked_run(folder: Run) -> CheckedRun:
     zero_shot, limit, skipped = None, None, {}
     if (folder.path / ZERO_SHOT_NAME).is_file():
         zero_shot, limit, skipped = read_checked_zero_shot(folder.path / ZERO_SHOT_NAME)
-    return CheckedRun(folder.path, folder.config, rows, zero_shot, limit, skipped, row_lines)
+    return CheckedRun(folder.path, folder.config, rows, zero_shot, limit, zero_shot_skipped=skipped, row_lines=row_lines)
 
 
 def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:

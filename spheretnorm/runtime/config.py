@@ -21,6 +21,7 @@ CUDA, no torch.compile; GPTConfig adds block 1024, vocab 50304, bias on, dropout
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import inspect
 import io
@@ -34,11 +35,15 @@ import tokenize
 import types
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.runtime.token_files import read_json_object
-from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, MethodParam, OPENED_DEFAULTS, declared_params
+from spheretnorm.model import (
+    ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, OPENED_DEFAULTS, RESTART_FREE,
+    RESUME_FIXED, GPTConfig, MethodParam, declared_params,
+)
+from spheretnorm.optim import OPTIMIZERS, optimizer_params, resolve_optimizer_params
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
@@ -54,9 +59,10 @@ class ConfigError(ValueError):
     """A bad key or value in a config file or on the command line."""
 
 
-def _choices(*values: str, forms: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
-    """Field metadata: the valid values, and forms such as 'hf:DIR' (a prefix, then any text)."""
-    return {"choices": values, "forms": forms}
+def _choices(*values: str, forms: tuple[str, ...] = (), run: dict[str, str] | None = None) -> dict[str, Any]:
+    """Field metadata: the valid values, and forms such as 'hf:DIR' (a prefix, then any text);
+    run: the key's role in a run's identity (model.NEUTRAL, ...), where it has one."""
+    return {"choices": values, "forms": forms, **(run or {})}
 
 
 def _choice_text(metadata: dict[str, tuple[str, ...]]) -> str:
@@ -71,63 +77,68 @@ def _is_choice(value: Any, metadata: dict[str, tuple[str, ...]]) -> bool:
 @dataclass
 class TrainConfig:
     # -- output and checkpoints
-    out_dir: str = ""  # "" means out/<config_name>/<method>, plus a suffix when keys differ from the config files
-    config_name: str = ""  # "" means the stem of the last config file, else the dataset name
+    out_dir: str = field(default="", metadata=NEUTRAL)  # "" means out/<config_name>/<method>, plus a suffix when keys differ from the config files
+    config_name: str = field(default="", metadata=NEUTRAL)  # "" means the stem of the last config file, else the dataset name
     # auto: resume if out_dir has ckpt.pt; hf:DIR: fine-tune a Hugging Face folder (scripts/export_hf.py, GPT-2)
-    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM, forms=(f"{HF_PREFIX}DIR",)))
-    overwrite: bool = False  # let a new run (init_from=scratch or hf:DIR) replace an existing out_dir/ckpt.pt
-    always_save_checkpoint: bool = True  # at every evaluation; False keeps only the best val loss
-    checkpoint_interval: int = 0  # also save every N iterations (0: only at evaluations)
+    init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM, forms=(f"{HF_PREFIX}DIR",), run=NEUTRAL))
+    overwrite: bool = field(default=False, metadata=NEUTRAL)  # let a new run (init_from=scratch or hf:DIR) replace an existing out_dir/ckpt.pt
+    always_save_checkpoint: bool = field(default=True, metadata=NEUTRAL)  # at every evaluation; False keeps only the best val loss
+    checkpoint_interval: int = field(default=0, metadata=NEUTRAL)  # also save every N iterations (0: only at evaluations)
     # -- evaluation and logging
-    eval_interval: int = 1000  # evaluate (and checkpoint) every N iterations and at max_iters
+    eval_interval: int = field(default=1000, metadata=NEUTRAL)  # evaluate (and checkpoint) every N iterations and at max_iters
     eval_iters: int = 200  # micro-batches per split per evaluation, shared among all ranks
-    eval_only: bool = False  # evaluate once and exit, writing nothing
-    log_interval: int = 10  # print and log the train loss every N iterations
+    eval_only: bool = field(default=False, metadata=NEUTRAL)  # evaluate once and exit, writing nothing
+    log_interval: int = field(default=10, metadata=NEUTRAL)  # print and log the train loss every N iterations
     # -- collapse alarm: stop when every token's final state has become one point
-    collapse_cosine: float = 0.95  # final_cosine above this at an evaluation counts towards a stop
-    collapse_evals: int = 3  # stop after this many such evaluations in a row (iter 0 not counted); 0: never
+    collapse_cosine: float = field(default=0.95, metadata=NEUTRAL)  # final_cosine above this at an evaluation counts towards a stop
+    collapse_evals: int = field(default=3, metadata=NEUTRAL)  # stop after this many such evaluations in a row (iter 0 not counted); 0: never
     # -- data
     dataset: str = "openwebtext"  # the prepared dataset, data/<dataset> (see data/prepare.py)
-    data_dir: str = ""  # "" means data/<dataset> in the repository
-    batch_size: int = 16  # sequences per micro-batch on each GPU (paper: 16)
+    data_dir: str = field(default="", metadata=NEUTRAL)  # "" means data/<dataset> in the repository
+    # sequences per micro-batch on each GPU (paper: 16); it splits the global batch, as the GPU count
+    # does, so it changes no run (up to float rounding): a neutral key
+    batch_size: int = field(default=16, metadata=NEUTRAL)
     global_batch_size: int = 128  # sequences per optimizer step, over all GPUs (paper: 128)
-    # -- optimizer: AdamW, linear warm-up then cosine decay to min_lr
+    # -- optimizer: AdamW by default (spheretnorm/optim.py), linear warm-up then cosine decay to min_lr
+    optimizer: str = field(default="adamw", metadata=RESUME_FIXED)  # a key of spheretnorm.optim.OPTIMIZERS
+    # The values of the keys the optimizer declares (muon_lr, ...), read as attributes (train.muon_lr).
+    optimizer_params: dict[str, Any] = field(default_factory=dict)
     learning_rate: float = 6e-4  # peak learning rate, reached after warmup_iters
     min_lr: float = 6e-5  # learning rate at and after lr_decay_iters
     weight_decay: float = 0.1  # AdamW weight decay of the matrices (not of gains and biases)
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
     grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
-    max_iters: int = 50_000  # optimizer steps of the run
+    max_iters: int = field(default=50_000, metadata=RESTART_FREE)  # optimizer steps of the run
     decay_lr: bool = True  # False keeps learning_rate constant (no warm-up, no decay)
     warmup_iters: int = 2_000  # linear warm-up steps from 0 to learning_rate
     lr_decay_iters: int = 50_000  # the cosine reaches min_lr here
     # -- system
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    device: str = field(default="auto", metadata=NEUTRAL)  # auto | cpu | cuda | cuda:N | mps
     dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA, else fp32
-    compile: bool = False  # torch.compile the model (the paper trains without it); under fsdp each block
+    compile: bool = field(default=False, metadata=NEUTRAL)  # torch.compile the model (the paper trains without it); under fsdp each block
     # ddp: a whole model per process; fsdp: FSDP2 shards of it (weights, gradients, AdamW), sharded checkpoints
-    parallel: str = field(default="ddp", metadata=_choices(*PARALLEL_MODES))
+    parallel: str = field(default="ddp", metadata=_choices(*PARALLEL_MODES, run=NEUTRAL))
     # fsdp only: full builds the whole model and shards it (DDP's initial weights); meta builds it on the
     # meta device and initialises each shard; auto: meta when the whole model would not fit (parallel.py)
-    fsdp_init: str = field(default="auto", metadata=_choices(*FSDP_STARTS))
-    activation_checkpointing: bool = False  # recompute each block in backward: memory for time
-    backend: str = ""  # process-group backend; "" means nccl on CUDA, gloo otherwise
+    fsdp_init: str = field(default="auto", metadata=_choices(*FSDP_STARTS, run=NEUTRAL))
+    activation_checkpointing: bool = field(default=False, metadata=NEUTRAL)  # recompute each block in backward: memory for time
+    backend: str = field(default="", metadata=NEUTRAL)  # process-group backend; "" means nccl on CUDA, gloo otherwise
     seed: int = 1337  # seeds the weights, the data order and dropout
-    dist_timeout: float = 600.0  # seconds a collective waits for the other processes (one stopped or dead) before the run stops
-    peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look the GPU up
+    dist_timeout: float = field(default=600.0, metadata=NEUTRAL)  # seconds a collective waits for the other processes (one stopped or dead) before the run stops
+    peak_flops: float | None = field(default=None, metadata=NEUTRAL)  # per-device peak FLOP/s for MFU; None: look the GPU up
     # -- Weights & Biases
     # An empty key takes W&B's own environment variable (WANDB_PROJECT, WANDB_ENTITY, WANDB_RUN_GROUP,
     # WANDB_MODE), then the default named; WANDB_DIR, when set, holds W&B's files instead of out_dir.
-    wandb_log: bool = False  # log to W&B (online needs an API key: wandb login or WANDB_API_KEY)
-    wandb_project: str = ""  # "" means $WANDB_PROJECT, else spheretnorm
-    wandb_entity: str = ""  # "" means $WANDB_ENTITY, else your W&B account's default
-    wandb_run_name: str = ""  # "" means <config_name>/<the run folder's name>, e.g. openwebtext_s/p_spheret-0.5
-    wandb_group: str = ""  # "" means $WANDB_RUN_GROUP, else <config_name> (a scale and dataset)
-    wandb_mode: str = field(default="", metadata=_choices("", *WANDB_MODES))  # "" means $WANDB_MODE, else online; offline needs no key
+    wandb_log: bool = field(default=False, metadata=NEUTRAL)  # log to W&B (online needs an API key: wandb login or WANDB_API_KEY)
+    wandb_project: str = field(default="", metadata=NEUTRAL)  # "" means $WANDB_PROJECT, else spheretnorm
+    wandb_entity: str = field(default="", metadata=NEUTRAL)  # "" means $WANDB_ENTITY, else your W&B account's default
+    wandb_run_name: str = field(default="", metadata=NEUTRAL)  # "" means <config_name>/<the run folder's name>, e.g. openwebtext_s/p_spheret-0.5
+    wandb_group: str = field(default="", metadata=NEUTRAL)  # "" means $WANDB_RUN_GROUP, else <config_name> (a scale and dataset)
+    wandb_mode: str = field(default="", metadata=_choices("", *WANDB_MODES, run=NEUTRAL))  # "" means $WANDB_MODE, else online; offline needs no key
     # -- testing only
-    debug_nan_at_iter: int = -1  # make the loss NaN in the step that completes this iteration
-    debug_crash_at_iter: int = -1  # raise an exception in the step that completes this iteration
+    debug_nan_at_iter: int = field(default=-1, metadata=RESTART_FREE)  # make the loss NaN in the step that completes this iteration
+    debug_crash_at_iter: int = field(default=-1, metadata=RESTART_FREE)  # raise an exception in the step that completes this iteration
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -136,6 +147,10 @@ class TrainConfig:
                     f"{f.name}={getattr(self, f.name)!r} is not valid; choose one of: "
                     f"{_choice_text(f.metadata)}."
                 )
+        try:
+            self.optimizer_params = resolve_optimizer_params(self.optimizer, self.optimizer_params)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if not _DEVICE_PATTERN.match(self.device):
             raise ConfigError(f"device={self.device!r} is not valid; use auto, cpu, cuda, cuda:N or mps.")
         for name in ("batch_size", "global_batch_size", "eval_interval", "eval_iters", "log_interval"):
@@ -157,15 +172,40 @@ class TrainConfig:
             raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:  # NaN fails too
-                raise ConfigError(f"{name}={getattr(self, name)} is not valid; AdamW needs 0 <= {name} < 1.")
+                raise ConfigError(f"{name}={getattr(self, name)} is not valid; Adam needs 0 <= {name} < 1.")
         # seed_everything gives the seed (plus the rank) to numpy's np.random.seed, which takes 0..2**32 - 1.
         if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"seed={self.seed} is not valid; use an integer from 0 to {SEED_MAX} (2**32 - 1, numpy's seed range).")
 
 
-# connection_params is set through the keys it holds (--gain=0.3), never as a whole.
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that are not fields: the optimizer's declared keys.
+        params = self.__dict__.get("optimizer_params") or {}
+        if name in params:
+            return params[name]
+        raise AttributeError(f"TrainConfig has no key {name!r} (its optimizer's keys: {', '.join(params) or 'none'})")
+
+
+def _optimizer_keys_as_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """TrainConfig(optimizer="muon", muon_lr=0.01): a declared optimizer key given as a keyword
+    joins optimizer_params, as a connection's parameter joins GPTConfig.connection_params."""
+
+    @functools.wraps(init)
+    def __init__(self: TrainConfig, *args: Any, **keys: Any) -> None:
+        params = {k: keys.pop(k) for k in [k for k in keys if k in optimizer_params()]}
+        if params:
+            keys["optimizer_params"] = {**keys.get("optimizer_params", {}), **params}
+        init(self, *args, **keys)
+
+    return __init__
+
+
+TrainConfig.__init__ = _optimizer_keys_as_keywords(TrainConfig.__init__)
+
+
+# connection_params and optimizer_params are set through the keys they hold (--muon_lr=0.01), never as a whole.
 MODEL_KEYS = tuple(k for k in MODEL_FIELDS if k != "connection_params")
-TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
+TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "optimizer_params")
 assert not set(MODEL_KEYS) & set(TRAIN_KEYS), "a key may belong to one dataclass only"
 _FIELD_TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
 _FIELD_DEFAULTS = {f.name: f.default for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
@@ -188,18 +228,29 @@ def param_type(param: MethodParam) -> Any:
     return kind | None if param.default is None else kind
 
 
+def declared_keys() -> dict[str, MethodParam]:
+    """The keys that classes declare rather than the dataclasses: the connections' parameters and
+    the optimizers' keys (read at call time, so a class registered after import counts)."""
+    return {**declared_params(), **optimizer_params()}
+
+
 def _key_type(key: str) -> Any:
     if key in _FIELD_TYPES:
         return _FIELD_TYPES[key]
-    return param_type(declared_params()[key])
+    return param_type(declared_keys()[key])
 
 
 def _key_default(key: str) -> Any:
-    return _FIELD_DEFAULTS[key] if key in _FIELD_DEFAULTS else declared_params()[key].default
+    return _FIELD_DEFAULTS[key] if key in _FIELD_DEFAULTS else declared_keys()[key].default
 
 
 def _is_key(key: str) -> bool:
-    return key in MODEL_KEYS or key in TRAIN_KEYS or key in param_keys()
+    return key in MODEL_KEYS or key in TRAIN_KEYS or key in declared_keys()
+
+
+def is_train_key(key: str) -> bool:
+    """A key of TrainConfig: one of its fields, or a key an optimizer declares."""
+    return key in TRAIN_KEYS or key in optimizer_params()
 
 
 def split_model_keys(values: dict[str, Any]) -> dict[str, Any]:
@@ -214,6 +265,7 @@ _MODEL_CHOICES = {
     "alpha_decay": ALPHA_DECAYS,
     "alpha_index": ALPHA_INDICES,
     "block": BLOCKS,
+    "optimizer": OPTIMIZERS,  # likewise: an optimizer registered later counts
 }
 
 
@@ -241,7 +293,7 @@ class ParsedConfig:
 
 
 def _unknown_key_error(key: str, where: str) -> ConfigError:
-    valid = MODEL_KEYS + TRAIN_KEYS + param_keys()
+    valid = MODEL_KEYS + TRAIN_KEYS + tuple(declared_keys())
     close = difflib.get_close_matches(key, valid, n=3)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     return ConfigError(
@@ -325,10 +377,13 @@ def read_run_config(path: str) -> dict[str, Any]:
     connection's parameters as keys of their own; what it records besides (RUN_RECORD_KEYS) is left
     out, so that `train.py out/RUN/config.json --eval_only=true` evaluates the run as it was trained."""
     values = read_json_object(path, ConfigError, "give the config.json that train.py wrote into a run folder.")
-    params = values.pop("connection_params", None) or {}
-    if not isinstance(params, dict):
-        raise ConfigError(f"{path!r} has connection_params={params!r:.60}, where an object of keys belongs.")
-    return {**{k: v for k, v in values.items() if k not in RUN_RECORD_KEYS}, **params}
+    nested = {}
+    for holder in ("connection_params", "optimizer_params"):
+        params = values.pop(holder, None) or {}
+        if not isinstance(params, dict):
+            raise ConfigError(f"{path!r} has {holder}={params!r:.60}, where an object of keys belongs.")
+        nested.update(params)
+    return {**{k: v for k, v in values.items() if k not in RUN_RECORD_KEYS}, **nested}
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -407,14 +462,15 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
         _check_choice(key, value)
 
     model_keys = split_model_keys(values)
-    train_values = {k: v for k, v in values.items() if k in TRAIN_KEYS}
+    train_values = {k: v for k, v in values.items() if is_train_key(k)}
     if not train_values.get("config_name"):
         train_values["config_name"] = Path(files[-1]).stem if files else train_values.get(
             "dataset", TrainConfig.dataset
         )
     try:
         train = TrainConfig(**train_values)
-        GPTConfig(**model_keys)  # the model's own checks (n_embd % n_head, ranges) up front
+        model = GPTConfig(**model_keys)  # the model's own checks (n_embd % n_head, ranges) up front
+        OPTIMIZERS[train.optimizer].check(model, train)
     except ConfigError:
         raise
     except ValueError as e:
@@ -462,16 +518,26 @@ def method_dirname(key: str) -> str:
     return key.replace(":", "-")
 
 
-# Keys that change nothing a run computes or records: where it runs and writes, how it logs,
-# and the method keys, which the folder name already holds. Any other key set on the command
-# line to a value other than the config file's makes the run a different experiment.
-RUN_NEUTRAL_KEYS = frozenset({
-    "out_dir", "config_name", "data_dir", "init_from", "overwrite", "eval_only", "eval_interval",
-    "log_interval", "checkpoint_interval", "always_save_checkpoint", "device", "backend",
-    "compile", "peak_flops", "wandb_log", "wandb_project", "wandb_entity", "wandb_run_name", "wandb_group",
-    "wandb_mode", "dist_timeout", "collapse_cosine", "collapse_evals", "parallel", "fsdp_init",
-    "activation_checkpointing", *EXECUTION_KEYS,
-})
+# -----------------------------------------------------------------------------
+# A run's identity, from what each key declares where it is defined (field metadata "run":
+# model.NEUTRAL, RESTART_FREE, RESUME_FIXED; a key without one computes). Every list of keys
+# below is derived from those declarations; none is kept by hand.
+
+
+def keys_with_role(role: dict[str, str]) -> frozenset[str]:
+    """The fields of GPTConfig and TrainConfig that declare `role` (model.NEUTRAL, ...)."""
+    return frozenset(f.name for cls in (GPTConfig, TrainConfig) for f in fields(cls) if f.metadata.get("run") == role["run"])
+
+
+# Keys that change nothing a run computes or records: where it runs and writes, how it logs.
+# Any other key set on the command line to a value other than the config file's makes the run
+# a different experiment (a folder suffix, run_suffix).
+RUN_NEUTRAL_KEYS = keys_with_role(NEUTRAL)
+# Keys that may differ when the same run is started again or extended: its length, the
+# vocabulary train.py derives from the dataset, the fault-injection switches.
+RESTART_FREE_KEYS = keys_with_role(RESTART_FREE)
+# Keys a resume may not change: the optimizer's state would not fit.
+RESUME_FIXED_KEYS = keys_with_role(RESUME_FIXED)
 _SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
 _SUFFIX_MAX_CHARS = 60
 
@@ -677,10 +743,81 @@ def run_neutral_keys() -> frozenset[str]:
     return RUN_NEUTRAL_KEYS | method_keys_neutral()
 
 
+# The training keys an optimizer is built from (optim.OptimizerSettings).
+OPTIMIZER_FIELDS = ("optimizer", "optimizer_params", "learning_rate", "min_lr", "weight_decay", "beta1", "beta2")
+
+
+def optimizer_settings(saved_train: dict[str, Any]) -> TrainConfig:
+    """The optimizer's keys of a checkpoint's train_config, as build_optimizer takes them (a
+    train_config saved before the optimizer key existed is AdamW's)."""
+    return TrainConfig(**{k: saved_train[k] for k in OPTIMIZER_FIELDS if k in saved_train})
+
+
+def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
+    """A training config (or a saved one) as flat keys: its fields, the optimizer's keys at the top
+    level (not inside optimizer_params)."""
+    values = dict(asdict(train) if isinstance(train, TrainConfig) else train)
+    nested = values.pop("optimizer_params", None)
+    return {**values, **(nested if isinstance(nested, dict) else {})}
+
+
 def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
-    """What a restart of a run compares with its folder's config.json (run_folder.earlier_run):
-    both configs, less the run-neutral keys. train.py and the launcher both ask here."""
-    return {k: v for k, v in {**asdict(parsed.train), **asdict(parsed.model_config())}.items() if k not in run_neutral_keys()}
+    """What identifies the run a command asks for: every key that computes (neutral keys left
+    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json."""
+    values = {**train_values(parsed.train), **model_values(asdict(parsed.model_config()))}
+    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS}
+
+
+def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
+    """A run folder's config.json (or a checkpoint's configs) in run_settings' form. A key the
+    file predates has its default: code that did not know the key ran as its default does
+    (a block-less config is GPT-2's, an optimizer-less one AdamW's with its defaults)."""
+    train = train_values(saved)
+    optimizer = train.get("optimizer", TrainConfig.optimizer)
+    # Training keys only: a model key's default may resolve per model (bias), so one the file
+    # lacks is not compared (block aside, whose default is GPT-2's fixed block).
+    defaults = {**{f.name: f.default for f in fields(TrainConfig) if f.name in TRAIN_KEYS},
+                **{p.key: p.default for p in getattr(OPTIMIZERS.get(optimizer), "params", ())}}
+    model = model_values({"block": GPTConfig.block, **saved}, connection=GPTConfig.connection)
+    return {**defaults, **train, **model}
+
+
+def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
+    """A resume keeps the keys whose state would not carry over (RESUME_FIXED_KEYS: the optimizer);
+    saved_train is the checkpoint's train_config."""
+    have, values = saved_settings(saved_train), train_values(train)
+    fixed = [k for k in sorted(RESUME_FIXED_KEYS) if have.get(k) != values.get(k)]
+    if fixed:
+        raise ConfigError(
+            f"Refusing to resume with {', '.join(f'{k}={values[k]!r}' for k in fixed)}: the checkpoint was trained with "
+            f"{', '.join(f'{k}={have.get(k)!r}' for k in fixed)}, whose state does not carry over; pass "
+            f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, or start another out_dir."
+        )
+
+
+def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[str]:
+    """'key: old -> new' for each training key a resume changes (those a resume may not change are
+    refused before, check_resume_keys)."""
+    have, values = saved_settings(saved_train), train_values(train)
+    return [
+        f"{k}: {have[k]!r} -> {v!r}"
+        for k, v in values.items()
+        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite")
+    ]
+
+
+def run_conflicts(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """'key: the run has X, asked for Y' for every key where a run folder's config.json (saved)
+    is another run than the one wanted (run_settings): the one answer to "does this folder hold
+    the same run?" for train.py, the launcher and the studies. Keys a restart may change
+    (RESTART_FREE_KEYS) are not compared."""
+    have = saved_settings(saved)
+    wanted = json.loads(json.dumps(wanted, default=str))  # as config.json holds them (tuples as lists)
+    return [
+        f"{k}: the run has {have[k]!r}, asked for {v!r}"
+        for k, v in wanted.items()
+        if k in have and have[k] != v and k not in RESTART_FREE_KEYS
+    ]
 
 
 def config_help(

@@ -173,6 +173,17 @@ def peak_flops_for(device: str) -> float | None:
     return None
 
 
+def estimate_mfu(model: torch.nn.Module, fwdbwd_per_iter: int, dt: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation of a GPT as a fraction of peak_flops (e.g. 989e12 for H100 bf16);
+    FLOPs per token as the PaLM paper (Appendix B) counts them: 6N + 12 L H Q T."""
+    cfg = model.config
+    N = model.get_num_params()
+    L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+    flops_per_token = 6 * N + 12 * L * H * Q * T
+    flops_per_iter = flops_per_token * T * fwdbwd_per_iter
+    return flops_per_iter / dt / peak_flops
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     # numpy takes seeds below 2**32; train.py seeds rank r with seed + r, which may pass the largest

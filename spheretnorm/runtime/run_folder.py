@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from spheretnorm.runtime.checkpoint import apply_umask
+from spheretnorm.runtime.config import run_conflicts
 
 if TYPE_CHECKING:
     from spheretnorm.runtime.config import TrainConfig
@@ -174,10 +175,6 @@ def remove_run(out_dir: Path) -> list[str]:
 
 
 ZERO_SHOT_GLOB = "ckpt_zero_shot*.json"
-# Keys that may differ when a run that left no checkpoint is started again with the same
-# command: the length of the run (the grid extends runs too), the vocabulary train.py derives from
-# the dataset, and the debug_* fault-injection switches.
-RESTART_FREE_KEYS = ("max_iters", "vocab_size")
 
 
 def earlier_run(out_dir: str | Path, wanted: dict[str, Any] | None = None) -> str | None:
@@ -186,7 +183,7 @@ def earlier_run(out_dir: str | Path, wanted: dict[str, Any] | None = None) -> st
 
     The same run starting again (a job that crashed or was pre-empted before its first
     checkpoint, and is restarted with the same command): its config.json has the settings in
-    `wanted` (the new run's, run-neutral keys left out; None: not compared), its metrics.jsonl no
+    `wanted` (the new run's, config.run_settings; None: not compared), its metrics.jsonl no
     eval row past iter 0, and there are no zero-shot results. Losing its rows loses nothing that
     the new run does not write again.
     """
@@ -210,10 +207,7 @@ def earlier_run(out_dir: str | Path, wanted: dict[str, Any] | None = None) -> st
         saved = None
     if not isinstance(saved, dict):
         return f"an earlier run's {files} (with no readable {CONFIG_NAME} to tell whose)"
-    differ = [
-        f"{k}: it has {saved[k]!r}, this run {v!r}" for k, v in json.loads(json.dumps(wanted, default=str)).items()
-        if k in saved and saved[k] != v and k not in RESTART_FREE_KEYS and not k.startswith("debug_")
-    ]
+    differ = run_conflicts(saved, wanted)
     if differ:
         return f"an earlier run's {files} with other settings ({'; '.join(differ[:3])})"
     return None

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from spheretnorm.optim import Optimizers, build_optimizer
+from spheretnorm.runtime.config import optimizer_settings
 from spheretnorm.runtime.checkpoint import (
     SHARDED_FORMAT,
     SHARDED_META,
@@ -45,16 +47,17 @@ from spheretnorm.runtime.distributed import DistInfo, any_rank
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Model and optimizer state by parameter name (DTensor shards under FSDP, whole tensors else)."""
+def _state(model: torch.nn.Module, optimizer: Optimizers) -> dict[str, Any]:
+    """Model and optimizer state by parameter name (DTensor shards under FSDP, whole tensors else);
+    every optimizer of the container in one state, each parameter's under its own name."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, tuple(optimizer))
     return {"model": model_state, "optimizer": optim_state}
 
 
 def save_sharded(
-    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], dist: DistInfo, device: str
+    path: str | Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], dist: DistInfo, device: str
 ) -> None:
     """Every rank writes its shards into path.tmp, rank 0 adds meta.pt (`extra`, less the tensors),
     then the folder replaces `path`. A write that fails on any rank fails on all of them, with an
@@ -88,7 +91,7 @@ def save_sharded(
     _barrier()
 
 
-def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers) -> None:
     """Fill the model and the optimizer (sharded or whole) from a folder written by any number of
     ranks; a damaged one is a CheckpointError (checked by read_sharded_meta before)."""
     import torch.distributed.checkpoint as dcp
@@ -107,7 +110,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.opti
         raise CheckpointError(
             f"Sharded checkpoint {str(path)!r} cannot be read: it is damaged or not of this model ({describe_error(dcp_cause(exc))})."
         ) from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, tuple(optimizer), model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def _barrier() -> None:
@@ -123,8 +126,7 @@ def consolidate(folder: str | Path, out: str | Path) -> Path:
         raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.parent / 'ckpt.pt'}.")
     meta = read_sharded_meta(folder, require=("optimizer", "train_config"))
     model = load_model(folder)  # the whole weights, then the optimizer state by name into a whole optimizer
-    train = meta["train_config"]
-    optimizer = model.configure_optimizers(train["weight_decay"], train["learning_rate"], (train["beta1"], train["beta2"]), "cpu")
+    optimizer = build_optimizer(model, optimizer_settings(meta["train_config"]))
     load_sharded(folder, model, optimizer)
     fields = {k: v for k, v in meta.items() if k not in ("format", "model_config")}
     atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **fields}, out)

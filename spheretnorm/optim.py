@@ -1,0 +1,358 @@
+"""The optimizers, by name: one table (OPTIMIZERS) beside the connection and retraction registries.
+
+An entry is a class registered with @register_optimizer("name"). It declares its own keys
+(`params`, MethodParam as a connection's are: --muon_lr=0.02, kept in
+TrainConfig.optimizer_params) and builds one Optimizers object that owns every trainable
+parameter of the model. Everything that trains or restores a model (train.py, the sharded
+checkpoint's consolidation, bench.py, the coordinate check, the studies) calls build_optimizer
+and sees one object with param_groups, step, zero_grad, state_dict and load_state_dict.
+
+Two entries ship:
+- adamw: AdamW with the connection's rules (Connection.optimizer_rule) and μP's group factors,
+  exactly the optimizer the paper trains with (one torch.optim.AdamW, two groups without μP).
+- muon: Muon (Nesterov momentum, then the update's Newton-Schulz orthogonalisation) for the
+  hidden 2-D matrices (mup.param_kind 'hidden'), AdamW as above for everything else
+  (embeddings, LM head, gains, biases, scalars). docs/OPTIMIZERS.md writes out the equations.
+
+The learning-rate schedule sets every group's lr to schedule(step) * group["lr_scale"], so a
+group's lr_scale is its peak rate in units of learning_rate (Muon's: muon_lr / learning_rate).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+import torch.nn as nn
+
+from .model import CONNECTIONS, MethodParam
+from .mup import lr_scale, param_kind
+
+# Newton-Schulz's quintic coefficients (K. Jordan's Muon; torch.optim.Muon's defaults): they
+# maximise the slope at zero, so 5 steps bring every singular value into about [0.7, 1.2].
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+MUON_SHAPE_SCALES = ("original", "match_rms_adamw", "none")
+
+
+class OptimizerSettings(Protocol):
+    """What an optimizer is built from: TrainConfig's optimizer keys (runtime/config.py)."""
+
+    optimizer: str
+    learning_rate: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    optimizer_params: dict[str, Any]
+
+
+# -----------------------------------------------------------------------------
+# The container: one object over one or more torch optimizers
+
+
+class Optimizers:
+    """Every parameter group of the model under one object (the container pattern of nanochat's
+    MuonAdamW and torchtitan's OptimizersContainer). With one inner optimizer its state_dict is
+    that optimizer's own, so checkpoints of the single-AdamW trainer load unchanged."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        if not optimizers:
+            raise ValueError("an Optimizers object needs at least one optimizer")
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for opt in self.optimizers for group in opt.param_groups]
+
+    @property
+    def state(self) -> dict[torch.Tensor, Any]:
+        return {p: s for opt in self.optimizers for p, s in opt.state.items()}
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        if len(self.optimizers) == 1:
+            return self.optimizers[0].state_dict()
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state that state_dict wrote; a state of another optimizer is a ValueError."""
+        states = [state] if len(self.optimizers) == 1 else state.get("optimizers")
+        if not isinstance(states, list) or len(states) != len(self.optimizers):
+            raise ValueError(f"the state holds {len(states) if isinstance(states, list) else 'no list of'} optimizer states, this optimizer has {len(self.optimizers)}")
+        for opt, s in zip(self.optimizers, states):
+            opt.load_state_dict(s)
+
+    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
+        return iter(self.optimizers)
+
+
+# -----------------------------------------------------------------------------
+# The table
+
+
+class OptimizerRecipe:
+    """Base of every entry of OPTIMIZERS: build(model, settings, device_type) -> Optimizers."""
+
+    title = ""  # the name in tables and messages
+    params: tuple[MethodParam, ...] = ()  # the training keys of this optimizer alone
+    has_mup_rule = False  # mup.py's rules hold for its steps; else mup_base_width is refused
+
+    @classmethod
+    def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
+        raise NotImplementedError
+
+    @classmethod
+    def check(cls, model_config: Any, settings: OptimizerSettings) -> None:
+        """Raise a ValueError naming the key if this optimizer cannot train model_config."""
+        if getattr(model_config, "mup_base_width", 0) and not cls.has_mup_rule:
+            raise ValueError(
+                f"mup_base_width={model_config.mup_base_width} asks for μP, which has no rule for optimizer "
+                f"{settings.optimizer!r} (docs/MUP.md); use optimizer={'|'.join(n for n, c in OPTIMIZERS.items() if c.has_mup_rule)} or mup_base_width=0."
+            )
+
+
+OPTIMIZERS: dict[str, type[OptimizerRecipe]] = {}
+
+
+def register_optimizer(name: str) -> Callable[[type[OptimizerRecipe]], type[OptimizerRecipe]]:
+    """Class decorator: make an OptimizerRecipe available as --optimizer=name. Its keys must not
+    clash with another optimizer's (they are training keys of their own)."""
+
+    def wrap(cls: type[OptimizerRecipe]) -> type[OptimizerRecipe]:
+        if not (isinstance(cls, type) and issubclass(cls, OptimizerRecipe)):
+            raise TypeError(f"@register_optimizer({name!r}) needs an OptimizerRecipe subclass, got {cls!r}")
+        taken = {p.key: n for n, c in OPTIMIZERS.items() if n != name for p in c.params}
+        clash = [p.key for p in cls.params if p.key in taken]
+        if clash:
+            raise ValueError(f"optimizer {name!r} declares {clash}, already keys of optimizer {taken[clash[0]]!r}")
+        OPTIMIZERS[name] = cls
+        return cls
+
+    return wrap
+
+
+def optimizer_params() -> dict[str, MethodParam]:
+    """Every registered optimizer's declared keys, by key."""
+    return {p.key: p for cls in OPTIMIZERS.values() for p in cls.params}
+
+
+def resolve_optimizer_params(optimizer: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The keys `optimizer` declares, given values checked, the rest at their defaults; another
+    optimizer's key is refused in one sentence."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {optimizer!r}; valid optimizers are: {', '.join(OPTIMIZERS)}.")
+    own = {p.key: p for p in OPTIMIZERS[optimizer].params}
+    foreign = sorted(k for k in given if k not in own)
+    if foreign:
+        owner = next((n for n, c in OPTIMIZERS.items() for p in c.params if p.key == foreign[0]), None)
+        whose = f"a key of optimizer {owner!r}" if owner else "no optimizer's key"
+        raise ValueError(
+            f"{foreign[0]} is {whose}, not of optimizer {optimizer!r} (its keys: {', '.join(own) or 'none'}); "
+            f"drop it or set optimizer={owner or optimizer}."
+        )
+    return {key: param.checked(given.get(key, param.default)) for key, param in own.items()}
+
+
+def build_optimizer(model: nn.Module, settings: OptimizerSettings, device_type: str = "cpu") -> Optimizers:
+    """The optimizer that `settings.optimizer` names, over every trainable parameter of `model`
+    (a GPT, or its FSDP-sharded form: the groups are by parameter name and kind either way)."""
+    if settings.optimizer not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {settings.optimizer!r}; valid optimizers are: {', '.join(OPTIMIZERS)}.")
+    optimizers = OPTIMIZERS[settings.optimizer].build(model, settings, device_type)
+    check_groups(model, optimizers)
+    return optimizers
+
+
+def check_groups(model: nn.Module, optimizers: Optimizers) -> None:
+    """Every trainable parameter in exactly one group."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    ids = [id(p) for g in optimizers.param_groups for p in g["params"]]
+    assert len(ids) == len(params), "a parameter is in no group"
+    assert len(set(ids)) == len(ids), "a parameter is in two groups"
+    assert set(ids) == {id(p) for p in params}, "a group holds a parameter the model does not train"
+
+
+# -----------------------------------------------------------------------------
+# AdamW: the paper's optimizer
+
+
+def adamw_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], weight_decay: float, learning_rate: float) -> list[dict[str, Any]]:
+    """AdamW's groups over `named` parameters: the connection's rule (decay, LR factor) and μP's
+    factor of each parameter's kind; equal (decay, lr_scale) make one group, in first-seen order."""
+    config = model.config
+    connection = CONNECTIONS[config.connection]
+    ratio = config.mup_ratio
+    grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
+    for name, p in named:
+        rule = connection.optimizer_rule(name, p)
+        scale = lr_scale(param_kind(name, p), ratio) if ratio != 1.0 else 1.0
+        grouped.setdefault((rule.decay, scale * rule.lr_factor), []).append(p)
+    return [
+        {"params": ps, "weight_decay": weight_decay if decayed else 0.0, "lr": learning_rate * scale, "lr_scale": scale}
+        for (decayed, scale), ps in grouped.items()
+    ]
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def make_adamw(groups: list[dict[str, Any]], settings: OptimizerSettings, device_type: str) -> torch.optim.AdamW:
+    # The fused kernel on CUDA (one launch for all parameters); elsewhere torch's default.
+    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    extra = {"fused": True} if fused else {}
+    return torch.optim.AdamW(groups, lr=settings.learning_rate, betas=(settings.beta1, settings.beta2), **extra)
+
+
+@register_optimizer("adamw")
+class AdamW(OptimizerRecipe):
+    """AdamW (beta1, beta2, weight_decay) on every parameter: the paper's, decay on matrices and
+    embeddings only (nGPT: none); under μP a group's rate is learning_rate x its kind's factor."""
+
+    title = "AdamW"
+    has_mup_rule = True
+
+    @classmethod
+    def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
+        groups = adamw_groups(model, trainable(model), settings.weight_decay, settings.learning_rate)
+        return Optimizers([make_adamw(groups, settings, device_type)])
+
+
+# -----------------------------------------------------------------------------
+# Muon
+
+
+def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype, eps: float = NS_EPS) -> torch.Tensor:
+    """The orthogonal factor of g (U V^T of g = U S V^T), approximately: X = g / ||g||_F, then
+    `steps` quintic iterations X <- a X + (b A + c A^2) X with A = X X^T, on the wide side of g
+    (so A is the smaller Gram matrix). Returned in g's dtype."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return (x.T if tall else x).to(g.dtype)
+
+
+def shape_scale(rule: str, shape: torch.Size) -> float:
+    """The factor on Muon's rate for a (fan_out, fan_in) matrix. original: sqrt(max(1, out / in))
+    (an orthogonal update's RMS-to-RMS norm is then that of a square one); match_rms_adamw:
+    0.2 sqrt(max(out, in)) (the update's RMS matches AdamW's typical 0.2); none: 1."""
+    fan_out, fan_in = shape[0], shape[1]
+    if rule == "original":
+        return math.sqrt(max(1.0, fan_out / fan_in))
+    if rule == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(fan_out, fan_in))
+    return 1.0
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole matrix of a tensor that FSDP2 shards across ranks (DTensor), else t itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def like_param(update: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The whole-matrix `update` laid out as p is: this rank's shard of it for a DTensor (every
+    rank holds the same update, so each takes its own rows with no communication)."""
+    if not hasattr(p, "full_tensor"):
+        return update
+    from torch.distributed.tensor import distribute_tensor  # only sharded runs pay its import
+
+    return distribute_tensor(update, p.device_mesh, p.placements, src_data_rank=None)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon on 2-D matrices, the maths of torch.optim.Muon (K. Jordan et al.):
+
+        B <- mu B + (1 - mu) G                       (momentum, an EMA)
+        U  = (1 - mu) G + mu B  (Nesterov)  or  B
+        W <- (1 - lr wd) W - lr s(shape) NS_k(U)
+
+    Under FSDP2 the orthogonalisation is of the whole matrix: each rank gathers U, runs
+    Newton-Schulz on it and keeps its own shard, so the step equals one process's. NS runs in
+    bf16 on CUDA (where the matmuls are fast) and in the matrix's dtype elsewhere."""
+
+    def __init__(self, params: Any, lr: float, weight_decay: float, momentum: float, nesterov: bool,
+                 ns_steps: int, shape_rule: str, ns_dtype: torch.dtype | None = None):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_steps=ns_steps, shape_rule=shape_rule)
+        super().__init__(params, defaults)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:
+        assert closure is None, "Muon takes no closure"
+        for group in self.param_groups:
+            mu = group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mu)
+                u = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                full = whole(u)
+                ortho = newton_schulz(full, group["ns_steps"], self.ns_dtype or full.dtype)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(like_param(ortho, p), alpha=-group["lr"] * shape_scale(group["shape_rule"], full.shape))
+
+
+def _positive(x: float) -> bool:
+    return x > 0 and math.isfinite(x)
+
+
+@register_optimizer("muon")
+class MuonAdamW(OptimizerRecipe):
+    """Muon for the hidden 2-D matrices (attention and MLP weights), AdamW for the rest."""
+
+    title = "Muon"
+    params = (
+        MethodParam("muon_lr", 0.02, "Muon's peak learning rate of the hidden matrices (the schedule scales it as learning_rate)",
+                    check=_positive, must="> 0 and finite"),
+        MethodParam("muon_momentum", 0.95, "Muon's momentum mu (an EMA of the gradients)",
+                    check=lambda m: 0 <= m < 1, must="in [0, 1)"),
+        MethodParam("muon_nesterov", True, "Muon's Nesterov momentum (else the plain EMA)"),
+        MethodParam("muon_ns_steps", 5, "Newton-Schulz iterations of Muon's orthogonalisation",
+                    check=lambda k: 1 <= k <= 50, must="an integer from 1 to 50"),
+        MethodParam("muon_shape_scale", "original",
+                    f"the factor on Muon's rate by a matrix's shape: {', '.join(MUON_SHAPE_SCALES)} (docs/OPTIMIZERS.md)",
+                    check=lambda s: s in MUON_SHAPE_SCALES, must=f"one of: {', '.join(MUON_SHAPE_SCALES)}"),
+    )
+
+    @classmethod
+    def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
+        keys = settings.optimizer_params
+        named = trainable(model)
+        hidden = [(n, p) for n, p in named if p.dim() == 2 and param_kind(n, p) == "hidden"]
+        hidden_ids = {id(p) for _, p in hidden}
+        rest = [(n, p) for n, p in named if id(p) not in hidden_ids]
+        connection = CONNECTIONS[model.config.connection]
+        lr = settings.learning_rate
+        # Peak rate in units of learning_rate: the schedule's shape (warm-up, decay) applies as to AdamW.
+        scale = keys["muon_lr"] / lr if lr > 0 else 0.0
+        decayed = [p for n, p in hidden if connection.optimizer_rule(n, p).decay]
+        plain = [p for n, p in hidden if not connection.optimizer_rule(n, p).decay]
+        groups = [
+            {"params": ps, "weight_decay": wd, "lr": keys["muon_lr"], "lr_scale": scale}
+            for ps, wd in ((decayed, settings.weight_decay), (plain, 0.0)) if ps
+        ]
+        muon = Muon(groups, lr=keys["muon_lr"], weight_decay=settings.weight_decay, momentum=keys["muon_momentum"],
+                    nesterov=keys["muon_nesterov"], ns_steps=keys["muon_ns_steps"], shape_rule=keys["muon_shape_scale"],
+                    ns_dtype=torch.bfloat16 if device_type == "cuda" else None)
+        adamw = make_adamw(adamw_groups(model, rest, settings.weight_decay, lr), settings, device_type)
+        return Optimizers([muon, adamw])
