@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
+import toy_optimizer  # noqa: F401 (registers toy_sgd: a third optimizer shards with no other edit)
 import train
 from spheretnorm.model import GPT, GPTConfig, embedding_axis
 from spheretnorm.runtime.config import parse_config
@@ -27,6 +28,7 @@ from spheretnorm.runtime.stopping import StopSignal
 CONNECTIONS = ("pre_ln", "p_spheret", "geonorm", "ngpt")
 BLOCKS = ("gpt2", "llama")
 STEPS = 10
+MUON_SAVE_AT = 6  # past the warm-up (2 steps): Muon at its full rate
 # The train.py runs of tests/test_fsdp.py (stopped, resumed on 1 and 4 ranks), besides tiny_args:
 # 4, 2 and 1 micro-steps a step on 1, 2 and 4 ranks.
 RUN_ARGS = ("--parallel=fsdp", "--backend=gloo", "--eval_interval=200", "--dist_timeout=60", "--global_batch_size=16")
@@ -89,8 +91,10 @@ def main(data_dir: str, out_dir: str) -> None:
     out = Path(out_dir)
     dist = init_distributed("gloo", 120)
     results: dict = {"memory": memory_at_start(data_dir, out, dist)}
-    results["losses"], results["unit_norm"], results["init_diff"], results["eval"] = {}, {}, {}, {}
+    results["losses"], results["unit_norm"], results["init_diff"], results["eval"], results["weight_diff"] = {}, {}, {}, {}, {}
     variants = [(c, b, ()) for c in CONNECTIONS for b in BLOCKS] + [("pre_ln", "gpt2", ("--mup_base_width=16",))]
+    # Muon orthogonalises whole matrices, sharded or not; and an optimizer registered from a test module.
+    variants += [("pre_ln", "gpt2", ("--optimizer=muon",)), ("p_spheret", "llama", ("--optimizer=muon",)), ("pre_ln", "gpt2", ("--optimizer=toy_sgd",))]
     for connection, block, extra in variants:
         key = f"{connection}/{block}" + "".join(extra)
         args = tiny(data_dir, out / key.replace("-", ""), f"--connection={connection}", f"--block={block}", *extra)
@@ -103,6 +107,8 @@ def main(data_dir: str, out_dir: str) -> None:
         results["losses"][key] = {"ddp": ddp_losses, "fsdp": fsdp_losses}
         results["init_diff"][key] = max((ddp_init[n] - fsdp_init[n]).abs().max().item() for n in ddp_init)
         results["unit_norm"][key] = unit_norm_error(fsdp.raw_model)
+        ddp_now, fsdp_now = full_weights(ddp.raw_model), full_weights(fsdp.raw_model)
+        results["weight_diff"][key] = max((ddp_now[n] - fsdp_now[n]).abs().max().item() for n in ddp_now)
         if block == "gpt2":  # the evaluation row: loss shared among ranks, diagnostics on gathered weights
             rows = [t.evaluator.evaluate() for t in (ddp, fsdp)]
             results["eval"][key] = [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
@@ -126,9 +132,25 @@ def main(data_dir: str, out_dir: str) -> None:
     }
     # The uninterrupted run that test_fsdp's resumes on 1 and 4 ranks must continue.
     results["reference"] = losses(trainer(train_reference_args(data_dir, out / "reference"), dist), 40)
+    results["muon"] = muon_checkpoint(data_dir, out, dist)
     if dist.is_master:
         (out / "results.json").write_text(json.dumps(results))
     torch_dist.destroy_process_group()
+
+
+def muon_checkpoint(data_dir: str, out: Path, dist) -> dict:
+    """A Muon run's sharded checkpoint after MUON_SAVE_AT steps, and the same run uninterrupted:
+    test_fsdp resumes the folder on one process (resharded) and compares."""
+    folder = out / "muon_ckpt"
+    if dist.is_master:
+        folder.mkdir(parents=True, exist_ok=True)
+    torch_dist.barrier()
+    t = trainer([*train_reference_args(data_dir, folder), "--optimizer=muon"], dist)
+    losses(t, MUON_SAVE_AT)
+    t.progress.iter_num = MUON_SAVE_AT
+    t.save_checkpoint()
+    reference = losses(trainer([*train_reference_args(data_dir, out / "muon_reference"), "--optimizer=muon"], dist), MUON_SAVE_AT + 4)
+    return {"out_dir": str(folder), "reference": reference}
 
 
 def train_reference_args(data_dir: str, out: Path) -> list[str]:

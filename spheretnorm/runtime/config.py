@@ -715,8 +715,8 @@ def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
     lines, section = [], None
     _, sections = field_comments(cls)
     for f in fields(cls):
-        if f.name == "connection_params":
-            continue  # its keys are listed one by one (_param_entries)
+        if f.name in ("connection_params", "optimizer_params"):
+            continue  # their keys are listed one by one (_param_entries, _optimizer_entries)
         if sections.get(f.name) and sections[f.name] != section:
             section = sections[f.name]
             lines.append(f" {section}:")
@@ -735,6 +735,15 @@ def _param_entries() -> list[str]:
             f"{params[k].help} (connection {', '.join(owners[k])}{'; in the method key' if params[k].in_key else ''})",
         )
         for k in param_keys()
+    ]
+
+
+def _optimizer_entries() -> list[str]:
+    """The keys that optimizers declare (spheretnorm/optim.py), each with the optimizer it belongs to."""
+    return [
+        _help_entry(f"--{p.key}={_default_text(p.default)}", f"{p.help} (optimizer {name})")
+        for name, cls in OPTIMIZERS.items()
+        for p in cls.params
     ]
 
 
@@ -839,7 +848,7 @@ def config_help(
         parts += ["", "Options of this program:", *(_help_entry(k, v) for k, v in extra_options.items())]
     parts += ["", "Model keys (model.GPTConfig), as --key=DEFAULT:", *_key_entries(GPTConfig, helps), *_param_entries()]
     if train_keys:
-        parts += ["", "Training keys (spheretnorm.runtime.config.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps)]
+        parts += ["", "Training keys (spheretnorm.runtime.config.TrainConfig), as --key=DEFAULT:", *_key_entries(TrainConfig, helps), *_optimizer_entries()]
     return "\n".join(parts) + "\n"
 
 
