@@ -155,7 +155,7 @@ def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[s
         if not arg.startswith("--") or not eq:
             raise UsageError(f"{arg!r} is not an option of this script, nor a train.py override of the form --key=value.")
         if key not in valid:
-            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/config.py for the keys.")
+            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/runtime/config.py for the keys.")
         if key in reserved:
             raise UsageError(f"--{key} is set by this script; use {reserved[key]} instead.")
     return overrides
@@ -401,14 +401,6 @@ def is_evaluated(out_dir: Path) -> bool:
     return "paper_table" in results and incomplete_reason(results) is None
 
 
-def find_runs(root: Path) -> list[Run]:
-    """Every run folder under root (a config.json beside a metrics.jsonl), sorted by path."""
-    root = Path(root)
-    if not root.is_dir():
-        raise UsageError(f"--runs_root {str(root)!r} is not a folder; point it at the out_dir root of your runs (default out/).")
-    return [load_run(p.parent) for p in sorted(root.rglob(CONFIG_NAME)) if (p.parent / METRICS_NAME).is_file()]
-
-
 # Keys of config.json that say nothing about what a run computed: where and how it ran and logged
 # (config.RUN_NEUTRAL_KEYS), and what train.py derives from the others.
 _DERIVED_KEYS = frozenset({"method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params"})
@@ -505,11 +497,6 @@ EXIT_TEXT = {
 def exit_text(code: int) -> str:
     """'stopped: collapse (exit status 3)' and so on; any other status by its number."""
     return f"{EXIT_TEXT[code]} (exit status {code})" if code in EXIT_TEXT else f"exit status {code}"
-
-
-def is_collapsed(status: str) -> bool:
-    """Whether a classify() status is a collapse, found at the end or stopped by train.py's alarm."""
-    return status in ("collapsed", STOPPED_COLLAPSE)
 
 
 def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "") -> tuple[str, str]:
