@@ -129,9 +129,8 @@ class Table:
 # -----------------------------------------------------------------------------
 # Reading run folders, every file checked
 #
-# runs.find_runs reads every run under a root and trusts its files. Here config.json is read
-# for every run (it says the dataset and scale), the other files only for the runs asked
-# about, and each value the tables and plots use is checked, so that a damaged file is one
+# config.json is read for every run under a root (it says the dataset and scale), the other
+# files only for the runs asked about, and each value the tables and plots use is checked, so that a damaged file is one
 # error naming it rather than a traceback, or a run silently filed under the wrong column.
 
 CONFIG_SCHEMA: Schema = {"dataset": str, "method": str, "max_iters": int, "n_layer": int, "n_head": int, "n_embd": int}

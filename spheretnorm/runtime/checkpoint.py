@@ -269,7 +269,7 @@ TIED_HEAD, TIED_TO = "lm_head.weight", "transformer.wte.weight"  # one tensor, s
 def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
     """Write a checkpoint's weights and config as one safetensors file: no pickle, no optimizer.
 
-    load_checkpoint (and so GPT.from_checkpoint, sample.py and the evaluator) reads it back.
+    load_checkpoint (and so load_model, sample.py and the evaluator) reads it back.
     """
     from safetensors.torch import save_file
 
