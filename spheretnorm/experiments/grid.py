@@ -466,7 +466,7 @@ def sort_groups(groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 # -----------------------------------------------------------------------------
-# Outcome of a run: finished, collapsed, diverged
+# Outcome of a run: finished, stuck at unigram, diverged
 
 
 def unigram_loss(data_dir: Path) -> float:
@@ -485,6 +485,9 @@ def unigram_loss(data_dir: Path) -> float:
 
 
 STOPPED_COLLAPSE = "stopped: collapse"
+# A run that finished no better than the token frequencies: it never learnt past the unigram
+# level (it may or may not have collapsed; the collapse alarm's status is STOPPED_COLLAPSE).
+STUCK_AT_UNIGRAM = "stuck at unigram"
 # What each exit status of train.py means (its EXIT_* constants), for the scripts' progress lines.
 EXIT_TEXT = {
     EXIT_CRASH: "crashed",
@@ -500,11 +503,11 @@ def exit_text(code: int) -> str:
 
 
 def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "") -> tuple[str, str]:
-    """(status, reason): status is ok, collapsed, stopped: collapse, diverged, failed or unfinished.
+    """(status, reason): status is ok, stuck at unigram, stopped: collapse, diverged, failed or unfinished.
 
     stopped: collapse: train.py's collapse alarm stopped the run (exit status 3, or its stop row
     when the run was not started here). diverged: train.py stopped on a non-finite loss (exit
-    status 4, or its stop row). collapsed: the run finished but its final val loss is above
+    status 4, or its stop row). stuck at unigram: the run finished but its final val loss is above
     unigram - COLLAPSE_MARGIN, no better than predicting the token frequencies. returncode None
     means the run was not started here (it was found finished or stopped).
     """
@@ -525,5 +528,5 @@ def classify(run: Run | None, returncode: int | None, unigram: float | None, err
     if unigram is not None and final["val_loss"] > unigram - COLLAPSE_MARGIN:
         cosine = final.get("final_cosine")
         extra = f", final cosine {cosine:.3f}" if cosine is not None else ""
-        return "collapsed", f"val loss {final['val_loss']:.3f} vs unigram {unigram:.3f}{extra}"
+        return STUCK_AT_UNIGRAM, f"val loss {final['val_loss']:.3f} vs unigram {unigram:.3f}{extra}"
     return "ok", ""
