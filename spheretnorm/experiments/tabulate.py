@@ -54,16 +54,14 @@ from spheretnorm.zeroshot.errors import (
     NUMBER,
     Schema,
     UnreadableFile,
-    WriteFailed,
     non_finite,
     parse_json,
     problem_sentence,
     read_text_file,
     schema_problem,
     schema_text,
-    write_atomically,
-    write_text_atomically,
 )
+from spheretnorm.runtime.atomic import WriteError, write_atomically, write_text_atomically
 from spheretnorm.zeroshot.driver import PAPER_COLUMNS, results_limit, results_skipped
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.methods import REFERENCE_PATH, load_reference
@@ -624,7 +622,7 @@ def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) ->
 
     try:
         write_atomically(md, write_md)
-    except WriteFailed as exc:
+    except WriteError as exc:
         raise UsageError(str(exc)) from None
     return [md, tex]
 
