@@ -151,7 +151,7 @@ def test_every_command_in_a_folder_bootstraps_before_its_first_package_import() 
         if path.parent == REPO:
             continue  # python train.py: the clone is the script's folder, first on sys.path already
         lines = path.read_text(encoding="utf-8").splitlines()
-        first_import = next(i for i, line in enumerate(lines) if re.match(r"(from|import) spheretnorm\b", line))
+        first_import = next((i for i, line in enumerate(lines) if re.match(r"(from|import) spheretnorm\b", line)), len(lines))
         if not any(is_bootstrap(path, line) for line in lines[:first_import]):
             missing.append(str(path.relative_to(REPO)))
     assert not missing, f"commands without the line {BOOTSTRAP!r} before their first import of spheretnorm: {missing}"
