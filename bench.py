@@ -46,6 +46,10 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before torch: a missing package is one line, not a traceback
+
 import torch
 
 from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf32, estimate_mfu, get_device, peak_flops_for, resolve_dtype

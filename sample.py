@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before torch: a missing package is one line, not a traceback
+
 import torch
 
 from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype

@@ -36,6 +36,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before torch: a missing package is one line, not a traceback
+
 import torch
 import torch.distributed as torch_dist
 

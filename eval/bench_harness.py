@@ -13,8 +13,13 @@ not depend on the weights). Not a test: numbers depend on the machine.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's package, installed or not (docs/ARCHITECTURE.md)
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before any third-party import
 
 import argparse
 import os

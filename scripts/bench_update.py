@@ -14,7 +14,13 @@ sublayers are small or whose GPU is fast pays the second one at every sublayer.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's package, installed or not (docs/ARCHITECTURE.md)
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before any third-party import
 
 import argparse
 import statistics

@@ -9,6 +9,14 @@ against the embedding output, in fp32, under bf16 autocast, and with the whole m
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's package, installed or not (docs/ARCHITECTURE.md)
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before any third-party import
+
 import argparse
 import contextlib
 import json

@@ -4,7 +4,12 @@ The code lives in `spheretnorm.experiments.cpu_pipeline`; this file is the comma
 """
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's package, installed or not (docs/ARCHITECTURE.md)
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before any third-party import
 from spheretnorm.experiments.cpu_pipeline import main
 
 if __name__ == "__main__":

@@ -305,11 +305,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (RoPE) of x (B, nh, T, hs) at positions pos (T,) or (B, T)."""
-    return apply_rotary(x, *rotary_cos_sin(pos, x.size(-1), x.device))
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -1074,13 +1069,6 @@ class GPT(nn.Module):
         """The connection's step after each optimizer step (Connection.after_optimizer_step)."""
         CONNECTIONS[self.config.connection].after_optimizer_step(self)
 
-    def crop_block_size(self, block_size: int) -> None:
-        """Shrink the context length (e.g. to fine-tune at a smaller block size)."""
-        if block_size > self.config.block_size:
-            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}.")
-        self.config.block_size = block_size
-        if "wpe" in self.transformer:
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:

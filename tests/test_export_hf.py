@@ -523,7 +523,7 @@ def test_cli_writes_a_model_card_from_the_checkpoint_and_its_metrics(tmp_path: P
         assert line in card
 
 
-def test_weights_only_safetensors_export_is_read_by_from_checkpoint(tmp_path: Path) -> None:
+def test_weights_only_safetensors_export_is_read_by_load_model(tmp_path: Path) -> None:
     ours = tiny_model(connection="geonorm")
     torch.save(char_checkpoint(ours), tmp_path / "ckpt.pt")
     export_cli.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "st"), "--format", "safetensors"])

@@ -556,7 +556,7 @@ def test_the_driver_runs_a_script_as_python_does(workspace: Workspace) -> None:
 # The library's side: one error type for every checkpoint that cannot give its model
 
 
-def test_from_checkpoint_of_a_dict_refuses_what_load_checkpoint_refuses(workspace: Workspace) -> None:
+def test_load_model_of_a_dict_refuses_what_load_checkpoint_refuses(workspace: Workspace) -> None:
     for fault in ("config-wider-than-weights", "weight-missing", "n_layer-a-string", "vocab_size-huge"):
         with pytest.raises(CheckpointError, match=r"^The checkpoint (does not hold|has an invalid|holds the weights)"):
             load_model(CKPT_CONTENTS[fault](workspace))

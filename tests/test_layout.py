@@ -1,4 +1,5 @@
-"""The shape of the repository: one installed package, no import cycles, no sys.path edits.
+"""The shape of the repository: one installed package, no import cycles, no sys.path edits but
+the commands' one bootstrap line.
 
 These read the source as text (ast), so they hold for every module, including ones whose
 dependencies (triton, transformers) a machine may lack.
@@ -20,6 +21,7 @@ PACKAGE = "spheretnorm"
 # Where the project's Python lives: the package and the commands around it.
 SOURCE_DIRS = (PACKAGE, "scripts", "eval", "data", "config", "tests")
 TOP_LEVEL_COMMANDS = ("train.py", "sample.py", "bench.py")
+COMMAND_FOLDERS = ("scripts", "eval", "data")
 MAX_CLASS_LINES = 250
 MAX_TRAIN_LINES = 600
 
@@ -111,15 +113,48 @@ def test_the_sys_path_pattern_matches_edits_only() -> None:
     assert not SYS_PATH_EDIT.search("if sys.path == []:")
 
 
-def test_no_file_edits_sys_path() -> None:
+# The one sys.path edit: a command of scripts/, eval/ or data/ puts its own clone first, so that it
+# runs from a clone without `pip install` (docs/ARCHITECTURE.md, "The commands").
+BOOTSTRAP = "sys.path.insert(0, str(Path(__file__).resolve().parents[1]))"
+
+
+def command_files() -> list[Path]:
+    """Every command a user runs: the top-level ones and every module of scripts/, eval/, data/."""
+    files = [REPO / name for name in TOP_LEVEL_COMMANDS]
+    for folder in COMMAND_FOLDERS:
+        files += sorted(p for p in (REPO / folder).glob("*.py") if p.name != "__init__.py")
+    return files
+
+
+def is_bootstrap(path: Path, line: str) -> bool:
+    return path.parent.name in COMMAND_FOLDERS and path.parent.parent == REPO and line.split("#")[0].strip() == BOOTSTRAP
+
+
+def test_no_file_edits_sys_path_but_the_commands_bootstrap() -> None:
     offenders = [
         f"{path.relative_to(REPO)}:{number}"
         for path in project_files()
         if path.name != "test_layout.py"
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-        if SYS_PATH_EDIT.search(line)
+        if SYS_PATH_EDIT.search(line) and not is_bootstrap(path, line)
     ]
-    assert not offenders, f"sys.path edits (use the installed package instead): {offenders}"
+    assert not offenders, f"sys.path edits (the package is found by the commands' bootstrap line, {BOOTSTRAP!r}): {offenders}"
+    assert is_bootstrap(REPO / "scripts" / "tables.py", BOOTSTRAP + "  # why")
+    assert not is_bootstrap(REPO / PACKAGE / "model.py", BOOTSTRAP)
+
+
+def test_every_command_in_a_folder_bootstraps_before_its_first_package_import() -> None:
+    """Run as a file, a command of scripts/ finds its folder, not the clone: without the line, the
+    package must be installed (and an installed copy elsewhere would win over the clone's)."""
+    missing = []
+    for path in command_files():
+        if path.parent == REPO:
+            continue  # python train.py: the clone is the script's folder, first on sys.path already
+        lines = path.read_text(encoding="utf-8").splitlines()
+        first_import = next((i for i, line in enumerate(lines) if re.match(r"(from|import) spheretnorm\b", line)), len(lines))
+        if not any(is_bootstrap(path, line) for line in lines[:first_import]):
+            missing.append(str(path.relative_to(REPO)))
+    assert not missing, f"commands without the line {BOOTSTRAP!r} before their first import of spheretnorm: {missing}"
 
 
 def test_one_installed_import_name(tmp_path: Path) -> None:
@@ -180,7 +215,7 @@ def test_docstrings_point_inside_the_repository() -> None:
 
 def test_commands_import_the_package_not_each_other() -> None:
     """A command's shared logic lives in spheretnorm/: scripts/, eval/ and data/ import none of
-    their neighbours (run as files, they could not without a sys.path edit)."""
+    their neighbours (their bootstrap line puts the clone on sys.path for the package only)."""
     offenders = []
     for folder in ("scripts", "eval", "data"):
         for path in (REPO / folder).glob("*.py"):
@@ -281,7 +316,6 @@ def test_model_py_imports_only_torch_the_standard_library_and_the_core() -> None
 # or a second command needs lives in the package. And every Python file name says which file it
 # is: no two files share one (__init__.py and conftest.py aside).
 
-COMMAND_FOLDERS = ("scripts", "eval", "data")
 # What older commits wrote, with the script that wrote it (run against that commit's checkout,
 # whose commands it imports): data, not the project's source. An exported Hugging Face folder must
 # call its code modeling_spheretnorm.py and configuration_spheretnorm.py, as config.json names them.

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from spheretnorm.model import CONNECTIONS, GPT, DyT, GPTConfig, LayerNorm, RMSNorm, rotate
+from spheretnorm.model import CONNECTIONS, GPT, DyT, GPTConfig, LayerNorm, RMSNorm, apply_rotary, rotary_cos_sin
 
 REPO = Path(__file__).resolve().parents[1]
 THETA = 10000.0  # LLaMA's RoPE base
@@ -113,6 +113,11 @@ def pre_ln_llama_logits(state: dict[str, torch.Tensor], config: GPTConfig, idx: 
 
 # -----------------------------------------------------------------------------
 # RoPE
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """RoPE of x (B, nh, T, hs) at positions pos (T,) or (B, T), as the attention turns q and k."""
+    return apply_rotary(x, *rotary_cos_sin(pos, x.size(-1), x.device))
 
 
 @pytest.mark.parametrize("pos_shape", ["T", "BT"])

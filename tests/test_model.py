@@ -490,14 +490,6 @@ def test_clean_state_dict():
     assert list(clean_state_dict({"_orig_mod.module.a.b": 1, "c": 2})) == ["a.b", "c"]
 
 
-def test_crop_block_size():
-    model = GPT(tiny_config())
-    model.crop_block_size(8)
-    assert model(torch.zeros(1, 8, dtype=torch.long))[0].shape == (1, 8, 96)
-    with pytest.raises(ValueError, match="larger than"):
-        model.crop_block_size(32)
-
-
 def test_sphere_connections_are_the_sphere_classes():
     """SPHERE_CONNECTIONS is read off the registry, and every retraction of the table has a user."""
     from spheretnorm.retractions import RETRACTIONS

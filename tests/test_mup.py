@@ -244,8 +244,8 @@ def test_transfer_study_measures_the_optimum_move_in_grid_steps() -> None:
     rows = [
         row("standard", 64, 1e-3, 2.5), row("standard", 64, 4e-3, 2.2), row("standard", 64, 8e-3, 2.3),
         row("standard", 256, 1e-3, 2.1), row("standard", 256, 4e-3, 2.3), row("standard", 256, 8e-3, None, "diverged"),
-        row("mup", 64, 4e-3, 2.2), row("mup", 256, 4e-3, 2.0), row("mup", 256, 8e-3, 1.9, "collapsed"),
+        row("mup", 64, 4e-3, 2.2), row("mup", 256, 4e-3, 2.0), row("mup", 256, 8e-3, 1.9, "stuck at unigram"),
     ]
     moves = {m["param"]: m for m in mup_transfer.optimum_moves(rows, lrs)}
     assert moves["standard"]["grid_steps"] == -2 and moves["standard"]["best_lr"] == {"64": 4e-3, "256": 1e-3}
-    assert moves["mup"]["grid_steps"] == 0  # a collapsed run is never the optimum
+    assert moves["mup"]["grid_steps"] == 0  # a run stuck at unigram is never the optimum

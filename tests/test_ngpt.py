@@ -133,7 +133,7 @@ def perturbed_model(block: str) -> GPT:
     return model.double()
 
 
-# RoPE's angles are computed in fp32 whatever the dtype (model.rotate), so LLaMA's block agrees
+# RoPE's angles are computed in fp32 whatever the dtype (model.rotary_cos_sin), so LLaMA's block agrees
 # to fp32 precision only; GPT-2's is fp64 throughout.
 TOLERANCE = {"gpt2": 1e-9, "llama": 2e-5}
 

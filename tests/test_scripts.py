@@ -368,7 +368,7 @@ def test_reproduce_cpu_two_methods(tmp_path: Path, tiny_corpus: Path, capsys: py
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((repro / "summary.json").read_text())
     assert [r["method"] for r in summary["runs"]] == ["pre_ln", "proj_spheret"]
-    assert all(r["status"] in ("ok", "collapsed") and r["last_eval_iter"] == 20 for r in summary["runs"])
+    assert all(r["status"] in ("ok", "stuck at unigram") and r["last_eval_iter"] == 20 for r in summary["runs"])
     # A second call reuses the finished runs instead of training again.
     assert reproduce_cpu.main(argv) == 0
     assert "already finished" in capsys.readouterr().out
@@ -387,11 +387,11 @@ def test_lr_sweep_marks_diverged_runs(tmp_path: Path, tiny_corpus: Path) -> None
     assert (tmp_path / "sweep" / "lr_sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_classify_collapse_rule(tmp_path: Path) -> None:
+def test_classify_unigram_rule(tmp_path: Path) -> None:
     def run_with(val: float, last_iter: int = 100) -> runs.Run:
         return runs.Run(tmp_path, {"max_iters": 100}, [{"kind": "eval", "iter": last_iter, "val_loss": val, "final_cosine": 0.99}], None)
 
-    assert runs.classify(run_with(3.34), 0, unigram=3.35)[0] == "collapsed"
+    assert runs.classify(run_with(3.34), 0, unigram=3.35)[0] == "stuck at unigram"
     assert runs.classify(run_with(3.29), 0, unigram=3.35)[0] == "ok"
     assert runs.classify(run_with(2.0, last_iter=50), 0, unigram=3.35)[0] == "unfinished"
     assert runs.classify(None, 4, 3.35, "error: loss became nan at iter 6; stopping")[0] == "diverged"

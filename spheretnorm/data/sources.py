@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.runtime.atomic import replace_file
 from spheretnorm.runtime.token_files import PrepareError
 from spheretnorm.data.pipeline import sha256_file
 
@@ -264,17 +265,17 @@ def download(url: str, dest: Path, timeout_s: float = 30.0) -> Path:
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".download")
-    try:
+
+    def fetch(tmp: Path) -> None:
         with urllib.request.urlopen(url, timeout=timeout_s) as response, open(tmp, "wb") as f:
             f.write(response.read())
+
+    try:
+        return replace_file(dest, fetch, temp=dest.with_name(dest.name + ".download"))
     except OSError as exc:  # URLError, timeouts and socket errors are all OSErrors
-        tmp.unlink(missing_ok=True)
         raise PrepareError(
             f"Could not download {url} ({exc}); without network, pass a local copy with --input PATH."
         ) from exc
-    os.replace(tmp, dest)
-    return dest
 
 
 def url_source(url: str, cache_path: Path, text_field: str, batch_size: int) -> DocumentSource:

@@ -8,7 +8,7 @@ Trains each method (24 layers x 128 wide, Tiny Shakespeare characters, block 64,
 one learning rate and one warm-up for all, two runs at a time on one thread each, then writes
 OUT_DIR/tables.{md,tex} (the paper's Tables 2 and 3 for these runs), OUT_DIR/figures/*.{png,pdf}
 (loss curves, as the paper's Figures 2 and 3), OUT_DIR/summary.json, and prints the tables,
-each run's outcome (ok / collapsed / diverged) and the wall-clock time. On 2 cores the default
+each run's outcome (ok / stuck at unigram / diverged) and the wall-clock time. On 2 cores the default
 took 15 minutes (results in docs/EXPERIMENTS.md).
 
 Runs go to OUT_DIR/shakespeare_char_24x128/<method>/ (train.log beside metrics.jsonl); a run
@@ -46,7 +46,7 @@ from spheretnorm.experiments.study import (
     wall_clock_line,
 )
 from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, check_overrides, parse_methods, unigram_loss
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_methods, unigram_loss
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import display_name, method_args, scale_of
 from spheretnorm.runtime.config import method_dirname
@@ -87,7 +87,7 @@ def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, th
 
 
 def outcome_rows(methods: list[str], results: list[JobResult], unigram: float) -> list[dict[str, Any]]:
-    """One row per method: final losses, final cosine, status (ok / collapsed / diverged) and time."""
+    """One row per method: final losses, final cosine, status (ok / stuck at unigram / diverged) and time."""
     return [{"method": m, **outcome(r, unigram)} for m, r in zip(methods, results)]
 
 
@@ -158,7 +158,7 @@ def reproduce(args: argparse.Namespace, overrides: list[str]) -> int:
 
     print()
     print(tables.render(built, "markdown"))
-    print(f"Run outcomes (collapsed: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, "
+    print(f"Run outcomes ({STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, "
           "no better than predicting character frequencies; diverged: the loss became non-finite):\n")
     print(outcome_table(rows) + "\n")
     print(settings)

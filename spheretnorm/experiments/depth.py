@@ -110,7 +110,7 @@ def plan_runs(methods: list[str], seeds: list[int], ablation: bool) -> list[Stud
 
 
 def result_row(run: StudyRun, result: JobResult, unigram: float) -> dict[str, Any]:
-    """The outcome of one run (cpu_study.outcome) and the diagnostics of its last evaluation."""
+    """The outcome of one run (study.outcome) and the diagnostics of its last evaluation."""
     base = outcome(result, unigram)
     out_dir = result.job.out_dir
     final = load_run(out_dir).final_eval if (out_dir / CONFIG_NAME).is_file() else None

@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.block_variants import BLOCK_TITLES
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import CONFIG_NAME, STOPPED_COLLAPSE, check_overrides, load_run, unigram_loss
+from spheretnorm.experiments.grid import CONFIG_NAME, STOPPED_COLLAPSE, STUCK_AT_UNIGRAM, check_overrides, load_run, unigram_loss
 from spheretnorm.experiments.study import (
     CPU_MODEL,
     RESERVED,
@@ -191,7 +191,7 @@ class Design:
         return as_args(settings) + method_args(arm.method) + self.overrides + extra
 
 
-UNSTABLE = ("diverged", "collapsed", STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
+UNSTABLE = ("diverged", STUCK_AT_UNIGRAM, STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
 
 
 def final_loss(row: dict[str, Any]) -> float:

@@ -52,7 +52,8 @@ from matplotlib.ticker import MaxNLocator
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
 import matplotlib.pyplot as plt
 
-from spheretnorm.zeroshot.errors import NUMBER, WriteFailed, non_finite, write_atomically
+from spheretnorm.zeroshot.errors import NUMBER, non_finite
+from spheretnorm.runtime.atomic import WriteError, write_atomically
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic, lacking, lacking_note
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.cli import HelpFormatter
@@ -206,7 +207,7 @@ def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
     try:
         for path in paths:
             write_atomically(path, lambda tmp, fmt=path.suffix[1:]: fig.savefig(tmp, dpi=150, format=fmt))
-    except WriteFailed as exc:
+    except WriteError as exc:
         raise UsageError(str(exc)) from None
     finally:
         plt.close(fig)

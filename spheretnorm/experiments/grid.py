@@ -20,7 +20,6 @@ rule may lack it, and then counts as not finished).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass
@@ -47,24 +46,18 @@ from spheretnorm.runtime.run_folder import (
 )
 from spheretnorm.runtime.config import (
     MODEL_KEYS,
-    ConfigError,
-    parse_value,
-    split_model_keys,
+    RUN_NEUTRAL_KEYS,
+    RUN_RECORD_KEYS,
     TRAIN_KEYS,
     ParsedConfig,
-    TrainConfig,
-    method_dirname as config_dirname,
-    method_key,
     method_keys_neutral,
     param_keys,
     param_text,
     run_conflicts,
     run_settings,
     saved_settings,
-    RUN_NEUTRAL_KEYS,
-    RUN_RECORD_KEYS,
-    resolve_wandb_names,
 )
+
 SHARED_DIR = REPO_ROOT.parent / "shared"
 ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
 
@@ -160,7 +153,7 @@ def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[s
         if not arg.startswith("--") or not eq:
             raise UsageError(f"{arg!r} is not an option of this script, nor a train.py override of the form --key=value.")
         if key not in valid:
-            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/config.py for the keys.")
+            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/runtime/config.py for the keys.")
         if key in reserved:
             raise UsageError(f"--{key} is set by this script; use {reserved[key]} instead.")
     return overrides
@@ -398,14 +391,6 @@ def is_evaluated(out_dir: Path) -> bool:
     return "paper_table" in results and incomplete_reason(results) is None
 
 
-def find_runs(root: Path) -> list[Run]:
-    """Every run folder under root (a config.json beside a metrics.jsonl), sorted by path."""
-    root = Path(root)
-    if not root.is_dir():
-        raise UsageError(f"--runs_root {str(root)!r} is not a folder; point it at the out_dir root of your runs (default out/).")
-    return [load_run(p.parent) for p in sorted(root.rglob(CONFIG_NAME)) if (p.parent / METRICS_NAME).is_file()]
-
-
 _SHOWN_DIFFERENCES = 4
 
 
@@ -488,7 +473,7 @@ def sort_groups(groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 # -----------------------------------------------------------------------------
-# Outcome of a run: finished, collapsed, diverged
+# Outcome of a run: finished, stuck at unigram, diverged
 
 
 def unigram_loss(data_dir: Path) -> float:
@@ -507,6 +492,9 @@ def unigram_loss(data_dir: Path) -> float:
 
 
 STOPPED_COLLAPSE = "stopped: collapse"
+# A run that finished no better than the token frequencies: it never learnt past the unigram
+# level (it may or may not have collapsed; the collapse alarm's status is STOPPED_COLLAPSE).
+STUCK_AT_UNIGRAM = "stuck at unigram"
 # What each exit status of train.py means (its EXIT_* constants), for the scripts' progress lines.
 EXIT_TEXT = {
     EXIT_CRASH: "crashed",
@@ -521,17 +509,12 @@ def exit_text(code: int) -> str:
     return f"{EXIT_TEXT[code]} (exit status {code})" if code in EXIT_TEXT else f"exit status {code}"
 
 
-def is_collapsed(status: str) -> bool:
-    """Whether a classify() status is a collapse, found at the end or stopped by train.py's alarm."""
-    return status in ("collapsed", STOPPED_COLLAPSE)
-
-
 def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "") -> tuple[str, str]:
-    """(status, reason): status is ok, collapsed, stopped: collapse, diverged, failed or unfinished.
+    """(status, reason): status is ok, stuck at unigram, stopped: collapse, diverged, failed or unfinished.
 
     stopped: collapse: train.py's collapse alarm stopped the run (exit status 3, or its stop row
     when the run was not started here). diverged: train.py stopped on a non-finite loss (exit
-    status 4, or its stop row). collapsed: the run finished but its final val loss is above
+    status 4, or its stop row). stuck at unigram: the run finished but its final val loss is above
     unigram - COLLAPSE_MARGIN, no better than predicting the token frequencies. returncode None
     means the run was not started here (it was found finished or stopped).
     """
@@ -552,5 +535,5 @@ def classify(run: Run | None, returncode: int | None, unigram: float | None, err
     if unigram is not None and final["val_loss"] > unigram - COLLAPSE_MARGIN:
         cosine = final.get("final_cosine")
         extra = f", final cosine {cosine:.3f}" if cosine is not None else ""
-        return "collapsed", f"val loss {final['val_loss']:.3f} vs unigram {unigram:.3f}{extra}"
+        return STUCK_AT_UNIGRAM, f"val loss {final['val_loss']:.3f} vs unigram {unigram:.3f}{extra}"
     return "ok", ""

@@ -6,9 +6,9 @@
 For each method, peak LR and warm-up, one run of the CPU model (24 layers x 128 wide, Tiny
 Shakespeare characters, block 64, batch 16, cosine decay to lr/10 at --max_iters), then a plot
 like Keel's Figure 1a: final val loss against the LR (log scale), one line per method, one
-panel per warm-up. Marked on it: collapsed runs (final val loss no better than the unigram
-loss, drawn on the dotted unigram line's level: a hollow red ring) and diverged runs (the loss
-became non-finite and train.py stopped: a red cross at the panel's top). Any other
+panel per warm-up. Marked on it: runs stuck at unigram (final val loss no better than the
+unigram loss, drawn on the dotted unigram line's level: a hollow red ring) and diverged runs
+(the loss became non-finite and train.py stopped: a red cross at the panel's top). Any other
 --key=value is passed to every train.py run (e.g. --n_layer=12 --block_size=128).
 
 Writes OUT_DIR/sweep.json (every run's result), OUT_DIR/sweep.md (the table) and
@@ -55,6 +55,7 @@ from spheretnorm.experiments.figures import method_style, save_figure
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.experiments.grid import (
     COLLAPSE_MARGIN,
+    STUCK_AT_UNIGRAM,
     parse_numbers,
     check_overrides,
     parse_methods,
@@ -139,7 +140,7 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path) -> list[Path]:
-    """Val loss vs LR, one panel per warm-up; collapsed and diverged runs marked in red."""
+    """Val loss vs LR, one panel per warm-up; runs stuck at unigram and diverged runs marked in red."""
     warmups = sorted({r["warmup"] for r in rows})
     fig, axes = plt.subplots(1, len(warmups), figsize=(5.2 * len(warmups), 4.2), sharey=True, squeeze=False)
     finite = [r["val_loss"] for r in rows if r["val_loss"] is not None]
@@ -152,7 +153,7 @@ def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path
             ys = [r["val_loss"] for r in points if r["val_loss"] is not None]
             ax.plot(xs, ys, marker="o", markersize=4, label=display_name(method), **style)
             for r in points:
-                if r["status"] == "collapsed":
+                if r["status"] == STUCK_AT_UNIGRAM:
                     ax.plot(r["lr"], r["val_loss"], marker="o", markersize=13, markerfacecolor="none", markeredgecolor="red", linestyle="none")
                 elif r["status"] == "diverged":
                     ax.plot(r["lr"], top, marker="x", markersize=10, color="red", linestyle="none")
@@ -163,7 +164,7 @@ def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path
         ax.set_title(f"warm-up {warmup} iterations")
         ax.set_xlabel("peak learning rate")
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("final val loss (red ring: collapsed, red x: diverged)")
+    axes[0][0].set_ylabel(f"final val loss (red ring: {STUCK_AT_UNIGRAM}, red x: diverged)")
     axes[0][0].set_ylim(top=top + 0.1)
     # One legend under the panels, where it hides no point.
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -174,7 +175,7 @@ def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path
 
 
 def findings(rows: list[dict[str, Any]]) -> list[str]:
-    """One sentence per method: where it collapsed or diverged, and its best point."""
+    """One sentence per method: where it got stuck at unigram, collapsed or diverged, and its best point."""
     lines = []
     for m in sort_methods(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == m]
@@ -237,7 +238,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     title = f"{name}: final val loss after {args.max_iters} iterations"
     figure_paths = plot_sweep(rows, unigram, title, out_dir / "lr_sweep")
     table = sweep_table(rows)
-    rule = (f"collapsed: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN} (no better than character "
+    rule = (f"{STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN} (no better than character "
             "frequencies); diverged: the loss became non-finite and train.py stopped.")
     found = findings(rows)
     wall = time.perf_counter() - started

@@ -54,16 +54,14 @@ from spheretnorm.zeroshot.errors import (
     NUMBER,
     Schema,
     UnreadableFile,
-    WriteFailed,
     non_finite,
     parse_json,
     problem_sentence,
     read_text_file,
     schema_problem,
     schema_text,
-    write_atomically,
-    write_text_atomically,
 )
+from spheretnorm.runtime.atomic import WriteError, write_atomically, write_text_atomically
 from spheretnorm.zeroshot.driver import PAPER_COLUMNS, results_limit, results_skipped
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.methods import REFERENCE_PATH, load_reference
@@ -129,9 +127,8 @@ class Table:
 # -----------------------------------------------------------------------------
 # Reading run folders, every file checked
 #
-# runs.find_runs reads every run under a root and trusts its files. Here config.json is read
-# for every run (it says the dataset and scale), the other files only for the runs asked
-# about, and each value the tables and plots use is checked, so that a damaged file is one
+# config.json is read for every run under a root (it says the dataset and scale), the other
+# files only for the runs asked about, and each value the tables and plots use is checked, so that a damaged file is one
 # error naming it rather than a traceback, or a run silently filed under the wrong column.
 
 CONFIG_SCHEMA: Schema = {"dataset": str, "method": str, "max_iters": int, "n_layer": int, "n_head": int, "n_embd": int}
@@ -625,7 +622,7 @@ def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) ->
 
     try:
         write_atomically(md, write_md)
-    except WriteFailed as exc:
+    except WriteError as exc:
         raise UsageError(str(exc)) from None
     return [md, tex]
 

@@ -32,8 +32,8 @@ from spheretnorm import mup
 from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
 from spheretnorm.hf.llama import LLAMA_KEYS, from_llama_state, llama_features, to_hf_llama
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, GPTConfig
+from spheretnorm.runtime.atomic import apply_umask
 from spheretnorm.runtime.checkpoint import (
-    apply_umask,
     check_weights,
     is_state_dict,
     load_model,

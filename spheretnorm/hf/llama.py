@@ -45,7 +45,7 @@ LLAMA_KEYS = {
     "block_size": "max_position_embeddings",
     "vocab_size": "vocab_size",
 }
-# The rotary embedding our attention runs (model.rotate), in transformers 5's form.
+# The rotary embedding our attention runs (model.rotary_cos_sin, apply_rotary), in transformers 5's form.
 LLAMA_ROPE = {"rope_type": "default", "rope_theta": ROPE_BASE}
 
 _OUR_BLOCK = re.compile(r"^transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")

@@ -10,13 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.zeroshot.errors import folder_mode, remove_written, write_failure
+from spheretnorm.runtime.atomic import apply_umask, folder_mode, remove_written, write_failure
 
 from spheretnorm.runtime.config import method_key
 from spheretnorm.hf.folder import HFFolderError, check_new_folder, export_hf, plain_model_class
 from spheretnorm.model import GPT
 from spheretnorm.runtime.config import config_from_dict
-from spheretnorm.runtime.checkpoint import apply_umask, load_checkpoint, load_model, save_safetensors_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, save_safetensors_checkpoint
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.methods import display_name, scale_of
 from spheretnorm.runtime.run_folder import read_metrics

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import pickle
 import re
 import warnings
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from spheretnorm.model import GPT, GPTConfig
+from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
@@ -47,15 +47,14 @@ def atomic_torch_save(obj: object, path: str | Path) -> None:
     names the file: torch reports a full disk as a RuntimeError from its zip writer.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename, so a node crash cannot leave it empty
-        os.replace(tmp, path)
+
+    try:
+        replace_file(path, write, temp=path.with_name(path.name + ".tmp"), durable=True)
     except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
         raise OSError(getattr(e, "errno", None) or 0, f"could not write {path} ({write_failure_reason(e)})") from None
 
 
@@ -244,17 +243,6 @@ def is_state_dict(state: Any) -> bool:
 
 
 
-def apply_umask(path: str | Path) -> None:
-    """Give `path` the permissions open() gives a new file: 0666 less the process's umask.
-
-    safetensors writes into a private temporary file (mode 0600) and renames it, so without
-    this its files would be unreadable to the group and to others, unlike every other output.
-    """
-    umask = os.umask(0)  # the only way to read it; set back at once
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 
 # The checkpoint keys a safetensors checkpoint keeps besides the weights, JSON-encoded in its
 # metadata (safetensors metadata holds strings only).
@@ -269,7 +257,7 @@ TIED_HEAD, TIED_TO = "lm_head.weight", "transformer.wte.weight"  # one tensor, s
 def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
     """Write a checkpoint's weights and config as one safetensors file: no pickle, no optimizer.
 
-    load_checkpoint (and so GPT.from_checkpoint, sample.py and the evaluator) reads it back.
+    load_checkpoint (and so load_model, sample.py and the evaluator) reads it back.
     """
     from safetensors.torch import save_file
 

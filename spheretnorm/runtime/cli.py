@@ -1,9 +1,15 @@
-"""What every command shares: the checkout's root, the --help formatter and the usage error."""
+"""What every command shares: the checkout's root, the --help formatter, the usage error and the
+one line a command prints when a package it needs is missing.
+
+It imports the standard library only: a command imports it before torch, so that a missing torch
+can be reported by it (docs/ARCHITECTURE.md, "The commands")."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from types import TracebackType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: config/, data/, reference/
 
@@ -25,3 +31,35 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 class UsageError(ValueError):
     """A bad command-line value; scripts print it as one line and exit with status 2."""
+
+
+MISSING_PACKAGE_EXIT = 2  # as a usage error: the command did not start
+
+
+def missing_package_line(command_file: str, module: str) -> str:
+    """What a command says when `module` cannot be imported: which command, what it needs, how to install it."""
+    command = Path(command_file).resolve()
+    shown = command.relative_to(REPO_ROOT) if command.is_relative_to(REPO_ROOT) else command
+    return (
+        f"{shown.as_posix()} needs {module}; install the project from {REPO_ROOT}: "
+        'pip install -e ".[dev]" (README.md, "Which torch gets installed", says which torch to choose first)'
+    )
+
+
+def explain_missing_packages(command_file: str) -> None:
+    """Make an uncaught ModuleNotFoundError of another package one line and exit status 2.
+
+    A command calls this before its first third-party import. The hook replaces the traceback
+    only where a package is absent: a module of this package that cannot be found is a bug, and
+    every other error, keeps its traceback."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        name = getattr(error, "name", None) if issubclass(kind, ModuleNotFoundError) else None
+        if not name or name.split(".")[0] == __package__.split(".")[0]:
+            previous(kind, error, tb)
+            return
+        print(missing_package_line(command_file, name), file=sys.stderr)
+        raise SystemExit(MISSING_PACKAGE_EXIT)  # from an excepthook, Python exits with this status
+
+    sys.excepthook = hook

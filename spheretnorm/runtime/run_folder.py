@@ -12,11 +12,10 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from spheretnorm.runtime.checkpoint import apply_umask
+from spheretnorm.runtime.atomic import replace_file
 from spheretnorm.runtime.config import run_conflicts
 
 if TYPE_CHECKING:
@@ -120,16 +119,11 @@ class MetricsLog:
     def __init__(self, path: Path, resume_iter: int | None):
         self.path = path
         kept = self._rows_up_to(resume_iter) if resume_iter is not None else []
-        tmp = path.with_name(path.name + ".tmp")
+        text = "".join(json.dumps(row) + "\n" for row in kept)
         try:  # the old file stays whole until the new one is; a failed write leaves no temp file
-            tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
-            os.replace(tmp, path)
-        except BaseException as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            if isinstance(e, OSError):  # one line, as a failed checkpoint write: machine_failure
-                raise OSError(e.errno or 0, f"could not rewrite {path} ({e.strerror or e}); it is as it was") from None
-            raise
+            replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), temp=path.with_name(path.name + ".tmp"))
+        except OSError as e:  # one line, as a failed checkpoint write: machine_failure
+            raise OSError(e.errno or 0, f"could not rewrite {path} ({e.strerror or e}); it is as it was") from None
         self._file = open(path, "a", encoding="utf-8")
 
     def _rows_up_to(self, last_iter: int) -> list[dict[str, Any]]:
@@ -236,28 +230,9 @@ def slurm_lock_name(stage: str) -> str:
     return f"slurm_{stage}.lock"
 
 
-def replace_file(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call write(tmp) on a temporary name in path's folder, then rename it onto path, so that
-    path holds the whole new file or what it held before. On any failure the temporary file is
-    removed and the error raised as it came (an OSError names no file: callers say which).
-    The one mechanism behind every atomic writer but the checkpoint's (which also fsyncs)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        apply_umask(tmp)  # mkstemp makes its file private (0600); outputs get the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_json_atomic(path: Path, value: Any) -> None:
     """path holds the JSON of value, or what it held before: never a half-written file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     replace_file(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
 
 

@@ -404,11 +404,11 @@ def write_results(results: dict[str, Any], path: Path) -> None:
 
     A full disk (or any OSError) is one EvalError naming the file.
     """
-    from spheretnorm.zeroshot.errors import WriteFailed, write_text_atomically
+    from spheretnorm.runtime.atomic import WriteError, write_text_atomically
 
     try:
         write_text_atomically(path, json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
-    except WriteFailed as exc:
+    except WriteError as exc:
         raise EvalError(str(exc)) from None
 
 

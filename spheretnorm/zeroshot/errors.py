@@ -11,15 +11,11 @@ scripts/plot.py use them too, for run folders (config.json, metrics.jsonl, ckpt_
 
 from __future__ import annotations
 
-import errno
-import os
-import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from spheretnorm.runtime.config import TYPE_WORDS, type_text
-from spheretnorm.runtime.run_folder import replace_file
 
 
 class EvalError(Exception):
@@ -56,50 +52,6 @@ def parse_json(text: str) -> Any:
 def non_finite(value: Any) -> bool:
     """Whether a number is nan or +-inf (JSON's NaN / Infinity, which Python's json reads)."""
     return isinstance(value, float) and (value != value or value in (float("inf"), float("-inf")))
-
-
-# -----------------------------------------------------------------------------
-# Writing outputs: a temporary name in the same folder, then a rename
-
-
-class WriteFailed(Exception):
-    """An output that could not be written; the message is one sentence naming the file."""
-
-
-def write_failure(path: str | Path, exc: OSError) -> WriteFailed:
-    """The sentence for an OSError while writing `path` (a full disk said as such)."""
-    full = exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-    why = f"{exc.strerror or exc}" + ("; the disk (or the file size limit) is full, free space and run again" if full else "")
-    return WriteFailed(f"Cannot write {str(path)!r} ({why}); no partial file was left.")
-
-
-def folder_mode() -> int:
-    """The permissions mkdir() gives a new folder: 0777 less the umask."""
-    umask = os.umask(0)  # the only way to read it; set back at once
-    os.umask(umask)
-    return 0o777 & ~umask
-
-
-def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """run_folder.replace_file (a temporary name, then a rename; nothing partial left), with an
-    OSError as one WriteFailed sentence naming path."""
-    try:
-        return replace_file(path, write)
-    except OSError as exc:
-        raise write_failure(path, exc) from None
-
-
-def write_text_atomically(path: str | Path, text: str) -> Path:
-    """write_atomically of a UTF-8 text."""
-    return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def remove_written(path: Path) -> None:
-    """Remove a file or folder an interrupted write left (best effort, never raising)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 # -----------------------------------------------------------------------------
