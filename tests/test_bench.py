@@ -74,9 +74,9 @@ def test_progress_goes_to_stderr_and_json_only_where_asked(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert not [line for line in out.splitlines() if line.startswith("{")]  # no JSON unasked
     assert out.splitlines()[0].startswith("bench: ") and out.splitlines()[-1].startswith("| ")
-    for expected in ("warmed up 1/2: pre_ln gpt2 - eager (1 step in ", "warmed up 2/2: geonorm gpt2 fused eager",
-                     "timed round 1/2 (2 variants", "timed round 2/2 (2 variants", "row 1/2: pre_ln gpt2 - eager: ",
-                     "row 2/2: geonorm gpt2 fused eager: "):  # fmt: skip
+    for expected in ("warmed up 1/2: pre_ln gpt2 - eager adamw (1 step in ", "warmed up 2/2: geonorm gpt2 fused eager adamw",
+                     "timed round 1/2 (2 variants", "timed round 2/2 (2 variants", "row 1/2: pre_ln gpt2 - eager adamw: ",
+                     "row 2/2: geonorm gpt2 fused eager adamw: "):  # fmt: skip
         assert expected in err, expected
     assert err.index("warmed up 2/2") < err.index("timed round 1/2") < err.index("row 1/2")
 
@@ -90,3 +90,15 @@ def test_progress_goes_to_stderr_and_json_only_where_asked(tmp_path, capsys):
     bench.main(args + [f"--json={path}"])
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert len(json.loads(path.read_text())["results"][1]["step_ms_all"]) == 2
+
+
+def test_each_optimizer_is_a_row_with_its_share_of_the_step(capsys):
+    report = bench.main(TINY + ["--connections=pre_ln", "--optimizers=adamw,muon", "--steps=2", "--warmup=1"])
+    rows = {r["optimizer"]: r for r in report["results"]}
+    assert set(rows) == {"adamw", "muon"}
+    for r in rows.values():
+        assert 0 < r["optimizer_ms_per_step"] < r["ms_per_step"]
+        assert r["optimizer_share"] == r["optimizer_ms_per_step"] / r["ms_per_step"]
+        assert r["ratio_to_pre_ln"] == 1.0  # against pre_ln with the same optimizer
+    table = capsys.readouterr().out
+    assert "| optimizer |" in table and "| opt share |" in table
