@@ -689,3 +689,15 @@ def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", basel
         return 0 if place.dry_run else report(chosen, rows, place.out_dir, unigram_loss(place.data_dir), baseline_title)
 
     return study_main(p.parse_known_args, run, argv)
+
+
+def pivot_table(rows: list[dict[str, Any]], heads: list[Column], across: Callable[[dict[str, Any]], Any], values: list[Any],
+                header: Callable[[Any], str], cell: Callable[[dict[str, Any] | None], str]) -> str:
+    """A table with a line per distinct set of head cells (in the rows' order) and a column per
+    value of `across` (e.g. the learning rate); cell(None) fills a combination with no run."""
+    lines: dict[tuple[str, ...], dict[Any, dict[str, Any]]] = {}
+    for r in rows:
+        lines.setdefault(tuple(h.cell(r) for h in heads), {})[across(r)] = r
+    top = ["| " + " | ".join([*(h.header for h in heads), *map(header, values)]) + " |",
+           "|" + "".join(f"{h.align}|" for h in heads) + "--:|" * len(values)]
+    return "\n".join([*top, *("| " + " | ".join([*key, *(cell(line.get(v)) for v in values)]) + " |" for key, line in lines.items())])
