@@ -577,13 +577,14 @@ def diagnostic_columns() -> list[Column]:
     return [Column(s.header, s.key, s.fmt) for entry in DIAGNOSTICS for s in entry.summaries]
 
 
-def write_outputs(out_dir: Path, stem: str, text: str, record: dict[str, Any]) -> list[Path]:
-    """OUT_DIR/<stem>.md and <stem>.json; their paths."""
+def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, Any]) -> list[Path]:
+    """OUT_DIR/<stem>.md (unless text is None) and <stem>.json; their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.json"]
-    paths[0].write_text(text.rstrip("\n") + "\n", encoding="utf-8")
-    paths[1].write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return paths
+    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if text is None:
+        return [out_dir / f"{stem}.json"]
+    (out_dir / f"{stem}.md").write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    return [out_dir / f"{stem}.md", out_dir / f"{stem}.json"]
 
 
 def report(sweep: Sweep, rows: list[dict[str, Any]], out_dir: Path, unigram: float, baseline_title: str = "") -> int:
