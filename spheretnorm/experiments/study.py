@@ -238,7 +238,9 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
 
 
 def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
-    """'Wall-clock: ...', saying how many runs were reused and what their training had cost."""
+    """'Wall-clock: ...', saying how many runs were reused and what their training had cost; rows
+    that share a run (one folder) count once."""
+    rows = list({r["out_dir"]: r for r in rows}.values())
     text = f"Wall-clock: {wall / 60:.1f} min ({wall:.0f} s) for {len(rows)} runs"
     reused = [r for r in rows if r["reused"]]
     if reused:
@@ -415,6 +417,10 @@ class Sweep:
     follow_up: Callable[["Sweep", dict[Point, float]], list[Point]] | None = None  # the plan, from the finished runs' losses
     extra: Callable[[Point, Path], dict[str, Any]] | None = None  # more row keys, read from the run's folder
     diagnostics: bool = False  # whether rows hold the last evaluation's diagnostic summaries
+
+    def values(self, key: str) -> tuple[Any, ...]:
+        """The values of the axis named key."""
+        return next(axis.values for axis in self.axes if axis.key == key)
 
     def row_keys(self) -> list[str]:
         return list(dict.fromkeys(k for axis in self.axes for item in axis.items() for k in item))
@@ -626,8 +632,7 @@ def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed
     short misses the least telling runs)."""
 
     def follow_up(sweep: Sweep, done: dict[Point, float]) -> list[Point]:
-        axes = {axis.key: list(axis.values) for axis in sweep.axes}
-        lrs, (first, *others) = axes[rate], axes[seed]
+        lrs, (first, *others) = list(sweep.values(rate)), sweep.values(seed)
         groups = grid_points(Sweep(sweep.name, sweep.base, tuple(a for a in sweep.axes if a.key not in (rate, seed)), sweep.folder))
         sweeps: list[Point] = []
         at_best: list[Point] = []
