@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, check_overrides, load_run, unigram_loss
+from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, check_overrides, load_run
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, Axis, Column, Place, Point, Sweep, add_common_options, add_run_options, diagnostic_columns,
-    ensure_data, parse_number_list, report, run_sweep, study_main, study_parser,
+    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
+    publish, runs_text, start_study, study_main, study_parser,
 )
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.runtime.methods import display_name
@@ -110,14 +111,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
+    started = time.perf_counter()
     fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, "block", "connection", "learning_rate", "lr_decay_iters")}
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters"})
     sweep = block_sweep(parse_number_list(args.seeds, "seeds", int), parse_number_list(args.ngpt_lrs, "ngpt_lrs", float),
                         args.max_iters, args.eval_interval)
-    place = Place.of(args, overrides)
-    ensure_data(place.data_dir, args.input)
-    rows = run_sweep(sweep, place)
-    return report(sweep, rows, place.out_dir, unigram_loss(place.data_dir), "Pre-LN of the same block")
+    rows, place, unigram = start_study(sweep, args, overrides)
+    text = runs_text(sweep, rows, "Pre-LN of the same block")
+    return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, [], rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

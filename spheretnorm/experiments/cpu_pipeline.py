@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot, tabulate as tables
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, check_overrides, parse_methods, unigram_loss
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, check_overrides, parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_common_options, as_args, ensure_data, exit_status,
-    markdown_table, parse_train_args, point, run_settings, run_sweep, study_main, study_name, study_parser, wall_clock_line, write_outputs,
+    CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_common_options, as_args, ensure_data, grid_points, markdown_table,
+    parse_train_args, publish, start_study, study_main, study_name, study_parser, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ParsedConfig, method_dirname
@@ -92,39 +93,22 @@ def reproduce(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.max_iters < 1:
         raise UsageError(f"--max_iters must be a positive integer, got {args.max_iters}.")
     spec = pipeline_sweep(parse_methods(args.methods), args.max_iters, overrides)
-    place = Place.of(args, overrides)
-    parsed = parse_train_args(as_args(run_settings(spec, point(method=spec.axes[0].values[0]))) + overrides)
-    meta = ensure_data(place.data_dir, args.input)
-    settings = settings_text(parsed, meta, args.jobs, args.threads)
+    parsed = parse_train_args(train_argv(spec, grid_points(spec)[0], Place.of(args, overrides)))
+    settings = settings_text(parsed, ensure_data(Path(args.data_dir), args.input), args.jobs, args.threads)
     print(settings + "\n", flush=True)
 
-    rows = run_sweep(spec, place)
+    rows, place, unigram = start_study(spec, args, overrides)
 
-    unigram = unigram_loss(place.data_dir)
     built = tables.build_tables(place.out_dir, ["2", "3"], with_paper=False)
     table_paths = tables.write_tables(built, place.out_dir / "tables")
     figure_paths = plot.plot_group(place.out_dir, DATASET, scale_of(asdict(parsed.model_config())), place.out_dir / "figures" / spec.name, args.smooth)
-    wall = time.perf_counter() - started
-    print()
-    print(tables.render(built, "markdown"))
-    print(f"Run outcomes (collapsed: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, "
-          "no better than predicting character frequencies; diverged: the loss became non-finite):\n")
-    print(markdown_table(rows, OUTCOME_COLUMNS) + "\n")
-    print(settings)
-    print(wall_clock_line(wall, rows))
-    summary = {
-        "settings": settings,
-        "train_args": as_args(spec.base) + overrides,
-        "unigram_loss": unigram,
-        "wall_clock_s": round(wall, 1),  # of this call; runs found finished cost it nothing
-        "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1),
-        "runs": rows,
-        "tables": [str(p) for p in table_paths],
-        "figures": [str(p) for p in figure_paths],
-    }
-    paths = write_outputs(place.out_dir, "summary", None, summary)
-    print("Written: " + ", ".join(str(p) for p in [*table_paths, *figure_paths, *paths]))
-    return exit_status(rows)
+    print("\n" + tables.render(built, "markdown"))
+    print(f"Run outcomes (collapsed: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, no better than "
+          f"predicting character frequencies; diverged: the loss became non-finite):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
+    summary = {"settings": settings, "train_args": as_args(spec.base) + overrides, "unigram_loss": unigram,
+               "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows,
+               "tables": [str(p) for p in table_paths], "figures": [str(p) for p in figure_paths]}
+    return publish(place.out_dir, "summary", None, summary, [*table_paths, *figure_paths], rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

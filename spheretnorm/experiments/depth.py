@@ -20,14 +20,15 @@ OUT_DIR/figures/diagnostics_<name>.png (scripts/plot.py), and prints the table.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot
-from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, parse_methods, unigram_loss
+from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, Axis, Column, Place, Point, Sweep, add_common_options, add_run_options, diagnostic_columns,
-    ensure_data, parse_number_list, report, run_sweep, study_main, study_parser,
+    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
+    publish, runs_text, start_study, study_main, study_parser,
 )
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.runtime.methods import display_name
@@ -79,16 +80,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
+    started = time.perf_counter()
     check_overrides(overrides, {**RESERVED, "seed": "--seeds", "alpha_index": "--ablation", "warmup_iters": "--warmup_iters", "max_iters": "--max_iters"})
     sweep = depth_sweep(parse_methods(args.methods), parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer",
                         args.warmup_iters, args.max_iters, args.eval_interval)
-    place = Place.of(args, overrides)
-    ensure_data(place.data_dir, args.input)
-    rows = run_sweep(sweep, place)
+    rows, place, unigram = start_study(sweep, args, overrides)
     found = [load_run(Path(r["out_dir"])) for r in rows if (Path(r["out_dir"]) / CONFIG_NAME).is_file()]
-    if found:
-        plot.plot_diagnostics(found, f"{place.out_dir.name}: 24 x 128", place.out_dir / "figures" / "diagnostics")
-    return report(sweep, rows, place.out_dir, unigram_loss(place.data_dir), display_name("pre_ln"))
+    figures = plot.plot_diagnostics(found, f"{place.out_dir.name}: 24 x 128", place.out_dir / "figures" / "diagnostics") if found else []
+    text = runs_text(sweep, rows, display_name("pre_ln"))
+    return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, figures, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

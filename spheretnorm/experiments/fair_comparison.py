@@ -40,11 +40,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, unigram_loss
+from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Place, Point, Sweep, add_common_options, best_rate_follow_up, ensure_data,
-    exit_status, final_loss, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, run_sweep, study_main, study_parser,
-    train_argv, wall_clock_line, write_outputs,
+    CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Place, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
+    markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, start_study, study_main,
+    study_parser, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
 
@@ -279,26 +279,21 @@ def parse_arms(spec: str) -> list[Arm]:
 
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
-    design, place = design_of(args, overrides), Place.of(args, overrides)
-    ensure_data(place.data_dir, args.input)
-    rows = sorted(run_sweep(design, place), key=lambda r: (r["block"], r["arm"], r["lr"], r["seed"]))
+    design = design_of(args, overrides)
+    found, place, unigram = start_study(design, args, overrides)
     if args.dry_run:
         return 0
-    unigram = unigram_loss(place.data_dir)
+    rows = sorted(found, key=lambda r: (r["block"], r["arm"], r["lr"], r["seed"]))
     blocks, slugs = list(design.values("block")), design.values("arm")
     summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs])
-    model = parse_train_args(train_argv(design, plan_points(design, {})[0], place)).model_config()
+    model = parse_train_args(train_argv(design, plan_points(design, {})[0], Place.of(args, overrides))).model_config()
     shape = f"{model.n_layer} x {model.n_embd}, {args.max_iters} iterations"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against the learning rate ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep") if rows else []
     text = f"{shape}\n\nEach arm at its best learning rate:\n\n{best_table(summary)}\n\nEvery run:\n\n{markdown_table(rows, RUN_COLUMNS)}\n"
     record = {"unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(design.values("lr")),
               "seeds": list(design.values("seed")), "best": summary, "runs": rows}
-    paths = write_outputs(place.out_dir, "fair_sweep", text, record)
-    print(text)
-    print(wall_clock_line(time.perf_counter() - started, rows))
-    print("Written: " + ", ".join(str(p) for p in [*paths, *figures]))
-    return exit_status(rows)
+    return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

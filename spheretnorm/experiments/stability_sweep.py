@@ -31,10 +31,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import method_style, save_figure
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, check_overrides, parse_methods, parse_numbers, sort_methods, unigram_loss
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, check_overrides, parse_methods, parse_numbers, sort_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Place, Point, Sweep, add_common_options, as_args, ensure_data,
-    exit_status, parse_train_args, pivot_table, run_sweep, study_main, study_name, study_parser, wall_clock_line, write_outputs,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, as_args, parse_train_args, pivot_table,
+    publish, start_study, study_main, study_name, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import method_dirname
@@ -160,23 +160,15 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.max_iters <= max(warmups):
         raise UsageError(f"--max_iters {args.max_iters} must exceed the longest warm-up ({max(warmups)}); raise it or shorten --warmups.")
     spec = stability_sweep(methods, lrs, warmups, args.max_iters, overrides)
-    place = Place.of(args, overrides)
-    ensure_data(place.data_dir, args.input)
-    rows = run_sweep(spec, place)
-    unigram = unigram_loss(place.data_dir)
+    rows, place, unigram = start_study(spec, args, overrides)
     title = f"{spec.name}: final val loss after {args.max_iters} iterations"
     figure_paths = plot_sweep(rows, unigram, title, place.out_dir / "lr_sweep")
     rule = (f"collapsed: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN} (no better than character "
             "frequencies); diverged: the loss became non-finite and train.py stopped.")
     text = f"{title}\n\n{sweep_table(rows)}\n\n{rule}\n\n" + "\n".join(findings(rows))
-    wall = time.perf_counter() - started
     record = {"study": spec.name, "max_iters": args.max_iters, "unigram_loss": unigram,
-              "wall_clock_s": round(wall, 1),  # of this call; runs found finished cost it nothing
               "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows}
-    paths = write_outputs(place.out_dir, "sweep", text, record)
-    print(f"\n{text}\n\n{wall_clock_line(wall, rows)}")
-    print("Written: " + ", ".join(str(p) for p in [*paths, *figure_paths]))
-    return exit_status(rows)
+    return publish(place.out_dir, "sweep", text, record, figure_paths, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

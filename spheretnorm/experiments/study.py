@@ -312,27 +312,24 @@ def diagnostic_summaries(finals: list[dict[str, Any] | None]) -> list[dict[str, 
 
 def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str) -> str:
     """Val loss per variant over the seeds: mean, range, and the gap to its baseline's run of the
-    same seed (paired, so that what a seed does to every variant cancels). Each row names its
-    variant ("name") and its baseline variant ("baseline"); empty when no variant has two seeds."""
-    losses: dict[str, dict[int, float]] = {}
-    baseline_of: dict[str, str] = {}
+    same seed (paired, so that what a seed does to every variant cancels). Reads each row's "name"
+    and "gap" (name_rows); empty when no variant has two seeds."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r["val_loss"] is not None:
-            losses.setdefault(r["name"], {})[r["seed"]] = r["val_loss"]
-            baseline_of[r["name"]] = r["baseline"]
-    if max((len(v) for v in losses.values()), default=0) < 2:
+            by_name.setdefault(r["name"], []).append(r)
+    if max(map(len, by_name.values()), default=0) < 2:
         return ""
-    lines = [
-        f"| method | seeds | val loss, mean | range | minus {baseline_title} (same seed), mean | range |",
-        "|:--|--:|--:|--:|--:|--:|",
-    ]
-    for name, by_seed in losses.items():
-        base = losses.get(baseline_of[name], {})
-        gaps = [loss - base[seed] for seed, loss in by_seed.items() if seed in base]
-        gap = f"{statistics.fmean(gaps):+.3f} | {min(gaps):+.3f} to {max(gaps):+.3f}" if gaps else "- | -"
-        vals = list(by_seed.values())
-        lines.append(f"| {name} | {len(vals)} | {statistics.fmean(vals):.3f} | {min(vals):.3f} to {max(vals):.3f} | {gap} |")
-    return "\n".join(lines)
+
+    def spread(values: list[float], fmt: str) -> dict[str, Any]:
+        return {"mean": statistics.fmean(values), "range": f"{min(values):{fmt}} to {max(values):{fmt}}"} if values else {}
+
+    summary = [{"name": name, "seeds": len(mine), **spread([r["val_loss"] for r in mine], ".3f"),
+                **{f"gap_{k}": v for k, v in spread([r["gap"] for r in mine if r.get("gap") is not None], "+.3f").items()}}
+               for name, mine in by_name.items()]
+    return markdown_table(summary, (Column("method", "name", align=":--"), Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"),
+                                    Column("range", "range"), Column(f"minus {baseline_title} (same seed), mean", "gap_mean", "+.3f"),
+                                    Column("range", "gap_range")))
 
 
 # -----------------------------------------------------------------------------
@@ -593,14 +590,26 @@ def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, 
     return [out_dir / f"{stem}.md", out_dir / f"{stem}.json"]
 
 
-def report(sweep: Sweep, rows: list[dict[str, Any]], out_dir: Path, unigram: float, baseline_title: str = "") -> int:
-    """<name>.md (the table, then the summary over seeds) and <name>.json; prints the table; the exit status."""
-    text = markdown_table(rows, sweep.columns)
+def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = "") -> str:
+    """The table of runs, then, with a baseline and two seeds, the summary over the seeds."""
     summary = paired_seed_summary(rows, baseline_title) if sweep.baseline else ""
-    if summary:
-        text += "\n\nOver the seeds:\n\n" + summary
-    write_outputs(out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows})
-    print(text)
+    return markdown_table(rows, sweep.columns) + (f"\n\nOver the seeds:\n\n{summary}" if summary else "")
+
+
+def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dict[str, Any]], Place, float]:
+    """A study command's run: prepare the data, run (or find) the sweep; its rows, place and unigram loss."""
+    place = Place.of(args, overrides)
+    ensure_data(place.data_dir, args.input)
+    return run_sweep(sweep, place), place, unigram_loss(place.data_dir)
+
+
+def publish(out_dir: Path, stem: str, text: str | None, record: dict[str, Any], figures: list[Path], rows: list[dict[str, Any]], started: float) -> int:
+    """Write OUT_DIR/<stem>.md and .json (the record, with this call's wall-clock), print the text,
+    the wall-clock line and what was written; the exit status."""
+    wall = time.perf_counter() - started
+    paths = write_outputs(out_dir, stem, text, {**record, "wall_clock_s": round(wall, 1)})  # runs found finished cost it nothing
+    print(f"\n{text or ''}\n\n{wall_clock_line(wall, rows)}")
+    print("Written: " + ", ".join(str(p) for p in [*paths, *figures]))
     return exit_status(rows)
 
 
@@ -687,12 +696,12 @@ def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", basel
     add_common_options(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        started = time.perf_counter()
         check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in CONFIG_KEYS}})
         chosen = narrowed(sweep, args.axis)
-        place = Place.of(args, overrides)
-        ensure_data(place.data_dir, args.input)
-        rows = run_sweep(chosen, place)
-        return 0 if place.dry_run else report(chosen, rows, place.out_dir, unigram_loss(place.data_dir), baseline_title)
+        rows, place, unigram = start_study(chosen, args, overrides)
+        text = runs_text(chosen, rows, baseline_title)
+        return 0 if place.dry_run else publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, [], rows, started)
 
     return study_main(p.parse_known_args, run, argv)
 
