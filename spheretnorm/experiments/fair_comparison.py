@@ -32,7 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import matplotlib
 
@@ -161,24 +161,18 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def spread(low: str, high: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
+    """A range cell 'low to high' of a summary row, '-' where it has none."""
+    return lambda s: None if s[low] is None else f"{s[low]:{fmt}} to {s[high]:{fmt}}"
 
 
-def best_table(summary: list[dict[str, Any]]) -> str:
-    lines = [
-        "| block | arm | best lr | seeds | val loss, mean | range | minus Pre-LN (same seed), mean | range | alpha pinned | radius/sqrt(d) | radius pinned | diverged or collapsed at |",
-        "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|",
-    ]
-    for s in summary:
-        spread = f"{_num(s['low'], '.3f')} to {_num(s['high'], '.3f')}" if s["seeds"] else "-"
-        gap_spread = f"{_num(s['gap_low'], '+.3f')} to {_num(s['gap_high'], '+.3f')}" if s["gap_mean"] is not None else "-"
-        lines.append(
-            f"| {BLOCK_TITLES[s['block']]} | {s['title']} | {_num(s['best_lr'], 'g')} | {s['seeds']} | {_num(s['mean'], '.3f')} | {spread} | "
-            f"{_num(s['gap_mean'], '+.3f')} | {gap_spread} | {_num(s['step_pinned'], '.2f')} | {_num(s['radius'], '.3f')} | "
-            f"{_num(s['radius_pinned'], '.0f')} | {', '.join(f'{lr:g}' for lr in s['unstable']) or '-'} |"
-        )
-    return "\n".join(lines)
+BEST_COLUMNS = (
+    Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"), Column("best lr", "best_lr", "g"),
+    Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
+    Column("minus Pre-LN (same seed), mean", "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")),
+    Column("alpha pinned", "step_pinned", ".2f"), Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
+    Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
+)
 
 
 RUN_COLUMNS = (
@@ -290,7 +284,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     shape = f"{model.n_layer} x {model.n_embd}, {args.max_iters} iterations"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against the learning rate ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep") if rows else []
-    text = f"{shape}\n\nEach arm at its best learning rate:\n\n{best_table(summary)}\n\nEvery run:\n\n{markdown_table(rows, RUN_COLUMNS)}\n"
+    text = f"{shape}\n\nEach arm at its best learning rate:\n\n{markdown_table(summary, BEST_COLUMNS)}\n\nEvery run:\n\n{markdown_table(rows, RUN_COLUMNS)}\n"
     record = {"unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(design.values("lr")),
               "seeds": list(design.values("seed")), "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
