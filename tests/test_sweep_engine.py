@@ -50,6 +50,16 @@ def test_a_points_settings_are_base_then_method_then_its_keys_then_the_derived_o
     assert argv[-3:] == ["--data_dir=data", "--out_dir=out/p_spheret:0.5/lr0.003_s7", "--n_layer=4"]  # the user's overrides last
 
 
+def test_points_share_a_run_only_where_their_settings_agree(tmp_path: Path) -> None:
+    from spheretnorm.experiments.study import run_points
+
+    careless = toy(folder=lambda p: f"{p['method']}/s{p['seed']}", settings=lambda p: {"learning_rate": p["lr"]})
+    with pytest.raises(ValueError, match=r"gives pre_ln/s1 to runs with other settings"):
+        run_points(careless, grid_points(careless), Place(tmp_path, tmp_path, table_only=True))
+    shared = toy(folder=lambda p: f"{p['method']}/s{p['seed']}")  # lr sets nothing here: one run per method and seed
+    assert run_points(shared, grid_points(shared), Place(tmp_path, tmp_path, table_only=True)) == {}  # nothing there yet
+
+
 def test_rows_of_one_method_are_named_by_the_settings_in_which_they_differ() -> None:
     variants = ({"method": "pre_ln", "optimizer": "adamw"}, {"method": "pre_ln", "optimizer": "muon"}, {"method": "geonorm", "optimizer": "adamw"})
     sweep = toy(axes=(Axis("method", variants), Axis("lr", (1e-3,)), Axis("seed", (1, 2))))

@@ -476,9 +476,10 @@ def run_points(sweep: Sweep, points: list[Point], place: Place) -> dict[Point, J
     """Run (or, with table_only or dry_run, find) the points' runs, one job per folder."""
     jobs: dict[str, Job] = {}
     for p in points:
-        folder = sweep.folder(p)
-        if folder not in jobs:
-            jobs[folder] = make_job(folder, train_argv(sweep, p, place), place.out_dir / folder)
+        folder, argv = sweep.folder(p), train_argv(sweep, p, place)
+        if folder in jobs and jobs[folder].argv != argv:  # a spec whose folder drops a setting that matters
+            raise ValueError(f"Sweep {sweep.name!r} gives {folder} to runs with other settings; its folder must tell them apart.")
+        jobs[folder] = jobs.get(folder) or make_job(folder, argv, place.out_dir / folder)
     if place.dry_run:
         print("\n".join(f"{job.label}: {job.out_dir}" for job in jobs.values()))
     if place.table_only or place.dry_run:
