@@ -437,9 +437,9 @@ def test_study_summaries_leave_a_newer_diagnostic_blank_with_one_note(capsys: py
     assert summaries[1]["update_ratio"] is None and summaries[1]["attn_sink"] == pytest.approx(0.2) and summaries[2] == {}
     (note,) = capsys.readouterr().err.splitlines()
     assert note.endswith("so it is '-' in the table for them: update_ratio (1 of 2 runs).")
-    assert [c.header for c in study.summary_columns()] == ["final cosine", "massive max/med", "attn sink", "1 - cos", "last/first", "update",
+    assert [c.header for c in study.diagnostic_columns()] == ["final cosine", "massive max/med", "attn sink", "1 - cos", "last/first", "update",
                                                                  "alpha pinned", "radius/sqrt(d)", "radius pinned"]
-    assert study.summary_cells(summaries[1]) == ["0.200", "25.0", "0.200", "0.0025", "4.00", "-", "0.75", "1.000", "1"]
+    assert [c.cell(summaries[1]) for c in study.diagnostic_columns()] == ["0.200", "25.0", "0.200", "0.0025", "4.00", "-", "0.75", "1.000", "1"]
 
 
 def test_lanczos_finds_every_eigenvalue_of_a_singular_operator() -> None:

@@ -227,11 +227,14 @@ def test_coordinate_check_mup_keeps_angular_velocity_flat(connection: str, data_
 
 
 def test_transfer_study_trains_the_base_width_once() -> None:
-    points = mup_transfer.study_points(["pre_ln"], [64, 256], [1e-3, 2e-3])
-    assert {(p.width, p.param) for p in points} == {(64, "standard"), (256, "standard"), (256, "mup")}
-    base_mup = mup_transfer.Point("pre_ln", 64, "mup", 1e-3)
-    assert mup_transfer.run_of(base_mup, 64) == mup_transfer.Point("pre_ln", 64, "standard", 1e-3)
-    args = mup_transfer.point_args(mup_transfer.Point("pre_ln", 256, "mup", 2e-3), 64, 3, 32, 100, [])
+    from spheretnorm.experiments.study import Place, grid_points, point, train_argv
+
+    sweep = mup_transfer.transfer_sweep(["pre_ln"], [64, 256], [1e-3, 2e-3], 3, 32, 100)
+    points = grid_points(sweep)
+    assert len(points) == 8 and len({sweep.folder(p) for p in points}) == 6  # the base width's μP points: no runs of their own
+    base_mup = point(method="pre_ln", width=64, param="mup", lr=1e-3)
+    assert sweep.folder(base_mup) == sweep.folder(base_mup.but(param="standard")) == "pre_ln/w64_standard/lr0.001"
+    args = train_argv(sweep, point(method="pre_ln", width=256, param="mup", lr=2e-3), Place(Path("out"), Path("data")))
     assert {"--n_embd=256", "--n_head=8", "--mup_base_width=64", "--learning_rate=0.002", "--min_lr=0.0002"} <= set(args)
 
 

@@ -19,7 +19,8 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.diagnostics import parameter_report
 from spheretnorm.experiments import fair_comparison as fair_sweep
-from spheretnorm.experiments.fair_comparison import ARMS, Point, plan, swept_rates
+from spheretnorm.experiments.fair_comparison import ARMS, design_sweep
+from spheretnorm.experiments.study import Point, plan_points, point, swept_rates
 from spheretnorm.model import GPT, GPTConfig, SphereConnection
 
 D = 16
@@ -176,36 +177,41 @@ def test_the_parameter_diagnostics_say_which_scales_sit_at_their_caps() -> None:
 LRS = [1e-3, 2e-3, 4e-3, 8e-3]
 
 
+def plan(lrs: list[float], seeds: list[int], blocks: list[str], done: dict[Point, float], arms: tuple = ARMS) -> list[Point]:
+    """The fair sweep's plan (study.best_rate_follow_up) for these runs, given the finished ones' losses."""
+    return plan_points(design_sweep(lrs, seeds, blocks, arms, 600, 100), done)
+
+
 def test_the_plan_starts_with_every_arm_at_every_rate_with_the_first_seed() -> None:
     points = plan(LRS, [1, 2], ["gpt2", "llama"], {})
-    assert len(points) == 2 * len(ARMS) * 4 and {p.seed for p in points} == {1}
-    assert {p.arm for p in points} == {"pre_ln", "p_spheret-0.5", "geonorm", "ngpt", "p_spheret-0.5+alpha_cap=none",
+    assert len(points) == 2 * len(ARMS) * 4 and {p["seed"] for p in points} == {1}
+    assert {p["arm"] for p in points} == {"pre_ln", "p_spheret-0.5", "geonorm", "ngpt", "p_spheret-0.5+alpha_cap=none",
                                        "p_spheret-0.5+alpha_decay=none", "p_spheret-0.5+sphere_input_gain"}
 
 
 def first_seed(block: str, arm: str, losses: dict[float, float]) -> dict[Point, float]:
-    return {Point(block, arm, lr, 1): loss for lr, loss in losses.items()}
+    return {point(block=block, arm=arm, lr=lr, seed=1): loss for lr, loss in losses.items()}
 
 
 def test_a_best_inside_the_grid_adds_the_other_seeds_at_it_and_its_neighbours() -> None:
     done = first_seed("gpt2", "pre_ln", {1e-3: 2.0, 2e-3: 1.8, 4e-3: 1.9, 8e-3: 2.5})
     points = plan(LRS, [1, 2, 3], ["gpt2"], done, ARMS[:1])
-    assert sorted((p.lr, p.seed) for p in points if p.seed != 1) == [(1e-3, 2), (1e-3, 3), (2e-3, 2), (2e-3, 3), (4e-3, 2), (4e-3, 3)]
-    assert [p.lr for p in points if p.seed != 1][:2] == [2e-3, 2e-3]  # the best's seeds run first
+    assert sorted((p["lr"], p["seed"]) for p in points if p["seed"] != 1) == [(1e-3, 2), (1e-3, 3), (2e-3, 2), (2e-3, 3), (4e-3, 2), (4e-3, 3)]
+    assert [p["lr"] for p in points if p["seed"] != 1][:2] == [2e-3, 2e-3]  # the best's seeds run first
 
 
 def test_a_best_at_an_end_grows_the_grid_once_then_seeds_the_best() -> None:
     losses = {1e-3: 2.5, 2e-3: 2.2, 4e-3: 2.0, 8e-3: 1.9}
     points = plan(LRS, [1, 2], ["llama"], first_seed("llama", "ngpt", losses), ARMS[3:4])
-    assert [p.lr for p in points] == [*LRS, 0.016]  # one step beyond the top, nothing seeded while it runs
+    assert [p["lr"] for p in points] == [*LRS, 0.016]  # one step beyond the top, nothing seeded while it runs
     assert swept_rates(LRS, losses) == ([*LRS, 0.016], False)
     # Still best at the new end: no second step; the best and its one neighbour get seed 2.
     done = first_seed("llama", "ngpt", {**losses, 0.016: 1.85})
     points = plan(LRS, [1, 2], ["llama"], done, ARMS[3:4])
-    assert sorted(p.lr for p in points if p.seed == 2) == [8e-3, 0.016]
+    assert sorted(p["lr"] for p in points if p["seed"] == 2) == [8e-3, 0.016]
     # A diverged run (inf) is never the best; an arm whose every run diverged gets no seeds.
     done = first_seed("llama", "ngpt", {lr: math.inf for lr in LRS})
-    assert [p.seed for p in plan(LRS, [1, 2], ["llama"], done, ARMS[3:4])] == [1] * 4
+    assert [p["seed"] for p in plan(LRS, [1, 2], ["llama"], done, ARMS[3:4])] == [1] * 4
 
 
 @pytest.fixture(scope="module")

@@ -408,43 +408,50 @@ def test_sweep_rejects_bad_numbers(capsys: pytest.CaptureFixture) -> None:
 
 def test_depth_study_seed_summary_pairs_each_seed_with_its_baseline() -> None:
     from spheretnorm.experiments import depth as depth_study
+    from spheretnorm.experiments.study import name_rows, paired_seed_summary, point
 
-    def row(method: str, seed: int, loss: float | None, alpha_index: str = "block") -> dict:
-        return {"method": method, "seed": seed, "alpha_index": alpha_index, "val_loss": loss}
+    sweep = depth_study.depth_sweep(["pre_ln", "geonorm"], [1, 2, 3], True, 400, 800, 100)
 
-    rows = [row("pre_ln", 1, 2.0), row("pre_ln", 2, 2.2), row("geonorm", 1, 1.9), row("geonorm", 2, 2.15),
-            row("geonorm", 3, None), row("p_spheret:0.5", 1, 2.1, "sublayer")]
-    lines = depth_study.seed_summary(rows).splitlines()
+    def summary(losses: dict) -> str:
+        points = [point(method=m, seed=s, alpha_index=a) for m, s, a in losses]
+        rows = {p: {**p.values, "val_loss": loss} for p, loss in zip(points, losses.values())}
+        return paired_seed_summary(name_rows(sweep, points, rows), "Pre-LN")
+
+    lines = summary({("pre_ln", 1, "block"): 2.0, ("pre_ln", 2, "block"): 2.2, ("geonorm", 1, "block"): 1.9,
+                     ("geonorm", 2, "block"): 2.15, ("geonorm", 3, "block"): None, ("p_spheret:0.5", 1, "sublayer"): 2.1}).splitlines()
     geo = next(line for line in lines if line.startswith("| GeoNorm |"))
     # mean 2.025; gaps -0.10 and -0.05 against the same seed's Pre-LN (not against Pre-LN's mean 2.1)
     assert geo == "| GeoNorm | 2 | 2.025 | 1.900 to 2.150 | -0.075 | -0.100 to -0.050 |"
     assert any(line.startswith("| 0.5-SpheretNorm (alpha_index=sublayer) | 1 | 2.100 |") for line in lines)
-    assert depth_study.seed_summary([row("pre_ln", 1, 2.0), row("geonorm", 1, 1.9)]) == ""  # one seed: nothing
+    assert summary({("pre_ln", 1, "block"): 2.0, ("geonorm", 1, "block"): 1.9}) == ""  # one seed: nothing
 
 
 def test_block_study_gives_ngpt_its_recipe_and_pairs_each_run_with_its_blocks_pre_ln() -> None:
     from spheretnorm.experiments import block_variants as block_study
+    from spheretnorm.experiments.study import as_args, grid_points, markdown_table, name_rows, run_settings
 
-    variants = block_study.plan_variants([1e-3, 3e-3])
-    assert [(v.method, v.block, v.ngpt_lr) for v in variants] == [
+    sweep = block_study.block_sweep([7], [1e-3, 3e-3], 800, 100)
+    variants = grid_points(sweep)
+    assert [(v["method"], v["block"], v["ngpt_lr"]) for v in variants] == [
         ("pre_ln", "gpt2", None), ("p_spheret:0.5", "gpt2", None), ("geonorm", "gpt2", None),
         ("ngpt", "gpt2", 1e-3), ("ngpt", "gpt2", 3e-3), ("pre_ln", "llama", None), ("p_spheret:0.5", "llama", None),
     ]
-    ngpt = dict(a[2:].split("=", 1) for a in variants[4].args(7, 800, 100))
+
+    def args(v: object) -> dict:
+        return dict(a[2:].split("=", 1) for a in as_args(run_settings(sweep, v)))
+
+    ngpt = args(variants[4])
     assert (ngpt["learning_rate"], ngpt["warmup_iters"], ngpt["weight_decay"], ngpt["min_lr"]) == ("0.003", "0", "0.0", "0.0")
     assert (ngpt["connection"], ngpt["block"], ngpt["seed"]) == ("ngpt", "gpt2", "7")
-    llama = dict(a[2:].split("=", 1) for a in variants[6].args(7, 800, 100))
+    llama = args(variants[6])
     assert (llama["block"], llama["warmup_iters"], llama["learning_rate"], llama["spheret_p"]) == ("llama", "400", "0.001", "0.5")
-    assert variants[4].dirname(7) == "seed7/gpt2/ngpt-lr0.003"
+    assert sweep.folder(variants[4]) == "seed7/gpt2/ngpt-lr0.003"
 
-    def row(v: "block_study.Variant", seed: int, loss: float) -> dict:
-        return {"name": v.name, "baseline": v.baseline.name, "seed": seed, "val_loss": loss, "final_cosine": None,
-                "ms_per_step": None, "status": "ok"}
-
-    rows = [row(variants[0], 1, 2.0), row(variants[5], 1, 2.5), row(variants[6], 1, 2.4), row(variants[3], 1, 1.9)]
-    lines = block_study.study_table(rows).splitlines()
-    assert lines[4].startswith("| 0.5-SpheretNorm (LLaMA) | 1 | 2.400 | -0.100 |")  # against LLaMA's Pre-LN, not GPT-2's
-    assert lines[5].startswith("| nGPT (GPT-2, lr 0.001) | 1 | 1.900 | -0.100 |")
+    losses = {variants[0]: 2.0, variants[5]: 2.5, variants[6]: 2.4, variants[3]: 1.9}
+    rows = {v: {**v.values, "val_loss": loss, "final_cosine": None, "ms_per_step": None, "status": "ok"} for v, loss in losses.items()}
+    lines = markdown_table(name_rows(sweep, variants, rows), sweep.columns).splitlines()
+    assert lines[3].startswith("| nGPT (GPT-2, lr 0.001) | 7 | 1.900 | -0.100 |")
+    assert lines[5].startswith("| 0.5-SpheretNorm (LLaMA) | 7 | 2.400 | -0.100 |")  # against LLaMA's Pre-LN, not GPT-2's
 
 
 def test_a_run_from_before_the_block_key_is_a_gpt2_run(tmp_path: Path) -> None:

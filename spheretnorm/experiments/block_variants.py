@@ -23,35 +23,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, unigram_loss
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.runtime.methods import display_name, method_args
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, check_overrides, load_run
 from spheretnorm.experiments.study import (
-    CPU_MODEL,
-    RESERVED,
-    JobResult,
-    add_common_options,
-    add_run_options,
-    as_args,
-    diagnostic_summary,
-    summary_cells,
-    summary_columns,
-    ensure_data,
-    exit_status,
-    make_job,
-    outcome,
-    paired_seed_summary,
-    parse_number_list,
-    run_or_find,
-    study_main,
-    write_study,
+    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
+    publish, runs_text, start_study, study_main, study_parser,
 )
+from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import display_name
 
 BASELINE = "pre_ln"
 PAPER_RECIPE: dict[str, Any] = {  # scripts/depth_study.py's, at warm-up 400
@@ -66,108 +48,61 @@ PAPER_RECIPE: dict[str, Any] = {  # scripts/depth_study.py's, at warm-up 400
 }
 # nGPT's paper trains without warm-up or weight decay and decays the lr to 0 (NVIDIA/ngpt).
 NGPT_RECIPE: dict[str, Any] = {**PAPER_RECIPE, "min_lr": 0.0, "warmup_iters": 0, "weight_decay": 0.0}
-BLOCK_TITLES = {"gpt2": "GPT-2", "llama": "LLaMA"}
 GPT2_METHODS = ("pre_ln", "p_spheret:0.5", "geonorm")
 LLAMA_METHODS = ("pre_ln", "p_spheret:0.5")
 
 
-@dataclass(frozen=True)
-class Variant:
-    method: str
-    block: str
-    ngpt_lr: float | None = None  # the peak lr of an nGPT run (its own recipe); None: the paper's recipe
-
-    @property
-    def name(self) -> str:
-        lr = f", lr {self.ngpt_lr:g}" if self.ngpt_lr is not None else ""
-        return f"{display_name(self.method)} ({BLOCK_TITLES[self.block]}{lr})"
-
-    @property
-    def baseline(self) -> "Variant":
-        return Variant(BASELINE, self.block)
-
-    def dirname(self, seed: int) -> str:
-        lr = f"-lr{self.ngpt_lr:g}" if self.ngpt_lr is not None else ""
-        return f"seed{seed}/{self.block}/{method_dirname(self.method)}{lr}"
-
-    def args(self, seed: int, max_iters: int, eval_interval: int) -> list[str]:
-        recipe = PAPER_RECIPE if self.ngpt_lr is None else {**NGPT_RECIPE, "learning_rate": self.ngpt_lr}
-        settings = {
-            **CPU_MODEL,
-            **recipe,
-            "block": self.block,
-            "max_iters": max_iters,
-            "lr_decay_iters": max_iters,
-            "eval_interval": eval_interval,
-            "seed": seed,
-        }
-        return as_args(settings) + method_args(self.method)
+def variants(ngpt_lrs: list[float]) -> tuple[dict[str, Any], ...]:
+    """The paper's recipe in GPT-2's block, nGPT's own at each of its peak learning rates, then LLaMA's block."""
+    return (
+        *({"method": m, "block": "gpt2", "ngpt_lr": None} for m in GPT2_METHODS),
+        *({"method": "ngpt", "block": "gpt2", "ngpt_lr": lr} for lr in ngpt_lrs),
+        *({"method": m, "block": "llama", "ngpt_lr": None} for m in LLAMA_METHODS),
+    )
 
 
-def plan_variants(ngpt_lrs: list[float]) -> list[Variant]:
-    return [
-        *(Variant(m, "gpt2") for m in GPT2_METHODS),
-        *(Variant("ngpt", "gpt2", lr) for lr in ngpt_lrs),
-        *(Variant(m, "llama") for m in LLAMA_METHODS),
-    ]
+def recipe(p: Point) -> dict[str, Any]:
+    lr = p["ngpt_lr"]
+    return {**(PAPER_RECIPE if lr is None else {**NGPT_RECIPE, "learning_rate": lr}), "config_name": f"block_study_seed{p['seed']}"}
 
 
-# -----------------------------------------------------------------------------
-# The table
+def variant_name(p: Point) -> str:
+    lr = f", lr {p['ngpt_lr']:g}" if p["ngpt_lr"] is not None else ""
+    return f"{display_name(p['method'])} ({BLOCK_TITLES[p['block']]}{lr})"
 
 
-def ms_per_step(out_dir: Path) -> float | None:
+def ngpt_suffix(p: Point) -> str:
+    return f"-lr{p['ngpt_lr']:g}" if p["ngpt_lr"] is not None else ""
+
+
+def ms_per_step(p: Point, out_dir: Path) -> dict[str, float | None]:
     """Median wall-clock of a training step in ms, from the train rows' tokens per second."""
-    run = load_run(out_dir)
-    tokens_per_step = run.config.get("global_batch_size", 0) * run.config.get("block_size", 0)
-    rates = [r["tokens_per_s"] for r in run.of_kind("train") if r.get("tokens_per_s")]
-    return 1000.0 * tokens_per_step / statistics.median(rates) if rates and tokens_per_step else None
+    run = load_run(out_dir) if (out_dir / CONFIG_NAME).is_file() else None
+    tokens_per_step = run.config.get("global_batch_size", 0) * run.config.get("block_size", 0) if run else 0
+    rates = [r["tokens_per_s"] for r in run.of_kind("train") if r.get("tokens_per_s")] if run else []
+    return {"ms_per_step": 1000.0 * tokens_per_step / statistics.median(rates) if rates and tokens_per_step else None}
 
 
-def result_row(variant: Variant, seed: int, result: JobResult, unigram: float) -> dict[str, Any]:
-    out_dir = result.job.out_dir
-    found = (out_dir / CONFIG_NAME).is_file()
-    final = load_run(out_dir).final_eval if found else None
-    return {
-        "name": variant.name,
-        "baseline": variant.baseline.name,
-        "method": variant.method,
-        "block": variant.block,
-        "ngpt_lr": variant.ngpt_lr,
-        "seed": seed,
-        **outcome(result, unigram),
-        **(diagnostic_summary(final) if final else {}),
-        "ms_per_step": ms_per_step(out_dir) if found else None,
-    }
-
-
-def study_table(rows: list[dict[str, Any]]) -> str:
-    def num(v: Any, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    base = {(r["name"], r["seed"]): r["val_loss"] for r in rows}
-    lines = [
-        f"| variant | seed | val loss | minus Pre-LN | {' | '.join(c.header for c in summary_columns())} | ms/step | status |",
-        "|:--|--:|--:|--:|" + "--:|" * len(summary_columns()) + "--:|:--|",
-    ]
-    for r in rows:
-        reference = base.get((r["baseline"], r["seed"]))
-        gap = r["val_loss"] - reference if r["val_loss"] is not None and reference is not None else None
-        lines.append(
-            f"| {r['name']} | {r['seed']} | {num(r['val_loss'], '.3f')} | {num(gap, '+.3f')} | {' | '.join(summary_cells(r))} | "
-            f"{num(r['ms_per_step'], '.0f')} | {r['status']} |"
-        )
-    return "\n".join(lines)
-
-
-# -----------------------------------------------------------------------------
-# Command line
+def block_sweep(seeds: list[int], ngpt_lrs: list[float], max_iters: int, eval_interval: int) -> Sweep:
+    """Seed-major, so that a study cut short has whole seeds."""
+    return Sweep(
+        name="block_study",
+        base={**CPU_MODEL, "max_iters": max_iters, "lr_decay_iters": max_iters, "eval_interval": eval_interval},
+        axes=(Axis("seed", tuple(seeds)), Axis("variant", variants(ngpt_lrs))),
+        folder=lambda p: f"seed{p['seed']}/{p['block']}/{method_dirname(p['method'])}{ngpt_suffix(p)}",
+        settings=recipe,
+        label=variant_name,
+        baseline=lambda p: p.but(method=BASELINE, ngpt_lr=None),
+        columns=(Column("variant", "name", align=":--"), Column("seed", "seed"), Column("val loss", "val_loss", ".3f"),
+                 Column("minus Pre-LN", "gap", "+.3f"), *diagnostic_columns(), Column("ms/step", "ms_per_step", ".0f"),
+                 Column("status", "status", align=":--")),
+        extra=ms_per_step,
+        diagnostics=True,
+    )
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False
-    )
+    p = study_parser(__doc__)
     p.add_argument("--seeds", default="1337,1338", help="comma-separated seeds (default 1337,1338)")
     p.add_argument("--ngpt_lrs", default="1e-3,3e-3,1e-2", help="nGPT's peak learning rates (default 1e-3,3e-3,1e-2)")
     add_run_options(p, "out/block_study")
@@ -176,23 +111,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
+    started = time.perf_counter()
     fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, "block", "connection", "learning_rate", "lr_decay_iters")}
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters"})
-    variants = plan_variants(parse_number_list(args.ngpt_lrs, "ngpt_lrs", float))
-    runs = [(v, seed) for seed in parse_number_list(args.seeds, "seeds", int) for v in variants]  # seed-major
-    out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
-    ensure_data(data_dir, args.input)
-    jobs = []
-    for variant, seed in runs:
-        run_dir = out_dir / variant.dirname(seed)
-        argv = variant.args(seed, args.max_iters, args.eval_interval) + overrides
-        argv += [f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--config_name=block_study_seed{seed}"]
-        jobs.append(make_job(f"{variant.name} seed {seed}", argv, run_dir))
-    runs, results = run_or_find(runs, jobs, args.table_only, args.jobs, args.threads)
-    unigram = unigram_loss(data_dir)
-    rows = [result_row(variant, seed, result, unigram) for (variant, seed), result in zip(runs, results)]
-    write_study(out_dir, "block_study", rows, study_table(rows), paired_seed_summary(rows, "Pre-LN of the same block"), unigram)
-    return exit_status(rows)
+    sweep = block_sweep(parse_number_list(args.seeds, "seeds", int), parse_number_list(args.ngpt_lrs, "ngpt_lrs", float),
+                        args.max_iters, args.eval_interval)
+    rows, place, unigram = start_study(sweep, args, overrides)
+    text = runs_text(sweep, rows, "Pre-LN of the same block")
+    return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, [], rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

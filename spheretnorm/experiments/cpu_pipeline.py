@@ -17,40 +17,21 @@ that already finished with the same settings is reused, so an interrupted reprod
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
-import json
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot, tabulate as tables
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL,
-    exit_status,
-    study_main,
-    DATASET,
-    RESERVED,
-    JobResult,
-    add_common_options,
-    as_args,
-    ensure_data,
-    make_job,
-    outcome,
-    parse_train_args,
-    run_jobs,
-    study_name,
-    wall_clock_line,
+    CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_common_options, as_args, ensure_data, grid_points, markdown_table,
+    parse_train_args, publish, start_study, study_main, study_name, study_parser, train_argv,
 )
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_methods, unigram_loss
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.methods import display_name, method_args, scale_of
-from spheretnorm.runtime.config import method_dirname
-from spheretnorm.runtime.config import ParsedConfig
+from spheretnorm.runtime.config import ParsedConfig, method_dirname
+from spheretnorm.runtime.methods import display_name, scale_of
 
 # One schedule for every method: peak LR, its warm-up, cosine decay to a tenth by the end.
 SCHEDULE: dict[str, Any] = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 100}
@@ -58,16 +39,26 @@ DEFAULT_MAX_ITERS = 400
 EVALS_PER_RUN = 8
 
 
-def base_args(max_iters: int, overrides: list[str]) -> list[str]:
-    """train.py arguments shared by every method; the user's --key=value come last and win."""
-    settings = {
-        **CPU_MODEL,
-        **SCHEDULE,
-        "max_iters": max_iters,
-        "lr_decay_iters": max_iters,
-        "eval_interval": max(1, max_iters // EVALS_PER_RUN),
-    }
-    return as_args(settings) + overrides
+def pipeline_sweep(methods: list[str], max_iters: int, overrides: list[str]) -> Sweep:
+    """Every method with one schedule; the runs and their config_name are named by the model's
+    shape (shakespeare_char_24x128), the user's overrides included."""
+    base = {**CPU_MODEL, **SCHEDULE, "max_iters": max_iters, "lr_decay_iters": max_iters, "eval_interval": max(1, max_iters // EVALS_PER_RUN)}
+    name = study_name(parse_train_args(as_args(base) + overrides))
+    return Sweep(name=name, base=base, axes=(Axis("method", tuple(methods)),), folder=lambda p: f"{name}/{method_dirname(p['method'])}")
+
+
+def seconds_text(row: dict[str, Any]) -> str | None:
+    return None if row["seconds"] is None else f"{row['seconds']:.0f}" + (" (earlier)" if row["reused"] else "")
+
+
+OUTCOME_COLUMNS = (
+    Column("Method", lambda r: display_name(r["method"]), align=":--"),
+    Column("final val loss", "val_loss", ".3f"),
+    Column("final train loss", "train_loss_avg", ".3f"),
+    Column("final cosine", "final_cosine", ".3f"),
+    Column("status", lambda r: r["status"] + (f" ({r['reason']})" if r["reason"] else ""), align=":--"),
+    Column("time (s)", seconds_text),
+)
 
 
 def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, threads: int) -> str:
@@ -86,36 +77,8 @@ def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, th
     )
 
 
-def outcome_rows(methods: list[str], results: list[JobResult], unigram: float) -> list[dict[str, Any]]:
-    """One row per method: final losses, final cosine, status (ok / stuck at unigram / diverged) and time."""
-    return [{"method": m, **outcome(r, unigram)} for m, r in zip(methods, results)]
-
-
-def outcome_table(rows: list[dict[str, Any]]) -> str:
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    lines = [
-        "| Method | final val loss | final train loss | final cosine | status | time (s) |",
-        "|:--|--:|--:|--:|:--|--:|",
-    ]
-    for r in rows:
-        status = r["status"] + (f" ({r['reason']})" if r["reason"] else "")
-        seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f}" + (" (earlier)" if r["reused"] else "")
-        lines.append(
-            f"| {display_name(r['method'])} | {num(r['val_loss'], '.3f')} | {num(r['train_loss_avg'], '.3f')} | "
-            f"{num(r['final_cosine'], '.3f')} | {status} | {seconds} |"
-        )
-    return "\n".join(lines)
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=HelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-        allow_abbrev=False,
-    )
+    p = study_parser(__doc__)
     p.add_argument("--methods", default="paper", help="'paper' (the 8 of the paper), 'all', or a comma-separated list")
     p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS}); the cosine ends there")
     p.add_argument("--out_dir", default="out/cpu_repro", help="where runs, tables and figures go (default: out/cpu_repro)")
@@ -129,53 +92,23 @@ def reproduce(args: argparse.Namespace, overrides: list[str]) -> int:
     check_overrides(overrides, RESERVED)
     if args.max_iters < 1:
         raise UsageError(f"--max_iters must be a positive integer, got {args.max_iters}.")
-    methods = parse_methods(args.methods)
-    out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
-    base = base_args(args.max_iters, overrides)
-    parsed = parse_train_args(base + method_args(methods[0]))
-    name = study_name(parsed)
-    meta = ensure_data(data_dir, args.input)
-    jobs = [
-        make_job(
-            m,
-            base + method_args(m) + [f"--data_dir={data_dir}", f"--out_dir={out_dir / name / method_dirname(m)}", f"--config_name={name}"],
-            out_dir / name / method_dirname(m),
-        )
-        for m in methods
-    ]
-    settings = settings_text(parsed, meta, args.jobs, args.threads)
+    spec = pipeline_sweep(parse_methods(args.methods), args.max_iters, overrides)
+    parsed = parse_train_args(train_argv(spec, grid_points(spec)[0], Place.of(args, overrides)))
+    settings = settings_text(parsed, ensure_data(Path(args.data_dir), args.input), args.jobs, args.threads)
     print(settings + "\n", flush=True)
 
-    results = run_jobs(jobs, args.jobs, args.threads)
+    rows, place, unigram = start_study(spec, args, overrides)
 
-    unigram = unigram_loss(data_dir)
-    rows = outcome_rows(methods, results, unigram)
-    built = tables.build_tables(out_dir, ["2", "3"], with_paper=False)
-    table_paths = tables.write_tables(built, out_dir / "tables")
-    scale = scale_of(asdict(parsed.model_config()))
-    figure_paths = plot.plot_group(out_dir, DATASET, scale, out_dir / "figures" / name, args.smooth)
-    wall = time.perf_counter() - started
-
-    print()
-    print(tables.render(built, "markdown"))
-    print(f"Run outcomes ({STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, "
-          "no better than predicting character frequencies; diverged: the loss became non-finite):\n")
-    print(outcome_table(rows) + "\n")
-    print(settings)
-    print(wall_clock_line(wall, rows))
-    print("Written: " + ", ".join(str(p) for p in [*table_paths, *figure_paths, out_dir / "summary.json"]))
-    summary = {
-        "settings": settings,
-        "train_args": base,
-        "unigram_loss": unigram,
-        "wall_clock_s": round(wall, 1),  # of this call; runs found finished cost it nothing
-        "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1),
-        "runs": rows,
-        "tables": [str(p) for p in table_paths],
-        "figures": [str(p) for p in figure_paths],
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return exit_status(rows)
+    built = tables.build_tables(place.out_dir, ["2", "3"], with_paper=False)
+    table_paths = tables.write_tables(built, place.out_dir / "tables")
+    figure_paths = plot.plot_group(place.out_dir, DATASET, scale_of(asdict(parsed.model_config())), place.out_dir / "figures" / spec.name, args.smooth)
+    print("\n" + tables.render(built, "markdown"))
+    print(f"Run outcomes ({STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, no better than "
+          f"predicting character frequencies; diverged: the loss became non-finite):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
+    summary = {"settings": settings, "train_args": as_args(spec.base) + overrides, "unigram_loss": unigram,
+               "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows,
+               "tables": [str(p) for p in table_paths], "figures": [str(p) for p in figure_paths]}
+    return publish(place.out_dir, "summary", None, summary, [*table_paths, *figure_paths], rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

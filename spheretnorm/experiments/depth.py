@@ -19,39 +19,19 @@ OUT_DIR/figures/diagnostics_<name>.png (scripts/plot.py), and prints the table.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
-from dataclasses import dataclass
+import time
+from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot
+from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL,
-    RESERVED,
-    JobResult,
-    add_common_options,
-    add_run_options,
-    as_args,
-    diagnostic_summary,
-    summary_cells,
-    summary_columns,
-    ensure_data,
-    exit_status,
-    make_job,
-    outcome,
-    paired_seed_summary,
-    parse_number_list,
-    run_or_find,
-    study_main,
-    write_study,
+    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
+    publish, runs_text, start_study, study_main, study_parser,
 )
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, parse_methods, unigram_loss
-from spheretnorm.runtime.methods import display_name, method_args
 from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "pre_ln,peri_ln,geonorm,p_spheret:0.5,proj_spheret,cay_spheret"
 ABLATION_METHOD = "p_spheret:0.5"
@@ -65,100 +45,31 @@ RECIPE: dict[str, Any] = {
 }
 
 
-@dataclass
-class StudyRun:
-    method: str
-    seed: int
-    alpha_index: str  # 'block' (the default) or 'sublayer' (the ablation)
-
-    @property
-    def label(self) -> str:
-        extra = " alpha_index=sublayer" if self.alpha_index == "sublayer" else ""
-        return f"{self.method}{extra} seed {self.seed}"
-
-    @property
-    def dirname(self) -> str:
-        extra = "+alpha_index=sublayer" if self.alpha_index == "sublayer" else ""
-        return f"seed{self.seed}/{method_dirname(self.method)}{extra}"
-
-    def args(self, warmup: int, max_iters: int, eval_interval: int) -> list[str]:
-        settings = {
-            **CPU_MODEL,
-            **RECIPE,
-            "warmup_iters": warmup,
-            "max_iters": max_iters,
-            "lr_decay_iters": max_iters,
-            "eval_interval": eval_interval,
-            "seed": self.seed,
-            "alpha_index": self.alpha_index,
-        }
-        return as_args(settings) + method_args(self.method)
+def ablation_suffix(p: Point, sep: str) -> str:
+    return f"{sep}alpha_index=sublayer" if p["alpha_index"] == "sublayer" else ""
 
 
-def plan_runs(methods: list[str], seeds: list[int], ablation: bool) -> list[StudyRun]:
-    """Seed-major, so a study cut short has whole seeds."""
-    runs = []
-    for seed in seeds:
-        runs += [StudyRun(m, seed, "block") for m in methods]
-        if ablation:
-            runs.append(StudyRun(ABLATION_METHOD, seed, "sublayer"))
-    return runs
-
-
-# -----------------------------------------------------------------------------
-# The table
-
-
-def result_row(run: StudyRun, result: JobResult, unigram: float) -> dict[str, Any]:
-    """The outcome of one run (study.outcome) and the diagnostics of its last evaluation."""
-    base = outcome(result, unigram)
-    out_dir = result.job.out_dir
-    final = load_run(out_dir).final_eval if (out_dir / CONFIG_NAME).is_file() else None
-    return {
-        "method": run.method,
-        "seed": run.seed,
-        "alpha_index": run.alpha_index,
-        **base,
-        **(diagnostic_summary(final) if final else {}),
-    }
-
-
-def study_table(rows: list[dict[str, Any]]) -> str:
-    def num(v: Any, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    lines = [
-        f"| method | seed | val loss | {' | '.join(c.header for c in summary_columns())} | status | last eval |",
-        "|:--|--:|--:|" + "--:|" * len(summary_columns()) + ":--|--:|",
-    ]
-    for r in rows:
-        name = display_name(r["method"]) + (" (alpha_index=sublayer)" if r["alpha_index"] == "sublayer" else "")
-        lines.append(
-            f"| {name} | {r['seed']} | {num(r['val_loss'], '.3f')} | {' | '.join(summary_cells(r))} | {r['status']} | "
-            f"{num(r['last_eval_iter'], 'd')} |"
-        )
-    return "\n".join(lines)
-
-
-def seed_summary(rows: list[dict[str, Any]], baseline: str = "pre_ln") -> str:
-    """Val loss per method over the seeds, with the gap to the same seed's baseline run
-    (study.paired_seed_summary). Empty with one seed."""
-
-    def name(method: str, alpha_index: str) -> str:
-        return display_name(method) + (" (alpha_index=sublayer)" if alpha_index == "sublayer" else "")
-
-    named = [{**r, "name": name(r["method"], r["alpha_index"]), "baseline": name(baseline, "block")} for r in rows]
-    return paired_seed_summary(named, display_name(baseline))
-
-
-# -----------------------------------------------------------------------------
-# Command line
+def depth_sweep(methods: list[str], seeds: list[int], ablation: bool, warmup: int, max_iters: int, eval_interval: int) -> Sweep:
+    """Seed-major, so that a study cut short has whole seeds; the ablation ends each seed."""
+    variants = [{"method": m, "alpha_index": "block"} for m in methods]
+    variants += [{"method": ABLATION_METHOD, "alpha_index": "sublayer"}] if ablation else []
+    schedule = {"warmup_iters": warmup, "max_iters": max_iters, "lr_decay_iters": max_iters, "eval_interval": eval_interval}
+    return Sweep(
+        name="depth_study",
+        base={**CPU_MODEL, **RECIPE, **schedule},
+        axes=(Axis("seed", tuple(seeds)), Axis("method", tuple(variants))),
+        folder=lambda p: f"seed{p['seed']}/{method_dirname(p['method'])}{ablation_suffix(p, '+')}",
+        settings=lambda p: {"config_name": f"depth_study_seed{p['seed']}"},
+        label=lambda p: display_name(p["method"]) + (f" ({ablation_suffix(p, '')})" if p["alpha_index"] == "sublayer" else ""),
+        baseline=lambda p: p.but(method="pre_ln", alpha_index="block"),
+        columns=(Column("method", "name", align=":--"), Column("seed", "seed"), Column("val loss", "val_loss", ".3f"),
+                 *diagnostic_columns(), Column("status", "status", align=":--"), Column("last eval", "last_eval_iter", "d")),
+        diagnostics=True,
+    )
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False
-    )
+    p = study_parser(__doc__)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods (default {DEFAULT_METHODS})")
     p.add_argument("--seeds", default="1337,1338", help="comma-separated seeds (default 1337,1338)")
     p.add_argument("--ablation", choices=("sublayer", "none"), default="sublayer", help=f"also run {ABLATION_METHOD} with alpha_index=sublayer (default), or not")
@@ -169,24 +80,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
+    started = time.perf_counter()
     check_overrides(overrides, {**RESERVED, "seed": "--seeds", "alpha_index": "--ablation", "warmup_iters": "--warmup_iters", "max_iters": "--max_iters"})
-    methods = parse_methods(args.methods)
-    runs = plan_runs(methods, parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer")
-    out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
-    ensure_data(data_dir, args.input)
-    jobs = []
-    for run in runs:
-        argv = run.args(args.warmup_iters, args.max_iters, args.eval_interval) + overrides
-        argv += [f"--data_dir={data_dir}", f"--out_dir={out_dir / run.dirname}", f"--config_name=depth_study_seed{run.seed}"]
-        jobs.append(make_job(run.label, argv, out_dir / run.dirname))
-    runs, results = run_or_find(runs, jobs, args.table_only, args.jobs, args.threads)
-    unigram = unigram_loss(data_dir)
-    rows = [result_row(run, result, unigram) for run, result in zip(runs, results)]
-    found = [load_run(r.job.out_dir) for r in results if (r.job.out_dir / CONFIG_NAME).is_file()]
-    if found:
-        plot.plot_diagnostics(found, f"{out_dir.name}: 24 x 128", out_dir / "figures" / "diagnostics")
-    write_study(out_dir, "depth_study", rows, study_table(rows), seed_summary(rows), unigram)
-    return exit_status(rows)
+    sweep = depth_sweep(parse_methods(args.methods), parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer",
+                        args.warmup_iters, args.max_iters, args.eval_interval)
+    rows, place, unigram = start_study(sweep, args, overrides)
+    found = [load_run(Path(r["out_dir"])) for r in rows if (Path(r["out_dir"]) / CONFIG_NAME).is_file()]
+    figures = plot.plot_diagnostics(found, f"{place.out_dir.name}: 24 x 128", place.out_dir / "figures" / "diagnostics") if found else []
+    text = runs_text(sweep, rows, display_name("pre_ln"))
+    return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, figures, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,41 +27,26 @@ line per arm through the seeds' mean, each seed a point.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.experiments.block_variants import BLOCK_TITLES
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import CONFIG_NAME, STOPPED_COLLAPSE, STUCK_AT_UNIGRAM, check_overrides, load_run, unigram_loss
+from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides
 from spheretnorm.experiments.study import (
-    CPU_MODEL,
-    RESERVED,
-    JobResult,
-    add_common_options,
-    as_args,
-    diagnostic_summary,
-    ensure_data,
-    exit_status,
-    make_job,
-    outcome,
-    parse_number_list,
-    parse_train_args,
-    run_jobs,
-    study_main,
-    wall_clock_line,
+    CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Place, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
+    markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, start_study, study_main,
+    study_parser, train_argv,
 )
-from spheretnorm.runtime.cli import HelpFormatter, UsageError
-from spheretnorm.runtime.methods import method_args
+from spheretnorm.runtime.cli import UsageError
 
 BASELINE = "pre_ln"
 SHAPE: dict[str, Any] = {**CPU_MODEL, "n_layer": 12, "n_embd": 64, "n_head": 4, "batch_size": 16, "global_batch_size": 16}
@@ -102,141 +87,24 @@ ARMS: tuple[Arm, ...] = (
 ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 
 
-@dataclass(frozen=True, order=True)
-class Point:
-    block: str
-    arm: str  # an Arm's slug
-    lr: float
-    seed: int
+def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int) -> Sweep:
+    """Each (block, arm) at its own best rate: study.best_rate_follow_up plans the runs from the
+    finished ones alone, so a re-run resumes the design."""
 
-    def dirname(self) -> str:
-        return f"{self.block}/{self.arm}/lr{self.lr:g}_s{self.seed}"
+    def settings(p: Point) -> dict[str, Any]:
+        arm = ARM_BY_SLUG[p["arm"]]
+        return {**method_settings(arm.method), **arm.settings(p["lr"], warmup, max_iters)}
 
-    @property
-    def label(self) -> str:
-        return f"{ARM_BY_SLUG[self.arm].title} ({BLOCK_TITLES[self.block]}) lr {self.lr:g} seed {self.seed}"
-
-
-# -----------------------------------------------------------------------------
-# The plan: a function of the losses of the finished runs
-
-
-def grid_step(lrs: list[float], at_top: bool) -> float:
-    """The factor between the grid's two end points on that side (2 for 1e-3,2e-3,...)."""
-    return lrs[-1] / lrs[-2] if at_top else lrs[1] / lrs[0]
-
-
-def swept_rates(lrs: list[float], losses: dict[float, float]) -> tuple[list[float], bool]:
-    """(the rates an arm sweeps with its first seed, whether all of them are finished), given the
-    losses of its finished runs (inf: diverged or collapsed): --lrs, plus up to EXTENSIONS grid
-    steps beyond the end where the best so far lies, so that the best is bracketed."""
-    rates = sorted(lrs)
-    while True:
-        if any(lr not in losses for lr in rates):
-            return rates, False
-        best = min(rates, key=lambda lr: losses[lr])
-        at_top = best == rates[-1]
-        if len(rates) - len(lrs) >= EXTENSIONS or not math.isfinite(losses[best]) or best not in (rates[0], rates[-1]):
-            return rates, True
-        step = grid_step(rates, at_top)
-        rates = sorted([*rates, best * step if at_top else best / step])
-
-
-def plan(lrs: list[float], seeds: list[int], blocks: list[str], done: dict[Point, float], arms: tuple[Arm, ...] | list[Arm] = ARMS) -> list[Point]:
-    """Every run of the design that the finished runs (done: Point -> final val loss, inf for a
-    diverged or collapsed one) call for now, finished ones included: the first seed at each swept
-    rate, then, once those are finished, every other seed at the best rate and its neighbours.
-    In the order to run them: every sweep point, then the seeds at the best rates, then at their
-    neighbours (so a study cut short misses the least telling runs)."""
-    sweeps: list[Point] = []
-    at_best: list[Point] = []
-    beside: list[Point] = []
-    first, others = seeds[0], seeds[1:]
-    for block in blocks:
-        for arm in arms:
-            losses = {p.lr: loss for p, loss in done.items() if (p.block, p.arm, p.seed) == (block, arm.slug, first)}
-            rates, finished = swept_rates(lrs, losses)
-            sweeps += [Point(block, arm.slug, lr, first) for lr in rates]
-            if not finished:
-                continue
-            best = rates.index(min(rates, key=lambda lr: losses[lr]))
-            if not math.isfinite(losses[rates[best]]):
-                continue  # every rate diverged or collapsed: no best to seed
-            at_best += [Point(block, arm.slug, rates[best], seed) for seed in others]
-            beside += [Point(block, arm.slug, lr, seed) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for seed in others]
-    return sweeps + at_best + beside
-
-
-# -----------------------------------------------------------------------------
-# Runs
-
-
-@dataclass
-class Design:
-    lrs: list[float]
-    seeds: list[int]
-    blocks: list[str]
-    arms: list[Arm]
-    max_iters: int
-    warmup: int
-    out_dir: Path
-    data_dir: Path
-    overrides: list[str] = field(default_factory=list)
-
-    def argv(self, point: Point) -> list[str]:
-        arm = ARM_BY_SLUG[point.arm]
-        settings = {**SHAPE, **arm.settings(point.lr, self.warmup, self.max_iters), "block": point.block, "seed": point.seed,
-                    "eval_interval": max(1, self.max_iters // 5)}
-        extra = [f"--data_dir={self.data_dir}", f"--out_dir={self.out_dir / point.dirname()}", "--config_name=fair_sweep"]
-        return as_args(settings) + method_args(arm.method) + self.overrides + extra
-
-
-UNSTABLE = ("diverged", STUCK_AT_UNIGRAM, STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
-
-
-def final_loss(row: dict[str, Any]) -> float:
-    """What the planner ranks: the final val loss, inf for a run that diverged or collapsed."""
-    return row["val_loss"] if row["status"] == "ok" and row["val_loss"] is not None else math.inf
-
-
-def has_ended(row: dict[str, Any]) -> bool:
-    """Whether a run counts for the plan: trained to the end, or stopped for good (not failed, not
-    still unfinished as a run in progress is, seen by --table_only)."""
-    return row["status"] == "ok" or row["status"] in UNSTABLE
-
-
-def point_row(point: Point, result: JobResult, unigram: float) -> dict[str, Any]:
-    out_dir = result.job.out_dir
-    final = load_run(out_dir).final_eval if (out_dir / CONFIG_NAME).is_file() else None
-    return {"block": point.block, "arm": point.arm, "lr": point.lr, "seed": point.seed, **outcome(result, unigram),
-            **(diagnostic_summary(final) if final else {})}
-
-
-def run_design(design: Design, jobs: int, threads: int, table_only: bool, dry_run: bool) -> list[dict[str, Any]]:
-    """Plan, run what is missing, plan again with the new losses, until the plan stops growing.
-    table_only and dry_run run nothing: the plan grows only with the runs already finished."""
-    unigram = unigram_loss(design.data_dir)
-    rows: dict[Point, dict[str, Any]] = {}
-    tried: set[Point] = set()  # failed, or (table_only, dry_run) absent: not asked for again
-    while True:
-        done = {p: final_loss(r) for p, r in rows.items() if has_ended(r)}
-        todo = [p for p in plan(design.lrs, design.seeds, design.blocks, done, design.arms) if p not in tried]
-        if not todo:
-            return [rows[p] for p in sorted(rows)]
-        tried.update(todo)
-        job_list = [make_job(p.label, design.argv(p), design.out_dir / p.dirname()) for p in todo]
-        if table_only or dry_run:
-            if dry_run:
-                print("\n".join(f"{j.label}: {j.out_dir}" for j in job_list))
-            found = [(p, j) for p, j in zip(todo, job_list) if (j.out_dir / CONFIG_NAME).is_file()]
-            todo, results = [p for p, _ in found], [JobResult(j, None, 0.0, "") for _, j in found]
-        else:
-            print(f"fair sweep: {len(todo)} runs to run or reuse, {jobs} at a time", flush=True)
-            results = run_jobs(job_list, jobs, threads)
-        for p, result in zip(todo, results):
-            row = point_row(p, result, unigram)
-            if row["status"] != "failed":  # (an unfinished one is shown, and not planned on)
-                rows[p] = row
+    return Sweep(
+        name="fair_sweep",
+        base={**SHAPE, "eval_interval": max(1, max_iters // 5)},
+        axes=(Axis("block", tuple(blocks)), Axis("arm", tuple(a.slug for a in arms)), Axis("lr", tuple(lrs)), Axis("seed", tuple(seeds))),
+        folder=lambda p: f"{p['block']}/{p['arm']}/lr{p['lr']:g}_s{p['seed']}",
+        settings=settings,
+        label=lambda p: f"{ARM_BY_SLUG[p['arm']].title} ({BLOCK_TITLES[p['block']]}), lr {p['lr']:g}",
+        follow_up=best_rate_follow_up(EXTENSIONS),
+        diagnostics=True,
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -293,34 +161,25 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def spread(low: str, high: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
+    """A range cell 'low to high' of a summary row, '-' where it has none."""
+    return lambda s: None if s[low] is None else f"{s[low]:{fmt}} to {s[high]:{fmt}}"
 
 
-def best_table(summary: list[dict[str, Any]]) -> str:
-    lines = [
-        "| block | arm | best lr | seeds | val loss, mean | range | minus Pre-LN (same seed), mean | range | alpha pinned | radius/sqrt(d) | radius pinned | diverged or collapsed at |",
-        "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|",
-    ]
-    for s in summary:
-        spread = f"{_num(s['low'], '.3f')} to {_num(s['high'], '.3f')}" if s["seeds"] else "-"
-        gap_spread = f"{_num(s['gap_low'], '+.3f')} to {_num(s['gap_high'], '+.3f')}" if s["gap_mean"] is not None else "-"
-        lines.append(
-            f"| {BLOCK_TITLES[s['block']]} | {s['title']} | {_num(s['best_lr'], 'g')} | {s['seeds']} | {_num(s['mean'], '.3f')} | {spread} | "
-            f"{_num(s['gap_mean'], '+.3f')} | {gap_spread} | {_num(s['step_pinned'], '.2f')} | {_num(s['radius'], '.3f')} | "
-            f"{_num(s['radius_pinned'], '.0f')} | {', '.join(f'{lr:g}' for lr in s['unstable']) or '-'} |"
-        )
-    return "\n".join(lines)
+BEST_COLUMNS = (
+    Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"), Column("best lr", "best_lr", "g"),
+    Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
+    Column("minus Pre-LN (same seed), mean", "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")),
+    Column("alpha pinned", "step_pinned", ".2f"), Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
+    Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
+)
 
 
-def runs_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| block | arm | lr | seed | val loss | status | alpha pinned | radius pinned | s |", "|:--|:--|--:|--:|--:|:--|--:|--:|--:|"]
-    for r in rows:
-        lines.append(
-            f"| {BLOCK_TITLES[r['block']]} | {ARM_BY_SLUG[r['arm']].title} | {r['lr']:g} | {r['seed']} | {_num(r['val_loss'], '.3f')} | "
-            f"{r['status']} | {_num(r.get('step_pinned'), '.2f')} | {_num(r.get('radius_pinned'), '.0f')} | {_num(r['seconds'], '.0f')} |"
-        )
-    return "\n".join(lines)
+RUN_COLUMNS = (
+    Column("block", lambda r: BLOCK_TITLES[r["block"]], align=":--"), Column("arm", lambda r: ARM_BY_SLUG[r["arm"]].title, align=":--"),
+    Column("lr", "lr", "g"), Column("seed", "seed"), Column("val loss", "val_loss", ".3f"), Column("status", "status", align=":--"),
+    Column("alpha pinned", "step_pinned", ".2f"), Column("radius pinned", "radius_pinned", ".0f"), Column("s", "seconds", ".0f"),
+)
 
 
 Y_SPAN = 0.6  # nats above a panel's lowest loss that it shows; a point beyond is a triangle at the top
@@ -370,9 +229,7 @@ def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, t
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False
-    )
+    p = study_parser(__doc__)
     p.add_argument("--lrs", default=DEFAULT_LRS, help=f"the first seed's learning rates (default {DEFAULT_LRS})")
     p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the sweep's seed, then the seeds of the best rates (default {DEFAULT_SEEDS})")
     p.add_argument("--blocks", default="gpt2,llama", help="the blocks (default gpt2,llama)")
@@ -386,7 +243,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
-def design_of(args: argparse.Namespace, overrides: list[str]) -> Design:
+def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     # The model's shape may change (--n_layer=12 --n_embd=128); what the arms compare may not.
     fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, *NGPT_RECIPE, "block", "learning_rate", "min_lr",
                                                           "lr_decay_iters", "alpha_cap", "alpha_decay", "sphere_input_gain")}
@@ -400,7 +257,7 @@ def design_of(args: argparse.Namespace, overrides: list[str]) -> Design:
     if not 0 <= args.warmup_iters < args.max_iters:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
     seeds = list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int)))
-    return Design(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, Path(args.out_dir), Path(args.data_dir), overrides)
+    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters)
 
 
 def parse_arms(spec: str) -> list[Arm]:
@@ -417,26 +274,20 @@ def parse_arms(spec: str) -> list[Arm]:
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
     design = design_of(args, overrides)
-    ensure_data(design.data_dir, args.input)
-    rows = run_design(design, args.jobs, args.threads, args.table_only, args.dry_run)
+    found, place, unigram = start_study(design, args, overrides)
     if args.dry_run:
         return 0
-    unigram = unigram_loss(design.data_dir)
-    summary = best_rows(rows, design.blocks, design.arms)
-    model = parse_train_args(design.argv(Point(design.blocks[0], BASELINE, design.lrs[0], design.seeds[0]))).model_config()
-    shape = f"{model.n_layer} x {model.n_embd}, {design.max_iters} iterations"
-    figures = plot_design(rows, design.blocks, unigram, f"Final val loss against the learning rate ({shape}, Shakespeare characters)",
-                          design.out_dir / "fair_sweep") if rows else []
-    text = f"{shape}\n\nEach arm at its best learning rate:\n\n{best_table(summary)}\n\nEvery run:\n\n{runs_table(rows)}\n"
-    design.out_dir.mkdir(parents=True, exist_ok=True)
-    (design.out_dir / "fair_sweep.md").write_text(text, encoding="utf-8")
-    record = {"unigram_loss": unigram, "max_iters": design.max_iters, "warmup_iters": design.warmup, "lrs": design.lrs,
-              "seeds": design.seeds, "best": summary, "runs": rows}
-    (design.out_dir / "fair_sweep.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(text)
-    print(wall_clock_line(time.perf_counter() - started, rows))
-    print("Written: " + ", ".join(str(p) for p in [design.out_dir / "fair_sweep.md", design.out_dir / "fair_sweep.json", *figures]))
-    return exit_status(rows)
+    rows = sorted(found, key=lambda r: (r["block"], r["arm"], r["lr"], r["seed"]))
+    blocks, slugs = list(design.values("block")), design.values("arm")
+    summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs])
+    model = parse_train_args(train_argv(design, plan_points(design, {})[0], Place.of(args, overrides))).model_config()
+    shape = f"{model.n_layer} x {model.n_embd}, {args.max_iters} iterations"
+    figures = plot_design(rows, blocks, unigram, f"Final val loss against the learning rate ({shape}, Shakespeare characters)",
+                          place.out_dir / "fair_sweep") if rows else []
+    text = f"{shape}\n\nEach arm at its best learning rate:\n\n{markdown_table(summary, BEST_COLUMNS)}\n\nEvery run:\n\n{markdown_table(rows, RUN_COLUMNS)}\n"
+    record = {"unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(design.values("lr")),
+              "seeds": list(design.values("seed")), "best": summary, "runs": rows}
+    return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

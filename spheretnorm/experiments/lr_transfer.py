@@ -18,14 +18,9 @@ finished run with the same settings is reused.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
-import json
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -33,25 +28,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.experiments.study import (
-    CPU_MODEL,
-    RESERVED as STUDY_RESERVED,
-    add_common_options,
-    as_args,
-    ensure_data,
-    make_job,
-    outcome,
-    run_jobs,
-    wall_clock_line,
-    exit_status,
-    study_main,
-)
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.experiments.grid import check_overrides, parse_methods, parse_numbers
+from spheretnorm.experiments.study import (
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, pivot_table, publish, start_study,
+    study_main, study_parser,
+)
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.experiments.grid import check_overrides, parse_numbers, parse_methods, unigram_loss
-from spheretnorm.runtime.methods import display_name, method_args
 from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "p_spheret:0.5,pre_ln"
 DEFAULT_WIDTHS = "64,256"
@@ -72,58 +57,27 @@ RESERVED = {
 }
 
 
-@dataclass(frozen=True)
-class Point:
-    method: str
-    width: int
-    param: str  # 'standard' or 'mup'
-    lr: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.method} width {self.width} {self.param} lr {self.lr:g}"
-
-    def dirname(self) -> str:
-        return f"{method_dirname(self.method)}/w{self.width}_{self.param}/lr{self.lr:g}"
-
-
-def study_points(methods: list[str], widths: list[int], lrs: list[float]) -> list[Point]:
-    """Every run to train; at the base width only the standard one (μP is identical there).
-
-    Method by method, so that a study cut short has complete methods rather than half of each.
-    """
+def transfer_sweep(methods: list[str], widths: list[int], lrs: list[float], n_layer: int, head_dim: int, max_iters: int) -> Sweep:
+    """Method by method, so that a study cut short has complete methods rather than half of each.
+    At the base width (the smallest) μP is the standard parametrisation exactly
+    (tests/test_mup.py), so its μP points share the standard run's folder: one run serves both."""
     base = min(widths)
-    return [
-        Point(m, w, param, lr)
-        for m in methods
-        for w in widths
-        for param in PARAMETRISATIONS
-        if not (w == base and param == "mup")
-        for lr in lrs
-    ]
 
+    def param_of(p: Point) -> str:
+        return "standard" if p["width"] == base else p["param"]
 
-def run_of(point: Point, base: int) -> Point:
-    """The point whose run answers for `point`: the base width's μP point is its standard run."""
-    return Point(point.method, point.width, "standard", point.lr) if point.width == base else point
+    def settings(p: Point) -> dict[str, Any]:
+        return {"n_embd": p["width"], "n_head": p["width"] // head_dim, "mup_base_width": base if param_of(p) == "mup" else 0,
+                "learning_rate": p["lr"], "min_lr": p["lr"] / 10}
 
-
-def point_args(point: Point, base: int, n_layer: int, head_dim: int, max_iters: int, overrides: list[str]) -> list[str]:
-    settings = {
-        **CPU_MODEL,
-        "n_layer": n_layer,
-        "n_embd": point.width,
-        "n_head": point.width // head_dim,
-        "mup_base_width": base if point.param == "mup" else 0,
-        "learning_rate": point.lr,
-        "min_lr": point.lr / 10,
-        "warmup_iters": max(1, max_iters // 10),
-        "max_iters": max_iters,
-        "lr_decay_iters": max_iters,
-        "eval_interval": max_iters,  # evaluate at the start and the end only
-        "eval_iters": 20,
-    }
-    return as_args(settings) + method_args(point.method) + overrides
+    return Sweep(
+        name="mup_transfer",
+        base={**CPU_MODEL, "n_layer": n_layer, "warmup_iters": max(1, max_iters // 10), "max_iters": max_iters, "lr_decay_iters": max_iters,
+              "eval_interval": max_iters, "eval_iters": 20},  # evaluate at the start and the end only
+        axes=(Axis("method", tuple(methods)), Axis("width", tuple(widths)), Axis("param", PARAMETRISATIONS), Axis("lr", tuple(lrs))),
+        folder=lambda p: f"{method_dirname(p['method'])}/w{p['width']}_{param_of(p)}/lr{p['lr']:g}",
+        settings=settings,
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -160,18 +114,18 @@ def optimum_moves(rows: list[dict[str, Any]], lrs: list[float]) -> list[dict[str
 def transfer_table(rows: list[dict[str, Any]], lrs: list[float]) -> str:
     """Markdown: one row per (method, parametrisation, width), one column per LR; best in bold."""
     best = best_lrs(rows)
-    cell = {(r["method"], r["param"], r["width"], r["lr"]): r for r in rows}
-    lines = ["| method | param | width | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|:--|:--|--:|" + "--:|" * len(lrs)]
-    for method, param, width in sorted({(r["method"], r["param"], r["width"]) for r in rows}):
-        cells = []
-        for lr in lrs:
-            r = cell.get((method, param, width, lr))
-            text = "-" if r is None else (f"{r['val_loss']:.3f}" if r["val_loss"] is not None else r["status"])
-            if r is not None and r["status"] not in ("ok", "diverged") and r["val_loss"] is not None:
-                text += f" ({r['status']})"
-            cells.append(f"**{text}**" if best.get((method, param, width)) == lr else text)
-        lines.append(f"| {display_name(method)} | {param} | {width} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "-"
+        text = f"{r['val_loss']:.3f}" if r["val_loss"] is not None else r["status"]
+        if r["status"] not in ("ok", "diverged") and r["val_loss"] is not None:
+            text += f" ({r['status']})"
+        return f"**{text}**" if best.get((r["method"], r["param"], r["width"])) == r["lr"] else text
+
+    heads = [Column("method", lambda r: display_name(r["method"]), align=":--"), Column("param", "param", align=":--"), Column("width", "width")]
+    ordered = sorted(rows, key=lambda r: (r["method"], r["param"], r["width"]))
+    return pivot_table(ordered, heads, lambda r: r["lr"], lrs, lambda lr: f"lr {lr:g}", cell)
 
 
 def moves_text(moves: list[dict[str, Any]]) -> list[str]:
@@ -217,7 +171,7 @@ def plot_transfer(rows: list[dict[str, Any]], title: str, out: Path) -> list[Pat
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
+    p = study_parser(__doc__)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods (default: {DEFAULT_METHODS})")
     p.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"widths n_embd; the smallest is μP's base (default: {DEFAULT_WIDTHS})")
     p.add_argument("--lrs", default=DEFAULT_LRS, help=f"peak learning rates, a log grid (default: {DEFAULT_LRS})")
@@ -242,49 +196,20 @@ def check_shape(widths: list[int], head_dim: int, max_iters: int) -> None:
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
     check_overrides(overrides, RESERVED)
-    methods = parse_methods(args.methods)
     widths = parse_numbers(args.widths, int, "widths")
     lrs = parse_numbers(args.lrs, float, "lrs")
     check_shape(widths, args.head_dim, args.max_iters)
+    spec = transfer_sweep(parse_methods(args.methods), widths, lrs, args.n_layer, args.head_dim, args.max_iters)
+    rows, place, unigram = start_study(spec, args, overrides)
     base = widths[0]
-    out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
-    meta = ensure_data(data_dir, args.input)
-    points = study_points(methods, widths, lrs)
-    jobs = []
-    for point in points:
-        run_dir = out_dir / point.dirname()
-        argv = point_args(point, base, args.n_layer, args.head_dim, args.max_iters, overrides)
-        extra = [f"--data_dir={data_dir}", f"--out_dir={run_dir}", "--config_name=mup_transfer"]
-        jobs.append(make_job(point.label, argv + extra, run_dir))
-    print(
-        f"μP transfer on shakespeare_char ({meta['train_tokens']:,} train characters): {len(methods)} methods, widths "
-        f"{widths} (base {base}), {len(lrs)} LRs, {args.n_layer} layers, = {len(jobs)} runs of {args.max_iters} iterations, "
-        f"{args.jobs} at a time, {args.threads} thread(s) each.",
-        flush=True,
-    )
-
-    results = dict(zip(points, run_jobs(jobs, args.jobs, args.threads)))
-
-    unigram = unigram_loss(data_dir)
-    all_points = [Point(m, w, p, lr) for m in methods for w in widths for p in PARAMETRISATIONS for lr in lrs]
-    rows = [{"method": p.method, "width": p.width, "param": p.param, "lr": p.lr, **outcome(results[run_of(p, base)], unigram)} for p in all_points]
     title = f"Shakespeare-char, {args.n_layer} layers, {args.max_iters} iterations: final val loss (μP base width {base})"
-    figures = plot_transfer(rows, title, out_dir / "mup_transfer")
+    figures = plot_transfer(rows, title, place.out_dir / "mup_transfer")
     moves = optimum_moves(rows, lrs)
-    table = transfer_table(rows, lrs)
-    found = moves_text(moves)
-    wall = time.perf_counter() - started
     note = f"At width {base} μP is the standard parametrisation, so its rows are the same runs."
-    (out_dir / "transfer.md").write_text(f"{title}\n\n{table}\n\n{note}\n\n" + "\n".join(found) + "\n", encoding="utf-8")
-    summary = {"widths": widths, "lrs": lrs, "base_width": base, "max_iters": args.max_iters, "n_layer": args.n_layer,
-               "unigram_loss": unigram, "wall_clock_s": round(wall, 1), "moves": moves, "runs": rows}
-    (out_dir / "transfer.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"\n{title}\n\n{table}\n\n{note}\n")
-    print("\n".join(found))
-    trained = [r for p, r in zip(all_points, rows) if run_of(p, base) == p]  # each run once
-    print("\n" + wall_clock_line(wall, trained))
-    print("Written: " + ", ".join(str(p) for p in [out_dir / "transfer.md", out_dir / "transfer.json", *figures]))
-    return exit_status(rows)
+    text = f"{title}\n\n{transfer_table(rows, lrs)}\n\n{note}\n\n" + "\n".join(moves_text(moves))
+    record = {"widths": widths, "lrs": lrs, "base_width": base, "max_iters": args.max_iters, "n_layer": args.n_layer,
+              "unigram_loss": unigram, "moves": moves, "runs": rows}
+    return publish(place.out_dir, "transfer", text, record, figures, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,14 +20,9 @@ shared cores; a run costs max_iters / 2 to max_iters seconds on one core.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
-import json
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -35,36 +30,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.experiments.study import (
-    CPU_MODEL,
-    RESERVED as STUDY_RESERVED,
-    JobResult,
-    add_common_options,
-    as_args,
-    ensure_data,
-    make_job,
-    outcome,
-    parse_train_args,
-    run_jobs,
-    study_name,
-    wall_clock_line,
-    exit_status,
-    study_main,
-)
 from spheretnorm.experiments.figures import method_style, save_figure
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.experiments.grid import (
-    COLLAPSE_MARGIN,
-    STUCK_AT_UNIGRAM,
-    parse_numbers,
-    check_overrides,
-    parse_methods,
-    sort_methods,
-    unigram_loss,
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_methods, parse_numbers, sort_methods
+from spheretnorm.experiments.study import (
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, as_args, parse_train_args, pivot_table,
+    publish, start_study, study_main, study_name, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.methods import display_name, method_args
 from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"
 DEFAULT_LRS = "1e-3,3e-3"
@@ -81,42 +55,27 @@ RESERVED = {
 }
 
 
-@dataclass(frozen=True)
-class Point:
-    method: str
-    lr: float
-    warmup: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.method} lr {self.lr:g} warm-up {self.warmup}"
-
-    def dirname(self) -> str:
-        return f"{method_dirname(self.method)}/lr{self.lr:g}_wu{self.warmup}"
+def schedule(p: Point) -> dict[str, Any]:
+    return {"learning_rate": p["lr"], "min_lr": p["lr"] / 10, "warmup_iters": p["warmup"]}
 
 
-def point_args(point: Point, max_iters: int, overrides: list[str]) -> list[str]:
-    settings = {
-        **CPU_MODEL,
-        "learning_rate": point.lr,
-        "min_lr": point.lr / 10,
-        "warmup_iters": point.warmup,
-        "max_iters": max_iters,
-        "lr_decay_iters": max_iters,
-        "eval_interval": max(1, max_iters // EVALS_PER_RUN),
-    }
-    return as_args(settings) + method_args(point.method) + overrides
+def stability_sweep(methods: list[str], lrs: list[float], warmups: list[int], max_iters: int, overrides: list[str]) -> Sweep:
+    """Warm-up by warm-up, then rate by rate; the runs and their config_name are named by the
+    model's shape (shakespeare_char_24x128), the user's overrides included."""
+    base = {**CPU_MODEL, "max_iters": max_iters, "lr_decay_iters": max_iters, "eval_interval": max(1, max_iters // EVALS_PER_RUN)}
+    name = study_name(parse_train_args(as_args(base) + overrides))
+    return Sweep(
+        name=name,
+        base=base,
+        axes=(Axis("warmup", tuple(warmups)), Axis("lr", tuple(lrs)), Axis("method", tuple(methods))),
+        folder=lambda p: f"{name}/{method_dirname(p['method'])}/lr{p['lr']:g}_wu{p['warmup']}",
+        settings=schedule,
+    )
 
 
-def result_row(point: Point, result: JobResult, unigram: float) -> dict[str, Any]:
-    return {"method": point.method, "lr": point.lr, "warmup": point.warmup, **outcome(result, unigram)}
-
-
-# -----------------------------------------------------------------------------
-# Outputs
-
-
-def cell_text(row: dict[str, Any]) -> str:
+def cell_text(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
     if row["status"] == "diverged":
         return "diverged"
     if row["val_loss"] is None:
@@ -127,16 +86,10 @@ def cell_text(row: dict[str, Any]) -> str:
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one row per method, one column per (warm-up, LR)."""
-    columns = sorted({(r["warmup"], r["lr"]) for r in rows})
-    cell = {(r["method"], r["warmup"], r["lr"]): r for r in rows}
-    lines = [
-        "| Method | " + " | ".join(f"wu {w}, lr {lr:g}" for w, lr in columns) + " |",
-        "|:--|" + "--:|" * len(columns),
-    ]
-    for m in sort_methods(r["method"] for r in rows):
-        cells = [cell_text(cell[(m, w, lr)]) if (m, w, lr) in cell else "-" for w, lr in columns]
-        lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    order = sort_methods(r["method"] for r in rows)
+    method = Column("Method", lambda r: display_name(r["method"]), align=":--")
+    return pivot_table(sorted(rows, key=lambda r: order.index(r["method"])), [method], lambda r: (r["warmup"], r["lr"]),
+                       sorted({(r["warmup"], r["lr"]) for r in rows}), lambda c: f"wu {c[0]}, lr {c[1]:g}", cell_text)
 
 
 def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path) -> list[Path]:
@@ -187,17 +140,8 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-# -----------------------------------------------------------------------------
-# Command line
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=HelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-        allow_abbrev=False,
-    )
+    p = study_parser(__doc__)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods, 'paper' or 'all' (default: {DEFAULT_METHODS})")
     p.add_argument("--lrs", default=DEFAULT_LRS, help=f"peak learning rates (default: {DEFAULT_LRS})")
     p.add_argument("--warmups", default=DEFAULT_WARMUPS, help=f"warm-up lengths in iterations (default: {DEFAULT_WARMUPS})")
@@ -215,49 +159,16 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     warmups = parse_numbers(args.warmups, int, "warmups")
     if args.max_iters <= max(warmups):
         raise UsageError(f"--max_iters {args.max_iters} must exceed the longest warm-up ({max(warmups)}); raise it or shorten --warmups.")
-    out_dir, data_dir = Path(args.out_dir), Path(args.data_dir)
-    points = [Point(m, lr, w) for w in warmups for lr in lrs for m in methods]
-    name = study_name(parse_train_args(point_args(points[0], args.max_iters, overrides)))
-    meta = ensure_data(data_dir, args.input)
-    jobs = []
-    for point in points:
-        run_dir = out_dir / name / point.dirname()
-        extra = [f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--config_name={name}"]
-        jobs.append(make_job(point.label, point_args(point, args.max_iters, overrides) + extra, run_dir))
-    print(
-        f"LR sweep on {name} ({meta['train_tokens']:,} train characters): {len(methods)} methods x {len(lrs)} LRs x "
-        f"{len(warmups)} warm-ups = {len(jobs)} runs of {args.max_iters} iterations (cosine to lr/10), "
-        f"{args.jobs} at a time, {args.threads} thread(s) each.",
-        flush=True,
-    )
-
-    results = run_jobs(jobs, args.jobs, args.threads)
-
-    unigram = unigram_loss(data_dir)
-    rows = [result_row(p, r, unigram) for p, r in zip(points, results)]
-    title = f"{name}: final val loss after {args.max_iters} iterations"
-    figure_paths = plot_sweep(rows, unigram, title, out_dir / "lr_sweep")
-    table = sweep_table(rows)
+    spec = stability_sweep(methods, lrs, warmups, args.max_iters, overrides)
+    rows, place, unigram = start_study(spec, args, overrides)
+    title = f"{spec.name}: final val loss after {args.max_iters} iterations"
+    figure_paths = plot_sweep(rows, unigram, title, place.out_dir / "lr_sweep")
     rule = (f"{STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN} (no better than character "
             "frequencies); diverged: the loss became non-finite and train.py stopped.")
-    found = findings(rows)
-    wall = time.perf_counter() - started
-    (out_dir / "sweep.md").write_text(f"{title}\n\n{table}\n\n{rule}\n\n" + "\n".join(found) + "\n", encoding="utf-8")
-    summary = {
-        "study": name,
-        "max_iters": args.max_iters,
-        "unigram_loss": unigram,
-        "wall_clock_s": round(wall, 1),  # of this call; runs found finished cost it nothing
-        "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1),
-        "runs": rows,
-    }
-    (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-
-    print(f"\n{title}\n\n{table}\n\n{rule}\n")
-    print("\n".join(found))
-    print("\n" + wall_clock_line(wall, rows))
-    print("Written: " + ", ".join(str(p) for p in [out_dir / "sweep.md", out_dir / "sweep.json", *figure_paths]))
-    return exit_status(rows)
+    text = f"{title}\n\n{sweep_table(rows)}\n\n{rule}\n\n" + "\n".join(findings(rows))
+    record = {"study": spec.name, "max_iters": args.max_iters, "unigram_loss": unigram,
+              "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows}
+    return publish(place.out_dir, "sweep", text, record, figure_paths, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

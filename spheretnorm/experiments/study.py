@@ -1,4 +1,8 @@
-"""What reproduce_cpu.py and lr_sweep.py share: the CPU model, the data, and running train.py jobs.
+"""The CPU studies' engine: the CPU model, the data, running train.py jobs, and the declarative sweep.
+
+A study declares a Sweep (its name, base settings, axes, run folders, table columns, and where it
+needs one, a follow-up rule) and this module plans it, runs its jobs, resumes or reuses finished
+runs, and writes its rows, its Markdown table and the paired-seed summary.
 
 The model is deep and narrow, 24 layers of width 128, the regime where the connections differ
 most, on Tiny Shakespeare (characters). Jobs run as subprocesses (train.py installs signal
@@ -10,7 +14,9 @@ second thread to pay off and a busy machine makes a two-threaded job wait for it
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -18,27 +24,30 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
-T = TypeVar("T")
-
-from spheretnorm.diagnostics import DIAGNOSTICS, Summary, lacking, lacking_note
+from spheretnorm.diagnostics import DIAGNOSTICS, lacking, lacking_note
 from spheretnorm.runtime.token_files import load_meta
 from spheretnorm.data.preparation import prepare
 from spheretnorm.experiments.grid import (
     CONFIG_NAME,
     SHARED_DIR,
+    STOPPED_COLLAPSE,
+    STUCK_AT_UNIGRAM,
+    check_overrides,
     classify,
     config_conflicts,
     exit_text,
     is_finished,
     load_run,
     stopped_row,
+    unigram_loss,
 )
-from spheretnorm.runtime.cli import REPO_ROOT, UsageError
-from spheretnorm.runtime.config import ConfigError, ParsedConfig, parse_config
+from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
+from spheretnorm.runtime.config import MODEL_KEYS, TRAIN_KEYS, ConfigError, ParsedConfig, param_keys, parse_config
+from spheretnorm.runtime.methods import method_args
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
@@ -62,6 +71,7 @@ CPU_MODEL: dict[str, Any] = {
     "compile": False,
     "wandb_log": False,
 }
+CONFIG_KEYS = frozenset({*MODEL_KEYS, *TRAIN_KEYS, *param_keys()})  # train.py's keys
 # Keys the studies set per run, and the option to use instead (the method's keys: check_overrides).
 RESERVED = {
     "dataset": "--data_dir (this study trains on shakespeare_char)",
@@ -197,25 +207,6 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int) -> list[JobResult]:
         return list(pool.map(work, jobs))
 
 
-def run_or_find(items: list[T], jobs: list[Job], table_only: bool, parallel: int, threads: int) -> tuple[list[T], list[JobResult]]:
-    """The results of the jobs, each paired with its item (a study's run). table_only runs
-    nothing: only the runs already in their folders count, classified from their files alone."""
-    if not table_only:
-        return items, run_jobs(jobs, parallel, threads)
-    found = [(item, job) for item, job in zip(items, jobs) if (job.out_dir / CONFIG_NAME).is_file()]
-    return [item for item, _ in found], [JobResult(job, None, 0.0, "") for _, job in found]
-
-
-def write_study(out_dir: Path, name: str, rows: list[dict[str, Any]], table: str, summary: str, unigram: float) -> None:
-    """OUT_DIR/<name>.md (the table, then the summary over seeds) and <name>.json; prints the table."""
-    if summary:
-        table += "\n\nOver the seeds:\n\n" + summary
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.md").write_text(table + "\n", encoding="utf-8")
-    (out_dir / f"{name}.json").write_text(json.dumps({"unigram_loss": unigram, "runs": rows}, indent=2) + "\n", encoding="utf-8")
-    print(table)
-
-
 def job_status_line(result: JobResult, index: int, total: int) -> str:
     job = result.job
     if result.reused:
@@ -225,7 +216,7 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
 
 
 def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
-    """What a finished job left: status (ok / collapsed / stopped: collapse / diverged / ...), final losses, time.
+    """What a finished job left: status (ok / stuck at unigram / stopped: collapse / diverged / ...), final losses, time.
 
     val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
     is this job's wall-clock, or train.py's own elapsed time for a run found finished.
@@ -248,7 +239,9 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
 
 
 def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
-    """'Wall-clock: ...', saying how many runs were reused and what their training had cost."""
+    """'Wall-clock: ...', saying how many runs were reused and what their training had cost; rows
+    that share a run (one folder) count once."""
+    rows = list({r["out_dir"]: r for r in rows}.values())
     text = f"Wall-clock: {wall / 60:.1f} min ({wall:.0f} s) for {len(rows)} runs"
     reused = [r for r in rows if r["reused"]]
     if reused:
@@ -318,36 +311,410 @@ def diagnostic_summaries(finals: list[dict[str, Any] | None]) -> list[dict[str, 
     return [diagnostic_summary(final) if final is not None else {} for final in finals]
 
 
-def summary_columns() -> list[Summary]:
-    """The diagnostic columns of a study's table, in DIAGNOSTICS order (header, key, format)."""
-    return [column for entry in DIAGNOSTICS for column in entry.summaries]
-
-
-def summary_cells(row: dict[str, Any]) -> list[str]:
-    """A study row's diagnostic cells under summary_columns(); '-' where it has no number."""
-    return ["-" if row.get(c.key) is None else format(row[c.key], c.fmt) for c in summary_columns()]
-
-
 def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str) -> str:
     """Val loss per variant over the seeds: mean, range, and the gap to its baseline's run of the
-    same seed (paired, so that what a seed does to every variant cancels). Each row names its
-    variant ("name") and its baseline variant ("baseline"); empty when no variant has two seeds."""
-    losses: dict[str, dict[int, float]] = {}
-    baseline_of: dict[str, str] = {}
+    same seed (paired, so that what a seed does to every variant cancels). Reads each row's "name"
+    and "gap" (name_rows); empty when no variant has two seeds."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r["val_loss"] is not None:
-            losses.setdefault(r["name"], {})[r["seed"]] = r["val_loss"]
-            baseline_of[r["name"]] = r["baseline"]
-    if max((len(v) for v in losses.values()), default=0) < 2:
+            by_name.setdefault(r["name"], []).append(r)
+    if max(map(len, by_name.values()), default=0) < 2:
         return ""
-    lines = [
-        f"| method | seeds | val loss, mean | range | minus {baseline_title} (same seed), mean | range |",
-        "|:--|--:|--:|--:|--:|--:|",
-    ]
-    for name, by_seed in losses.items():
-        base = losses.get(baseline_of[name], {})
-        gaps = [loss - base[seed] for seed, loss in by_seed.items() if seed in base]
-        gap = f"{statistics.fmean(gaps):+.3f} | {min(gaps):+.3f} to {max(gaps):+.3f}" if gaps else "- | -"
-        vals = list(by_seed.values())
-        lines.append(f"| {name} | {len(vals)} | {statistics.fmean(vals):.3f} | {min(vals):.3f} to {max(vals):.3f} | {gap} |")
-    return "\n".join(lines)
+
+    def spread(values: list[float], fmt: str) -> dict[str, Any]:
+        return {"mean": statistics.fmean(values), "range": f"{min(values):{fmt}} to {max(values):{fmt}}"} if values else {}
+
+    summary = [{"name": name, "seeds": len(mine), **spread([r["val_loss"] for r in mine], ".3f"),
+                **{f"gap_{k}": v for k, v in spread([r["gap"] for r in mine if r.get("gap") is not None], "+.3f").items()}}
+               for name, mine in by_name.items()]
+    return markdown_table(summary, (Column("method", "name", align=":--"), Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"),
+                                    Column("range", "range"), Column(f"minus {baseline_title} (same seed), mean", "gap_mean", "+.3f"),
+                                    Column("range", "gap_range")))
+
+
+# -----------------------------------------------------------------------------
+# The declarative sweep: a study's spec, and the engine that plans, runs and tabulates it
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep: its value of each row key (method, lr, seed, ...), in any order given."""
+
+    pairs: tuple[tuple[str, Any], ...]
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return dict(self.pairs)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def but(self, **changes: Any) -> "Point":
+        """This point with some values changed or added: its baseline, its twin at the base width."""
+        return point(**{**self.values, **changes})
+
+
+def point(**values: Any) -> Point:
+    # Sorted by key, so that points built in any order compare and hash equal.
+    return Point(tuple(sorted(values.items(), key=lambda kv: kv[0])))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One dimension of a sweep: a row key and its values. A value that is a dict sets several row
+    keys at once, a variant such as {'method': 'p_spheret:0.5', 'alpha_index': 'sublayer'}."""
+
+    key: str
+    values: tuple[Any, ...]
+
+    def items(self) -> list[dict[str, Any]]:
+        return [dict(v) if isinstance(v, dict) else {self.key: v} for v in self.values]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a Markdown table: its header, the row key (or a function of the row) it shows."""
+
+    header: str
+    value: str | Callable[[dict[str, Any]], Any]
+    fmt: str = ""
+    align: str = "--:"
+
+    def cell(self, row: dict[str, Any]) -> str:
+        value = row.get(self.value) if isinstance(self.value, str) else self.value(row)
+        return "-" if value is None else format(value, self.fmt)
+
+
+def _no_settings(p: Point) -> dict[str, Any]:
+    return {}
+
+
+def _every_point(p: Point) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What a study declares; run_sweep does the rest. A point's train.py settings are the base,
+    its method's arguments, its row keys that are train.py keys (seed, block, spheret_p, ...), then
+    what `settings` derives from it (learning_rate and min_lr from lr, ...), which wins."""
+
+    name: str  # the runs' config_name and the stem of <name>.md and <name>.json
+    base: dict[str, Any]  # train.py settings of every run
+    axes: tuple[Axis, ...]  # outermost first: runs go in this order, so a sweep cut short has whole outer values
+    folder: Callable[[Point], str]  # a run's folder under --out_dir; points that share a folder share its run
+    columns: tuple[Column, ...] = ()  # the table of runs
+    settings: Callable[[Point], dict[str, Any]] = _no_settings
+    label: Callable[[Point], str] | None = None  # a row's name; None: distinct_labels
+    baseline: Callable[[Point], Point] | None = None  # the run each row is compared with, seed by seed
+    keep: Callable[[Point], bool] = _every_point  # which points of the axes' product run
+    follow_up: Callable[["Sweep", dict[Point, float]], list[Point]] | None = None  # the plan, from the finished runs' losses
+    extra: Callable[[Point, Path], dict[str, Any]] | None = None  # more row keys, read from the run's folder
+    diagnostics: bool = False  # whether rows hold the last evaluation's diagnostic summaries
+
+    def values(self, key: str) -> tuple[Any, ...]:
+        """The values of the axis named key."""
+        return next(axis.values for axis in self.axes if axis.key == key)
+
+    def row_keys(self) -> list[str]:
+        return list(dict.fromkeys(k for axis in self.axes for item in axis.items() for k in item))
+
+
+def grid_points(sweep: Sweep) -> list[Point]:
+    """The axes' product, outermost axis first, less the points sweep.keep leaves out."""
+    combos: list[dict[str, Any]] = [{}]
+    for axis in sweep.axes:
+        combos = [{**c, **item} for c in combos for item in axis.items()]
+    return [p for p in (point(**c) for c in combos) if sweep.keep(p)]
+
+
+def plan_points(sweep: Sweep, done: dict[Point, float]) -> list[Point]:
+    """Every run the sweep holds now, given the final losses of its finished runs."""
+    return sweep.follow_up(sweep, done) if sweep.follow_up else grid_points(sweep)
+
+
+def method_settings(key: str) -> dict[str, Any]:
+    """A method key's train.py settings: {'connection': 'p_spheret', 'spheret_p': '0.5'}."""
+    return dict(arg[2:].split("=", 1) for arg in method_args(key))
+
+
+def run_settings(sweep: Sweep, p: Point) -> dict[str, Any]:
+    """The train.py settings of one point (see Sweep), --config_name included."""
+    own = {k: v for k, v in p.pairs if k in CONFIG_KEYS}
+    method = method_settings(p["method"]) if "method" in p.values else {}
+    return {"config_name": sweep.name, **sweep.base, **method, **own, **sweep.settings(p)}
+
+
+@dataclass
+class Place:
+    """Where and how a sweep runs: its folders, the user's train.py overrides, the run options."""
+
+    out_dir: Path
+    data_dir: Path
+    overrides: list[str] = field(default_factory=list)
+    jobs: int = 2
+    threads: int = 1
+    table_only: bool = False  # run nothing: only the runs already in their folders count
+    dry_run: bool = False  # as table_only, and print the runs the plan holds
+
+    @staticmethod
+    def of(args: Any, overrides: list[str]) -> "Place":
+        return Place(Path(args.out_dir), Path(args.data_dir), overrides, args.jobs, args.threads,
+                     getattr(args, "table_only", False), getattr(args, "dry_run", False))
+
+
+def train_argv(sweep: Sweep, p: Point, place: Place) -> list[str]:
+    """train.py's arguments for a point: its settings, the folders, then the user's overrides."""
+    folders = {"data_dir": place.data_dir, "out_dir": place.out_dir / sweep.folder(p)}
+    return as_args({**run_settings(sweep, p), **folders}) + place.overrides
+
+
+def run_points(sweep: Sweep, points: list[Point], place: Place) -> dict[Point, JobResult]:
+    """Run (or, with table_only or dry_run, find) the points' runs, one job per folder."""
+    jobs: dict[str, Job] = {}
+    for p in points:
+        folder, argv = sweep.folder(p), train_argv(sweep, p, place)
+        if folder in jobs and jobs[folder].argv != argv:  # a spec whose folder drops a setting that matters
+            raise ValueError(f"Sweep {sweep.name!r} gives {folder} to runs with other settings; its folder must tell them apart.")
+        jobs[folder] = jobs.get(folder) or make_job(folder, argv, place.out_dir / folder)
+    if place.dry_run:
+        print("\n".join(f"{job.label}: {job.out_dir}" for job in jobs.values()))
+    if place.table_only or place.dry_run:
+        results = {f: JobResult(job, None, 0.0, "") for f, job in jobs.items() if (job.out_dir / CONFIG_NAME).is_file()}
+    else:
+        print(f"{sweep.name}: {len(jobs)} runs to run or reuse, {place.jobs} at a time, {place.threads} thread(s) each", flush=True)
+        results = dict(zip(jobs, run_jobs(list(jobs.values()), place.jobs, place.threads)))
+    return {p: results[sweep.folder(p)] for p in points if sweep.folder(p) in results}
+
+
+UNSTABLE = ("diverged", STUCK_AT_UNIGRAM, STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
+
+
+def final_loss(row: dict[str, Any]) -> float:
+    """What a follow-up rule ranks: the final val loss, inf for a run that diverged or collapsed."""
+    return row["val_loss"] if row["status"] == "ok" and row["val_loss"] is not None else math.inf
+
+
+def has_ended(row: dict[str, Any]) -> bool:
+    """Whether a run counts for the plan: trained to the end, or stopped for good (not failed, not
+    still unfinished as a run in progress is, seen by --table_only)."""
+    return row["status"] == "ok" or row["status"] in UNSTABLE
+
+
+def point_row(sweep: Sweep, p: Point, result: JobResult, unigram: float) -> dict[str, Any]:
+    """A run's row: its row keys, its outcome, and what the sweep reads of its folder."""
+    row = {**{k: p.get(k) for k in sweep.row_keys()}, **outcome(result, unigram)}
+    out_dir = result.job.out_dir
+    if sweep.diagnostics and (out_dir / CONFIG_NAME).is_file():
+        final = load_run(out_dir).final_eval
+        row.update(diagnostic_summary(final) if final else {})
+    if sweep.extra:
+        row.update(sweep.extra(p, out_dir))
+    return row
+
+
+def value_text(value: Any) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def distinct_labels(sweep: Sweep, points: list[Point]) -> Callable[[Point], str]:
+    """Rows named by their method and the settings in which its runs differ ('pre_ln, lr=0.003',
+    'pre_ln, optimizer=muon'); the seed has its own column. The method is the point's, else the
+    sweep's connection."""
+
+    def method(p: Point) -> str:
+        return str(p.get("method", sweep.base.get("connection", sweep.name)))
+
+    keys = [k for k in sweep.row_keys() if k not in ("method", "seed")]
+    varying: dict[str, list[str]] = {}
+    for m in dict.fromkeys(map(method, points)):
+        mine = [p for p in points if method(p) == m]
+        varying[m] = [k for k in keys if len({value_text(p.get(k)) for p in mine}) > 1]
+    return lambda p: ", ".join([method(p), *(f"{k}={value_text(p.get(k))}" for k in varying.get(method(p), keys))])
+
+
+def name_rows(sweep: Sweep, points: list[Point], rows: dict[Point, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows in the plan's order, each with its name, and with a baseline its baseline's name
+    and its val loss minus the same seed's baseline run's ('gap')."""
+    name = sweep.label or distinct_labels(sweep, points)
+    out = []
+    for p in points:
+        if p not in rows:
+            continue
+        row = {**rows[p], "name": name(p)}
+        if sweep.baseline:
+            base = rows.get(sweep.baseline(p), {})
+            row["baseline"] = name(sweep.baseline(p))
+            both = row["val_loss"] is not None and base.get("val_loss") is not None
+            row["gap"] = row["val_loss"] - base["val_loss"] if both else None
+        out.append(row)
+    return out
+
+
+def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
+    """Plan, run what is missing, plan again with the new losses, until the plan stops growing;
+    the rows in the plan's order. A finished or stopped run is reused and an interrupted one
+    resumes, so a re-run continues the sweep; a run that failed is not tried twice in one call."""
+    unigram = unigram_loss(place.data_dir)
+    rows: dict[Point, dict[str, Any]] = {}
+    tried: set[Point] = set()
+    while True:
+        points = plan_points(sweep, {p: final_loss(r) for p, r in rows.items() if has_ended(r)})
+        todo = [p for p in points if p not in tried]
+        if not todo:
+            return name_rows(sweep, points, rows)
+        tried.update(todo)
+        for p, result in run_points(sweep, todo, place).items():
+            rows[p] = point_row(sweep, p, result, unigram)
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: tuple[Column, ...] | list[Column]) -> str:
+    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "".join(f"{c.align}|" for c in columns)]
+    return "\n".join([*lines, *("| " + " | ".join(c.cell(r) for c in columns) + " |" for r in rows)])
+
+
+def diagnostic_columns() -> list[Column]:
+    """The diagnostic columns of a study's table, in DIAGNOSTICS order."""
+    return [Column(s.header, s.key, s.fmt) for entry in DIAGNOSTICS for s in entry.summaries]
+
+
+def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, Any]) -> list[Path]:
+    """OUT_DIR/<stem>.md (unless text is None) and <stem>.json; their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if text is None:
+        return [out_dir / f"{stem}.json"]
+    (out_dir / f"{stem}.md").write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    return [out_dir / f"{stem}.md", out_dir / f"{stem}.json"]
+
+
+def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = "") -> str:
+    """The table of runs, then, with a baseline and two seeds, the summary over the seeds."""
+    summary = paired_seed_summary(rows, baseline_title) if sweep.baseline else ""
+    return markdown_table(rows, sweep.columns) + (f"\n\nOver the seeds:\n\n{summary}" if summary else "")
+
+
+def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dict[str, Any]], Place, float]:
+    """A study command's run: prepare the data, run (or find) the sweep; its rows, place and unigram loss."""
+    place = Place.of(args, overrides)
+    ensure_data(place.data_dir, args.input)
+    return run_sweep(sweep, place), place, unigram_loss(place.data_dir)
+
+
+def publish(out_dir: Path, stem: str, text: str | None, record: dict[str, Any], figures: list[Path], rows: list[dict[str, Any]], started: float) -> int:
+    """Write OUT_DIR/<stem>.md and .json (the record, with this call's wall-clock), print the text,
+    the wall-clock line and what was written; the exit status."""
+    wall = time.perf_counter() - started
+    paths = write_outputs(out_dir, stem, text, {**record, "wall_clock_s": round(wall, 1)})  # runs found finished cost it nothing
+    print(f"\n{text or ''}\n\n{wall_clock_line(wall, rows)}")
+    print("Written: " + ", ".join(str(p) for p in [*paths, *figures]))
+    return exit_status(rows)
+
+
+# -----------------------------------------------------------------------------
+# A follow-up rule: each group at its own best rate
+
+
+def swept_rates(lrs: list[float], losses: dict[float, float], extensions: int = 1) -> tuple[list[float], bool]:
+    """(the rates a group sweeps with its first seed, whether all of them are finished), given the
+    losses of its finished runs (inf: diverged or collapsed): lrs, plus up to `extensions` grid
+    steps beyond the end where the best so far lies, so that the best is bracketed."""
+    rates = sorted(lrs)
+    while True:
+        if any(lr not in losses for lr in rates):
+            return rates, False
+        best = min(rates, key=lambda lr: losses[lr])
+        if len(rates) - len(lrs) >= extensions or not math.isfinite(losses[best]) or best not in (rates[0], rates[-1]):
+            return rates, True
+        at_top = best == rates[-1]
+        step = rates[-1] / rates[-2] if at_top else rates[1] / rates[0]  # the grid's factor at that end
+        rates = sorted([*rates, best * step if at_top else best / step])
+
+
+def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed") -> Callable[[Sweep, dict[Point, float]], list[Point]]:
+    """The rule 'each group (every axis but the rate and the seed) at its own best rate': the first
+    seed at each rate of the rate axis, extended past the best (swept_rates); once those are
+    finished, every other seed at the best rate and its neighbours. In the order to run them:
+    every sweep point, then the seeds at the best rates, then at their neighbours (so a sweep cut
+    short misses the least telling runs)."""
+
+    def follow_up(sweep: Sweep, done: dict[Point, float]) -> list[Point]:
+        lrs, (first, *others) = list(sweep.values(rate)), sweep.values(seed)
+        groups = grid_points(Sweep(sweep.name, sweep.base, tuple(a for a in sweep.axes if a.key not in (rate, seed)), sweep.folder))
+        sweeps: list[Point] = []
+        at_best: list[Point] = []
+        beside: list[Point] = []
+        for group in groups:
+            losses = {lr: loss for lr in set(lrs) | {p[rate] for p in done} if (loss := done.get(group.but(**{rate: lr, seed: first}))) is not None}
+            rates, finished = swept_rates(lrs, losses, extensions)
+            sweeps += [group.but(**{rate: lr, seed: first}) for lr in rates]
+            if not finished or not math.isfinite(min(losses[lr] for lr in rates)):
+                continue  # still sweeping, or every rate diverged or collapsed: no best to seed
+            best = rates.index(min(rates, key=lambda lr: losses[lr]))
+            at_best += [group.but(**{rate: rates[best], seed: s}) for s in others]
+            beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in others]
+        return sweeps + at_best + beside
+
+    return follow_up
+
+
+# -----------------------------------------------------------------------------
+# The command of a sweep that needs no options of its own
+
+
+def study_parser(doc: str) -> argparse.ArgumentParser:
+    """A study command's parser: the docstring's first paragraph as its description, the rest as epilog."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=HelpFormatter,
+                                   epilog=doc.split("\n\n", 1)[1] if "\n\n" in doc else None, allow_abbrev=False)
+
+
+def narrowed(sweep: Sweep, specs: list[str]) -> Sweep:
+    """The sweep with some axes cut to some of their values: --axis spheret_p=0.25,4."""
+    axes = {axis.key: axis for axis in sweep.axes}
+    for spec in specs:
+        key, _, values = spec.partition("=")
+        if key not in axes:
+            raise UsageError(f"--axis {spec!r} names no axis of {sweep.name}; its axes are: {', '.join(axes)}.")
+        wanted = [v.strip() for v in values.split(",") if v.strip()]
+        valid = [value_text(v) for v in axes[key].values]
+        if not wanted or any(v not in valid for v in wanted):
+            raise UsageError(f"--axis {spec!r} is not valid; give {key}= and some of: {', '.join(valid)}.")
+        axes[key] = Axis(key, tuple(v for v in axes[key].values if value_text(v) in wanted))
+    return replace(sweep, axes=tuple(axes.values()))
+
+
+def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", baseline_title: str = "the baseline") -> int:
+    """A command that runs a sweep as declared: the common options, --axis to run part of it, and
+    any train.py --key=value for every run; writes OUT_DIR/<name>.md and .json."""
+    p = study_parser(doc or f"The {sweep.name} sweep.")
+    p.add_argument("--axis", action="append", default=[], help="KEY=V1,V2: run only these values of an axis (repeatable)")
+    p.add_argument("--out_dir", default=f"out/{sweep.name}", help=f"where the runs and the table go (default out/{sweep.name})")
+    p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
+    p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds; run nothing")
+    add_common_options(p)
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        started = time.perf_counter()
+        check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in CONFIG_KEYS}})
+        chosen = narrowed(sweep, args.axis)
+        rows, place, unigram = start_study(chosen, args, overrides)
+        text = runs_text(chosen, rows, baseline_title)
+        return 0 if place.dry_run else publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, [], rows, started)
+
+    return study_main(p.parse_known_args, run, argv)
+
+
+def pivot_table(rows: list[dict[str, Any]], heads: list[Column], across: Callable[[dict[str, Any]], Any], values: list[Any],
+                header: Callable[[Any], str], cell: Callable[[dict[str, Any] | None], str]) -> str:
+    """A table with a line per distinct set of head cells (in the rows' order) and a column per
+    value of `across` (e.g. the learning rate); cell(None) fills a combination with no run."""
+    lines: dict[tuple[str, ...], dict[Any, dict[str, Any]]] = {}
+    for r in rows:
+        lines.setdefault(tuple(h.cell(r) for h in heads), {})[across(r)] = r
+    top = ["| " + " | ".join([*(h.header for h in heads), *map(header, values)]) + " |",
+           "|" + "".join(f"{h.align}|" for h in heads) + "--:|" * len(values)]
+    return "\n".join([*top, *("| " + " | ".join([*key, *(cell(line.get(v)) for v in values)]) + " |" for key, line in lines.items())])
