@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from spheretnorm.diagnostics import DIAGNOSTICS, lacking, lacking_note
+from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.runtime.token_files import load_meta
 from spheretnorm.data.preparation import prepare
 from spheretnorm.experiments.grid import (
@@ -298,17 +298,6 @@ def diagnostic_summary(row: dict[str, Any]) -> dict[str, float | None]:
     for entry in DIAGNOSTICS:
         out.update(entry.summarise(row.get(entry.name)))
     return out
-
-
-def diagnostic_summaries(finals: list[dict[str, Any] | None]) -> list[dict[str, float | None]]:
-    """diagnostic_summary of each run's last eval row ({} for a run with none), with one note on
-    stderr naming the diagnostics that some runs predate."""
-    summarised = [entry for entry in DIAGNOSTICS if entry.summaries]
-    evaluated = [[final] for final in finals if final is not None]
-    missing = lacking(evaluated, summarised)
-    if missing:
-        print(lacking_note(missing, len(evaluated), "'-' in the table"), file=sys.stderr)
-    return [diagnostic_summary(final) if final is not None else {} for final in finals]
 
 
 def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str) -> str:
