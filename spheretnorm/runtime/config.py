@@ -172,7 +172,7 @@ class TrainConfig:
             raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:  # NaN fails too
-                raise ConfigError(f"{name}={getattr(self, name)} is not valid; Adam needs 0 <= {name} < 1.")
+                raise ConfigError(f"{name}={getattr(self, name)} is not valid; AdamW needs 0 <= {name} < 1.")
         # seed_everything gives the seed (plus the rank) to numpy's np.random.seed, which takes 0..2**32 - 1.
         if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"seed={self.seed} is not valid; use an integer from 0 to {SEED_MAX} (2**32 - 1, numpy's seed range).")
