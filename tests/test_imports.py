@@ -20,6 +20,7 @@ from typing import Iterator
 import pytest
 import torch
 
+import bench
 import sample
 from markov_data import write_markov_data
 from spheretnorm.experiments import launcher
@@ -175,6 +176,12 @@ def test_the_launcher_imports_before_reading_the_methods_and_passes_the_key_on(p
                           "--datasets", "openwebtext", "--runs_root", str(project / "grid")]) == 0
     planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun")]
     assert len(planned) == 1 and f"--connection={NAME} --res_gain=0.25 --imports={MODULE}" in planned[0]
+
+
+def test_bench_imports_before_reading_its_connections(project: Path, user_modules: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project)
+    opts, rest = bench.parse_bench_args([f"--imports={MODULE}", f"--connections=pre_ln,{NAME}", "--n_layer=2"])
+    assert opts.connections == ["pre_ln", NAME] and rest == [f"--imports={MODULE}", "--n_layer=2"]
 
 
 def test_the_pytest_option_runs_the_generated_tests_over_the_users_connection(project: Path) -> None:
