@@ -26,7 +26,9 @@ from markov_data import write_markov_data
 from spheretnorm.experiments import launcher
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, LayerNorm, RMSNorm
 from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, read_torch_file, save_safetensors_checkpoint
+from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ConfigError, parse_config
+from spheretnorm.runtime.methods import canonical_method
 from test_train import tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,6 +159,16 @@ def test_a_bad_name_or_a_broken_module_is_one_sentence_naming_it(value: str, mes
     with pytest.raises(ConfigError) as info:
         parse_config([value, f"--connection={NAME}"], world_size=1)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_an_unknown_connection_says_that_a_users_own_needs_the_key() -> None:
+    hint = "a connection of your own module needs --imports=MODULE (imports = [...] in a config file)."
+    with pytest.raises(ConfigError) as info:
+        parse_config([f"--connection={NAME}"], world_size=1)
+    assert str(info.value).startswith(f"connection={NAME!r} is not valid.") and str(info.value).endswith(hint)
+    with pytest.raises(UsageError) as info:
+        canonical_method(f"{NAME}:0.25")
+    assert str(info.value).startswith(f"Unknown method '{NAME}:0.25'; valid methods are: ") and str(info.value).endswith(hint)
 
 
 @pytest.mark.parametrize("block, norm", [("gpt2", LayerNorm), ("llama", RMSNorm)])

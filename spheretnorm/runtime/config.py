@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.cli import REPO_ROOT
-from spheretnorm.runtime.imports import comma_list, import_modules
+from spheretnorm.runtime.imports import OWN_CONNECTION_HINT, comma_list, import_modules
 from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, GPTConfig, MethodParam, OPENED_DEFAULTS, declared_params
 
@@ -314,7 +314,8 @@ def _check_choice(key: str, value: Any) -> None:
     if allowed and value not in allowed:
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{key}={value!r} is not valid.{hint} Choose one of: {', '.join(allowed)}.")
+        own = f"; {OWN_CONNECTION_HINT}" if key == "connection" else ""
+        raise ConfigError(f"{key}={value!r} is not valid.{hint} Choose one of: {', '.join(allowed)}{own}.")
 
 
 # -----------------------------------------------------------------------------
