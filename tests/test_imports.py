@@ -22,8 +22,10 @@ import torch
 
 import bench
 import sample
+import train
 from markov_data import write_markov_data
-from spheretnorm.experiments import launcher
+from spheretnorm.experiments import grid, launcher, tabulate
+from spheretnorm.hf import export_cli
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, LayerNorm, RMSNorm
 from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, read_torch_file, save_safetensors_checkpoint
 from spheretnorm.runtime.cli import UsageError
@@ -64,6 +66,13 @@ def user_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         del sys.modules[name]
 
 
+def forget_the_example() -> None:
+    """As in a fresh process: the example's module not imported, its connection not registered."""
+    CONNECTIONS.pop(NAME, None)
+    for name in [name for name in sys.modules if name.split(".")[0] == "my_ideas"]:
+        del sys.modules[name]
+
+
 def command(cwd: Path, script: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -78,7 +87,8 @@ def ok(result: subprocess.CompletedProcess) -> str:
 # Across processes
 
 
-def test_a_connection_of_the_users_folder_travels_through_every_command(project: Path) -> None:
+def test_a_connection_of_the_users_folder_travels_through_every_command(project: Path, user_modules: None,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     data = write_markov_data(project / "data", with_vocabulary=True)
     run = project / "runs" / "openwebtext_s" / f"{NAME}-0.25"
     ok(command(project, "train.py", *tiny_args(data, run, f"--imports={MODULE}", f"--connection={NAME}", "--res_gain=0.25",
@@ -91,17 +101,22 @@ def test_a_connection_of_the_users_folder_travels_through_every_command(project:
     assert ckpt["iter_num"] == 4 and ckpt["train_config"]["imports"] == [MODULE]
     assert ckpt["model_config"]["connection"] == NAME and ckpt["model_config"]["connection_params"] == {"res_gain": 0.25}
 
-    assert ok(command(project, "sample.py", str(run / "ckpt.pt"), "--start=A", "--num_samples=1", "--max_new_tokens=4", "--device=cpu")).strip()
-    ok(command(project, "scripts/export_hf.py", "--ckpt", str(run / "ckpt.pt"), "--out", str(project / "hf")))
+    # The row is named by the class's title, as in the process that registered it (not 'gain_pre_ln:0.25').
+    assert TITLE in ok(command(project, "scripts/tables.py", "--runs_root", str(project / "runs")))
+
+    # The other commands run here, each as in a fresh process (forget_the_example: a process
+    # start each would cost seconds), with no flag naming the module.
+    monkeypatch.chdir(project)
+    forget_the_example()
+    assert sample.main([str(run / "ckpt.pt"), "--start=A", "--num_samples=1", "--max_new_tokens=4", "--device=cpu"])
+    forget_the_example()
+    export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(project / "hf")])
     assert json.loads((project / "hf" / "config.json").read_text())["imports"] == [MODULE]
     assert (project / "hf" / "gain.py").is_file()  # the module's file ships with the folder
     # A fine-tune of the exported folder imports the module its config.json records, and records it in turn.
-    tuned = project / "tuned"
-    ok(command(project, "train.py", *tiny_args(data, tuned, f"--init_from=hf:{project / 'hf'}", "--max_iters=1", "--eval_interval=1")))
-    assert json.loads((tuned / "config.json").read_text())["imports"] == [MODULE]
-
-    # The row is named by the class's title, as in the process that registered it (not 'gain_pre_ln:0.25').
-    assert TITLE in ok(command(project, "scripts/tables.py", "--runs_root", str(project / "runs")))
+    forget_the_example()
+    train.main(tiny_args(data, project / "tuned", f"--init_from=hf:{project / 'hf'}", "--max_iters=1", "--eval_interval=1"))
+    assert json.loads((project / "tuned" / "config.json").read_text())["imports"] == [MODULE]
 
 
 def test_an_absent_module_is_one_sentence_and_exit_status_2(project: Path) -> None:
@@ -120,9 +135,7 @@ def test_a_checkpoint_whose_module_is_absent_here_is_one_line(project: Path, tmp
     path = project / "ckpt.pt"
     torch.save({**checkpoint_state(model), "train_config": {"imports": parsed.train.imports}}, path)
     # Elsewhere, where the module is not: sample.py says which module is missing, in one line.
-    for name in [name for name in sys.modules if name.split(".")[0] == "my_ideas"]:
-        del sys.modules[name]
-    del CONNECTIONS[NAME]
+    forget_the_example()
     monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
     assert sample.cli([str(path), "--device=cpu"]) == 2
     err = capsys.readouterr().err
@@ -144,6 +157,10 @@ def test_the_module_is_imported_before_any_other_key_is_checked(project: Path, u
     # A key of the user's module's folder, never a setting of the run: no '+imports=' folder suffix.
     assert "imports" not in parsed.overrides
     assert str(project) in os.environ["PYTHONPATH"].split(os.pathsep)  # the jobs it starts find it too
+    # A run folder's config.json (train.py RUN/config.json --eval_only=true) holds the key too.
+    (project / "config.json").write_text(json.dumps({"imports": [MODULE], "connection": NAME, "connection_params": {"res_gain": 0.25}}))
+    forget_the_example()
+    assert parse_config([str(project / "config.json")], world_size=1).model_config().connection_params == {"res_gain": 0.25}
     # Several, comma-separated; the last value given wins, as for any key.
     assert parse_config([str(config), "--imports=json, my_ideas.gain"], world_size=1).train.imports == ["json", MODULE]
 
@@ -188,6 +205,21 @@ def test_the_launcher_imports_before_reading_the_methods_and_passes_the_key_on(p
                           "--datasets", "openwebtext", "--runs_root", str(project / "grid")]) == 0
     planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun")]
     assert len(planned) == 1 and f"--connection={NAME} --res_gain=0.25 --imports={MODULE}" in planned[0]
+
+
+def test_the_readers_of_run_folders_import_what_config_json_records(project: Path, user_modules: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/tables.py and scripts/plot.py (tabulate.scan_runs), the launcher and the studies (grid.load_run)."""
+    monkeypatch.chdir(project)
+    run = project / "runs" / f"{NAME}-0.25"
+    run.mkdir(parents=True)
+    config = {"imports": [MODULE], "method": f"{NAME}:0.25", "dataset": "openwebtext", "max_iters": 2, "n_layer": 2, "n_head": 2, "n_embd": 32}
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "metrics.jsonl").write_text("")
+    for read in (lambda: tabulate.scan_runs(project / "runs"), lambda: grid.load_run(run)):
+        forget_the_example()
+        read()
+        assert grid.row_label(f"{NAME}:0.25") == TITLE
 
 
 def test_bench_imports_before_reading_its_connections(project: Path, user_modules: None, monkeypatch: pytest.MonkeyPatch) -> None:
