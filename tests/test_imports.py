@@ -31,6 +31,8 @@ from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, re
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ConfigError, parse_config
 from spheretnorm.runtime.methods import canonical_method
+from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.harness import load_eval_model
 from test_train import tiny_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +111,11 @@ def test_a_connection_of_the_users_folder_travels_through_every_command(project:
     monkeypatch.chdir(project)
     forget_the_example()
     assert sample.main([str(run / "ckpt.pt"), "--start=A", "--num_samples=1", "--max_new_tokens=4", "--device=cpu"])
+    forget_the_example()
+    # eval/zero_shot.py reads the checkpoint (importing the module) and refuses only its characters' tokenizer.
+    with pytest.raises(EvalError, match="was trained with the 'char' tokenizer, but zero-shot benchmarks need"):
+        load_eval_model(run / "ckpt.pt")
+    assert NAME in CONNECTIONS
     forget_the_example()
     export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(project / "hf")])
     assert json.loads((project / "hf" / "config.json").read_text())["imports"] == [MODULE]
