@@ -210,8 +210,12 @@ def test_the_launcher_imports_before_reading_the_methods_and_passes_the_key_on(p
     monkeypatch.chdir(project)
     assert launcher.main(["--dry_run", f"--imports={MODULE}", "--methods", f"{NAME}:0.25", "--scales", "S",
                           "--datasets", "openwebtext", "--runs_root", str(project / "grid")]) == 0
-    planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun")]
+    out = capsys.readouterr().out
+    planned = [line for line in out.splitlines() if line.startswith("torchrun")]
     assert len(planned) == 1 and f"--connection={NAME} --res_gain=0.25 --imports={MODULE}" in planned[0]
+    # The jobs run in the repository root: a printed command needs the module's folder on PYTHONPATH.
+    assert f"# note: --imports found modules in {project}, which is not on sys.path: " in out
+    assert out.count(f"PYTHONPATH={project}") == 1 and os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(project)
 
 
 def test_the_readers_of_run_folders_import_what_config_json_records(project: Path, user_modules: None,

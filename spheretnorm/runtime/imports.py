@@ -8,10 +8,10 @@ checkpoint's train_config, an exported folder's config.json) before it reads a k
 or a method name that may need them.
 
 A module is looked up on sys.path, then in the current folder: a user runs the commands from their
-project's folder, which `python train.py` does not put on sys.path. A top-level package found in the
-current folder only is also put on PYTHONPATH for the processes this one starts (torchrun's workers,
-the jobs of the launcher and of the studies, which run in the repository root), so that they find
-it too. sys.path itself is never edited (tests/test_layout.py).
+project's folder, which `python train.py` does not put on sys.path. The folder of a module found
+there (not on sys.path) is also put on PYTHONPATH for the processes this one starts (torchrun's
+workers, the jobs of the launcher and of the studies, which run in the repository root), so that
+they find it too. sys.path itself is never edited (tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ def import_modules(names: Any, source: str = KEY, error: type[Exception] = Impor
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's code is the same to them: this module
             raise error(f"{source}: module {name!r} could not be imported ({_first_line(exc)}); {_HOW_TO_FIX}.") from None
+        for folder in folders_off_sys_path([name]):  # the processes this one starts find it too
+            _share_with_child_processes(folder)
 
 
 def import_recorded(record: Any, source: str, error: type[Exception] = ImportsError) -> None:
@@ -105,6 +107,22 @@ def keep_recorded_imports(train: T, record: dict[str, Any] | None) -> T:
     return dataclasses.replace(train, **{KEY: names}) if names != getattr(train, KEY) else train
 
 
+def folders_off_sys_path(names: Sequence[str]) -> list[str]:
+    """The folders that the imported modules `names` came from and sys.path lacks (the current
+    folder, for a package found there): a command run elsewhere needs them on PYTHONPATH. A
+    relative entry of sys.path ('' under python -m) does not count: elsewhere it means another folder."""
+    on_path = {p for p in sys.path if os.path.isabs(p)}
+    folders: list[str] = []
+    for top in dict.fromkeys(name.partition(".")[0] for name in names):
+        module = sys.modules.get(top)
+        # A package's folder (a namespace package has no __file__), else the module's file.
+        where = [*getattr(module, "__path__", []), getattr(module, "__file__", None)]
+        folder = os.path.dirname(os.path.abspath(where[0])) if where[0] else None
+        if folder and folder not in on_path and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
@@ -112,7 +130,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _import_top_level_from_current_folder(top: str) -> None:
     """Import the top-level module or package `top` from the current folder when sys.path has
-    none of that name; then share the folder with child processes (PYTHONPATH)."""
+    none of that name."""
     if top in sys.modules or importlib.util.find_spec(top) is not None:
         return
     folder = os.getcwd()
@@ -126,10 +144,10 @@ def _import_top_level_from_current_folder(top: str) -> None:
     except BaseException:
         del sys.modules[top]
         raise
-    _share_with_child_processes(folder)
 
 
 def _share_with_child_processes(folder: str) -> None:
+    """folder first on PYTHONPATH, which the processes this one starts inherit (sys.path stays as it is)."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if folder not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([folder, *paths])
