@@ -240,11 +240,12 @@ def test_bench_imports_before_reading_its_connections(project: Path, user_module
 
 
 def test_the_pytest_option_runs_the_generated_tests_over_the_users_connection(project: Path) -> None:
-    args = ["-m", "pytest", str(REPO / "tests" / "test_model.py"), "-p", "no:cacheprovider", "-v", "-k", f"every_connection_trains and {NAME}"]
+    args = ["-m", "pytest", str(REPO / "tests" / "test_model.py"), "-p", "no:cacheprovider", "-v", "-k", NAME]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, *args, f"--imports={MODULE}"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"test_every_connection_trains[{NAME}] PASSED" in result.stdout
+    assert f"test_optimizer_groups[{NAME}] PASSED" in result.stdout  # its own optimizer_rule, too
 
 
 def test_a_safetensors_export_keeps_the_imports_of_the_train_config_only(tmp_path: Path) -> None:
