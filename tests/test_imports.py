@@ -58,14 +58,15 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def user_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Modules and connections imported by the test are gone after it (PYTHONPATH too)."""
-    modules, connections = set(sys.modules), set(CONNECTIONS)
+    """The user's modules and the connections the test registers are gone after it (PYTHONPATH
+    too). Only my_ideas' modules leave sys.modules: a library the test imported along the way
+    (triton, under an export) may not be imported twice in one process."""
+    connections = set(CONNECTIONS)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # restored at the end
     yield
+    forget_the_example()
     for name in set(CONNECTIONS) - connections:
         del CONNECTIONS[name]
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
 
 
 def forget_the_example() -> None:
