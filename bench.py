@@ -56,6 +56,7 @@ from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf3
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
+from spheretnorm.runtime.imports import import_modules, imports_of_overrides
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
 from spheretnorm.runtime.distributed import DistInfo, init_distributed
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, init_process_group_for, is_sharded, wrap_model
@@ -111,6 +112,7 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
             raw[key] = value
         else:
             rest.append(arg)
+    import_modules(imports_of_overrides(rest), "--imports", ConfigError)  # before --connections names a connection of the user's
     if raw["compile"] == "both":
         modes: tuple[bool, ...] = (False, True)
     elif raw["compile"] is not None:

@@ -83,7 +83,7 @@ from spheretnorm.runtime.config import (
 from spheretnorm.optim import Optimizers, build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
-from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights
+from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
 from spheretnorm.runtime.config import config_from_dict
@@ -104,6 +104,7 @@ from spheretnorm.runtime.run_folder import (
     machine_failure,
 )
 from spheretnorm.runtime.token_files import SPLITS
+from spheretnorm.runtime.imports import keep_recorded_imports
 from spheretnorm.runtime.tracking import Progress, RunLog, check_wandb
 
 # -----------------------------------------------------------------------------
@@ -253,7 +254,7 @@ class Trainer:
         if ckpt is not None:
             check_resume_keys(train, ckpt["train_config"])
         self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
-        self.cfg = resolve_wandb_names(train, self.model_cfg)
+        self.cfg = resolve_wandb_names(keep_recorded_imports(train, ckpt and ckpt["train_config"]), self.model_cfg)
         self.accum = grad_accum_steps(self.cfg.global_batch_size, self.cfg.batch_size, dist.world_size)
         self.tokens_per_step = self.cfg.global_batch_size * self.model_cfg.block_size
 
@@ -554,6 +555,7 @@ def main(argv: list[str] | None = None) -> None:
         hf_folder = hf_folder_of(parsed.train)
         if hf_folder is not None:  # the folder's model names the run folder, as a resume's checkpoint does
             parsed.model_keys = hf_init_model_keys(parsed, hf_folder)
+            parsed.train = keep_recorded_imports(parsed.train, read_folder_config(hf_folder))  # checked just above
         # Paths first: the checkpoint to resume from lives in out_dir. The method and the changed
         # keys in its default name come from the keys given, so resuming needs the same ones.
         explicit_out_dir = bool(parsed.train.out_dir)

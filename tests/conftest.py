@@ -12,11 +12,23 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--imports", default="", metavar="MODULE[,MODULE]",
+        help="spheretnorm: import these modules (train.py's imports key) before the tests are collected, so that "
+             "the tests generated from the registries (CONNECTIONS, ...) cover the connections they register",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "compiled_kernels: runs the fused sphere kernels as compiled code (inductor), which takes seconds to build",
     )
+    # Before collection: a test module reads the registries as it is imported (its parametrize lists).
+    from spheretnorm.runtime.imports import comma_list, import_modules  # after TRITON_INTERPRET is set
+
+    import_modules(comma_list(config.getoption("imports")), "--imports", pytest.UsageError)
 
 
 @pytest.fixture(autouse=True)

@@ -427,7 +427,8 @@ def test_optimizer_groups(name):
         assert [g["weight_decay"] for g in opt.param_groups] == [0.0]
         assert len(opt.param_groups[0]["params"]) == len(list(model.parameters()))
         return
-    decay, no_decay = opt.param_groups
+    # By value, not by order: a connection's own optimizer_rule may put the first parameter in either.
+    decay, no_decay = sorted(opt.param_groups, key=lambda g: -g["weight_decay"])
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     grouped = [id(p) for g in opt.param_groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each exactly once

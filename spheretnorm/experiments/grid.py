@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
+from spheretnorm.runtime.imports import import_modules, import_recorded, imports_of_overrides
 from spheretnorm.runtime.methods import canonical_method, display_name, scale_of, valid_methods_text
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
@@ -144,8 +145,10 @@ def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[s
 
     reserved maps a key to what to use instead (e.g. 'dataset' -> '--datasets'). The method's
     keys (the connection and the parameters connection classes declare) are always reserved:
-    every script that takes --methods sets them from the method keys.
+    every script that takes --methods sets them from the method keys. The modules of an
+    --imports=... among them are imported first: they may declare the methods and keys named.
     """
+    import_modules(imports_of_overrides(overrides), "--imports")
     valid = set(MODEL_KEYS) | set(TRAIN_KEYS) | set(param_keys())
     reserved = {**{k: "--methods (e.g. p_spheret:0.25)" for k in method_keys_neutral()}, "connection": "--methods", **reserved}
     for arg in overrides:
@@ -367,6 +370,7 @@ class Run:
 def load_run(path: Path) -> Run:
     path = Path(path)
     config = json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
+    import_recorded(config, str(path / CONFIG_NAME))  # the user's modules its method's title comes from
     rows = read_metrics(path / METRICS_NAME) if (path / METRICS_NAME).is_file() else []
     zero_shot, limit = None, None
     if (path / ZERO_SHOT_NAME).is_file():

@@ -97,6 +97,7 @@ from spheretnorm.experiments.grid import (
     stopped_row,
 )
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
+from spheretnorm.runtime.imports import folders_off_sys_path, imports_of_overrides
 from spheretnorm.runtime.methods import method_args
 from spheretnorm.runtime.config import method_dirname
 from spheretnorm.runtime.config import (
@@ -738,6 +739,16 @@ def submit(todo: list[Job], queue: Queue) -> int:
 # Command line
 
 
+def imports_notes(overrides: list[str]) -> list[str]:
+    """What a job needs to find the modules of --imports that came from this folder, not sys.path:
+    the jobs started here inherit it on PYTHONPATH (runtime/imports.py), a printed command does not."""
+    return [
+        f"--imports found modules in {folder}, which is not on sys.path: the jobs started here get it on PYTHONPATH; "
+        f"run printed commands with PYTHONPATH={shlex.quote(folder)}"
+        for folder in folders_off_sys_path(imports_of_overrides(overrides))
+    ]
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -924,7 +935,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "slurm":  # what is already queued or running is not submitted again
             queue = Queue.ask([job_name(run, stage) for run in runs for stage in STAGES])
         todo, skipped = plan(runs, args.stage, args.mode, layout, shlex.split(args.eval_args), queue, args.chain_zero_shot)
-        notes = queue.notes if queue is not None else []
+        notes = [*(queue.notes if queue is not None else []), *imports_notes(overrides)]
         warn_conflicts(runs)
         problems = preflight([job.run for job in todo if job.stage == "train"])
         if args.dry_run or args.mode == "print":

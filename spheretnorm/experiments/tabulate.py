@@ -77,6 +77,7 @@ from spheretnorm.experiments.grid import (
     sort_rows,
 )
 from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.imports import import_recorded
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
 TABLE_NUMBERS = ("2", "3", "4", "5")
@@ -181,7 +182,9 @@ def check_value(value: Any, schema: Schema, subject: str, what: str) -> Any:
 
 def read_checked_config(path: Path) -> dict[str, Any]:
     what = f"train.py's run config, an object with {schema_text(CONFIG_SCHEMA)}"
-    return check_value(read_checked_json(path, what), CONFIG_SCHEMA, str(path), what)
+    config = check_value(read_checked_json(path, what), CONFIG_SCHEMA, str(path), what)
+    import_recorded(config, str(path))  # the user's modules its method's title comes from, as in the training process
+    return config
 
 
 def read_checked_metrics(path: Path, row_lines: list[int] | None = None) -> list[dict[str, Any]]:

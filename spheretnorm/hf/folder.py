@@ -43,6 +43,7 @@ from spheretnorm.runtime.checkpoint import (
     untie_head,
 )
 from spheretnorm.runtime.config import config_from_dict, model_keys_of
+from spheretnorm.runtime.imports import KEY as IMPORTS_KEY, import_recorded, recorded_imports
 from spheretnorm.runtime.token_files import char_vocabulary, read_json_object
 
 REMOTE_DIR = Path(__file__).with_name("remote")
@@ -345,8 +346,9 @@ def write_plain_model(model: GPT, out: Path, special: dict[str, int]) -> None:
     hf.save_pretrained(str(out))
 
 
-def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
-    """config.json of a custom-code folder: our model keys plus what transformers reads."""
+def remote_config(cfg: GPTConfig, special: dict[str, int], imports: list[str] | None = None) -> dict[str, Any]:
+    """config.json of a custom-code folder: our model keys plus what transformers reads, and the
+    user's modules the checkpoint records (--init_from=hf:DIR imports them again)."""
     model_keys = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
     return {
         "architectures": [REMOTE_MODEL_CLASS],
@@ -362,17 +364,19 @@ def remote_config(cfg: GPTConfig, special: dict[str, int]) -> dict[str, Any]:
         **special,
         "tie_word_embeddings": CONNECTIONS[cfg.connection].tie_embeddings,  # nGPT's head is its own
         "use_cache": True,
+        **({IMPORTS_KEY: imports} if imports else {}),
     }
 
 
-def write_remote_model(model: GPT, out: Path, special: dict[str, int], code: dict[str, str] | None = None) -> None:
+def write_remote_model(model: GPT, out: Path, special: dict[str, int], code: dict[str, str] | None = None,
+                       imports: list[str] | None = None) -> None:
     """Every other connection: the custom code (`code`, remote_code_files of the model's
     connection when None), config.json and our state dict as safetensors."""
     from safetensors.torch import save_file
 
     for name, text in (code or remote_code_files(model.config.connection)).items():
         (out / name).write_bytes(text.encode("utf-8"))  # bytes: no newline translation, copies stay identical
-    (out / "config.json").write_text(json.dumps(remote_config(model.config, special), indent=2) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(remote_config(model.config, special, imports), indent=2) + "\n", encoding="utf-8")
     save_file(untie_head(model.state_dict()), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
@@ -406,7 +410,7 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the chec
     if code is None:
         write_plain_model(model, out, special)
     else:
-        write_remote_model(model, out, special, code)
+        write_remote_model(model, out, special, code, recorded_imports(ckpt))
     write_generation_config(out, special)
     write_tokenizer(out, kind, ckpt)
     for path in out.iterdir():  # the safetensors files come out 0600 (apply_umask says why)
@@ -480,6 +484,7 @@ def folder_model_config(folder: str | Path) -> dict[str, Any]:
     elif model_type == "llama":
         keys = llama_model_config(hf)
     elif model_type == REMOTE_MODEL_TYPE:  # an export, of this code or an older one: its model keys, whatever else it holds
+        import_recorded(hf, repr(str(config_path)), HFFolderError)  # the user's modules that define its connection
         keys = model_keys_of(hf)
     else:
         raise HFFolderError(

@@ -31,6 +31,7 @@ import torch
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.imports import import_recorded, recorded_imports
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
@@ -196,6 +197,7 @@ def check_checkpoint(ckpt: Any, where: str = "The checkpoint") -> GPTConfig:
         value = ckpt.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise CheckpointError(f"{where} holds a {type(value).__name__} as {key}, where a {kind.__name__} belongs; it is damaged.")
+    import_recorded(ckpt.get("train_config"), where, CheckpointError)  # the user's modules that define its connection
     try:
         config = config_from_dict(ckpt["model_config"])
     except ValueError as exc:
@@ -245,8 +247,8 @@ def is_state_dict(state: Any) -> bool:
 
 
 # The checkpoint keys a safetensors checkpoint keeps besides the weights, JSON-encoded in its
-# metadata (safetensors metadata holds strings only).
-_SAFETENSORS_KEYS = ("model_config", "data_meta", "iter_num")
+# metadata (safetensors metadata holds strings only); of the train_config, only the imports key.
+_SAFETENSORS_KEYS = ("model_config", "data_meta", "iter_num", "train_config")
 
 
 
@@ -265,7 +267,8 @@ def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
     if path.suffix != SAFETENSORS_SUFFIX:
         raise ValueError(f"{str(path)!r} must end in {SAFETENSORS_SUFFIX}, so that load_checkpoint knows its form.")
     state = untie_head(clean_state_dict(ckpt["model"]))
-    metadata = {"format": CHECKPOINT_FORMAT, **{k: json.dumps(ckpt.get(k)) for k in _SAFETENSORS_KEYS}}
+    kept = {**ckpt, "train_config": {"imports": recorded_imports(ckpt)} if recorded_imports(ckpt) else None}
+    metadata = {"format": CHECKPOINT_FORMAT, **{k: json.dumps(kept.get(k)) for k in _SAFETENSORS_KEYS}}
     save_file(state, str(path), metadata=metadata)
     apply_umask(path)
     return path

@@ -33,11 +33,12 @@ import runpy
 import textwrap
 import tokenize
 import types
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.cli import REPO_ROOT
+from spheretnorm.runtime.imports import OWN_CONNECTION_HINT, comma_list, import_modules
 from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import (
     ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, OPENED_DEFAULTS, RESTART_FREE,
@@ -76,6 +77,10 @@ def _is_choice(value: Any, metadata: dict[str, tuple[str, ...]]) -> bool:
 
 @dataclass
 class TrainConfig:
+    # -- your own code
+    # modules imported before any other key is read (a connection of your own: docs/ARCHITECTURE.md);
+    # found on sys.path, then in the current folder; recorded in config.json and the checkpoints
+    imports: list[str] = field(default_factory=list, metadata=NEUTRAL)
     # -- output and checkpoints
     out_dir: str = field(default="", metadata=NEUTRAL)  # "" means out/<config_name>/<method>, plus a suffix when keys differ from the config files
     config_name: str = field(default="", metadata=NEUTRAL)  # "" means the stem of the last config file, else the dataset name
@@ -208,7 +213,7 @@ MODEL_KEYS = tuple(k for k in MODEL_FIELDS if k != "connection_params")
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "optimizer_params")
 assert not set(MODEL_KEYS) & set(TRAIN_KEYS), "a key may belong to one dataclass only"
 _FIELD_TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
-_FIELD_DEFAULTS = {f.name: f.default for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
+_FIELD_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory() for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
 
 
 def param_keys() -> tuple[str, ...]:
@@ -336,6 +341,8 @@ def parse_value(key: str, raw: str) -> Any:
             return float(text)
         if tp is str:
             return raw
+        if get_origin(tp) is list:  # imports: comma-separated
+            return comma_list(text)
     except ValueError:
         pass
     else:
@@ -359,7 +366,8 @@ def _check_choice(key: str, value: Any) -> None:
     if allowed and value not in allowed:
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{key}={value!r} is not valid.{hint} Choose one of: {', '.join(allowed)}.")
+        own = f"; {OWN_CONNECTION_HINT}" if key == "connection" else ""
+        raise ConfigError(f"{key}={value!r} is not valid.{hint} Choose one of: {', '.join(allowed)}{own}.")
 
 
 # -----------------------------------------------------------------------------
@@ -435,6 +443,14 @@ def grad_accum_steps(global_batch_size: int, batch_size: int, world_size: int) -
     return global_batch_size // per_micro_step
 
 
+def _import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
+    """Import the modules of the imports key (the last one given wins, as for any key) before any
+    other key is checked: they register the connections and parameters those keys may name."""
+    given = [check_value("imports", read["imports"], f"in {path}") for path, read in file_values if "imports" in read]
+    given += [parse_value("imports", raw) for key, raw in pairs if key == "imports"]
+    import_modules(given[-1] if given else [], error=ConfigError)
+
+
 def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig:
     """Parse `[config.py ...] [--key=value ...]`; files first, then the options, later ones win.
 
@@ -444,9 +460,11 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
     files, pairs = split_argv(argv)
+    file_values = [(path, read_config_file(path)) for path in files]
+    _import_first(file_values, pairs)
     values: dict[str, Any] = {}
-    for path in files:
-        for key, value in read_config_file(path).items():
+    for path, read in file_values:
+        for key, value in read.items():
             if not _is_key(key):
                 raise _unknown_key_error(key, f"in {path}")
             values[key] = check_value(key, value, f"in {path}")
@@ -696,6 +714,8 @@ def key_help() -> dict[str, str]:
 
 
 def _default_text(value: Any) -> str:
+    if isinstance(value, list):  # as the command line writes it
+        value = ",".join(value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -720,7 +740,7 @@ def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
         if sections.get(f.name) and sections[f.name] != section:
             section = sections[f.name]
             lines.append(f" {section}:")
-        lines.append(_help_entry(f"--{f.name}={_default_text(f.default)}", helps.get(f.name, "")))
+        lines.append(_help_entry(f"--{f.name}={_default_text(_key_default(f.name))}", helps.get(f.name, "")))
     return lines
 
 
@@ -785,7 +805,7 @@ def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
     optimizer = train.get("optimizer", TrainConfig.optimizer)
     # Training keys only: a model key's default may resolve per model (bias), so one the file
     # lacks is not compared (block aside, whose default is GPT-2's fixed block).
-    defaults = {**{f.name: f.default for f in fields(TrainConfig) if f.name in TRAIN_KEYS},
+    defaults = {**{k: _FIELD_DEFAULTS[k] for k in TRAIN_KEYS},
                 **{p.key: p.default for p in getattr(OPTIMIZERS.get(optimizer), "params", ())}}
     model = model_values({"block": GPTConfig.block, **saved}, connection=GPTConfig.connection)
     return {**defaults, **train, **model}

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from spheretnorm.model import CONNECTIONS, GPTConfig
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
+from spheretnorm.runtime.imports import OWN_CONNECTION_HINT
 from spheretnorm.model import OPENED_DEFAULTS
 from spheretnorm.runtime.config import (
     ConfigError,
@@ -52,7 +53,7 @@ def method_model_keys(key: str) -> dict[str, Any]:
     base, *settings = key.strip().split("+")
     connection, *values = base.split(":")
     if connection not in CONNECTIONS:
-        raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}.")
+        raise UsageError(f"Unknown method {key!r}; valid methods are: {valid_methods_text()}; {OWN_CONNECTION_HINT}.")
     params = method_params(connection)
     if len(values) > len(params):
         raise UsageError(f"Method {key!r}: {connection} takes the form {method_form(connection)}; valid methods are: {valid_methods_text()}.")

@@ -1,0 +1,153 @@
+"""The `imports` key: a user's own modules (a connection of their own), imported before any other key is read.
+
+A connection defined outside the package registers itself when its module is imported
+(docs/ARCHITECTURE.md, "Adding a deep connection"). So that its name means the same in every
+process, each command imports the modules a run was given (`--imports=my_ideas.deepnorm`,
+`imports = ["my_ideas.deepnorm"]` in a config file) or recorded (a run folder's config.json, a
+checkpoint's train_config, an exported folder's config.json) before it reads a key, a model config
+or a method name that may need them.
+
+A module is looked up on sys.path, then in the current folder: a user runs the commands from their
+project's folder, which `python train.py` does not put on sys.path. The folder of a module found
+there (not on sys.path) is also put on PYTHONPATH for the processes this one starts (torchrun's
+workers, the jobs of the launcher and of the studies, which run in the repository root), so that
+they find it too. sys.path itself is never edited (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from spheretnorm.runtime.cli import UsageError
+
+KEY = "imports"
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_FORMS = 'give dotted module names such as my_ideas.deepnorm (imports = ["a.b", "c"] in a config file, --imports=a.b,c on the command line)'
+_HOW_TO_FIX = "check the name and that its folder is on PYTHONPATH or the current folder"
+
+# Said where a connection's name is unknown: it may be one of a module not imported.
+OWN_CONNECTION_HINT = "a connection of your own module needs --imports=MODULE (imports = [...] in a config file)"
+
+T = TypeVar("T")
+
+
+class ImportsError(UsageError):
+    """A value of the imports key that is no list of module names, or a module that cannot be imported."""
+
+
+def comma_list(text: str) -> list[str]:
+    """'a.b, c' -> ['a.b', 'c']: a list key as the command line writes it."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def check_names(names: Any, source: str = KEY) -> list[str]:
+    """names as a list, or an ImportsError when it is not a list of dotted module names."""
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise ImportsError(f"{source}: {names!r:.80} is not a list of module names; {_FORMS}.")
+    bad = [name for name in names if not _MODULE_NAME.fullmatch(name)]
+    if bad:
+        raise ImportsError(f"{source}: {bad[0]!r} is not a module name; {_FORMS}.")
+    return list(names)
+
+
+def import_modules(names: Any, source: str = KEY, error: type[Exception] = ImportsError) -> None:
+    """Import each module of `names` (sys.path, then the current folder); the first that is
+    absent or fails as it runs is one `error` naming it (the caller's kind of user error, which its
+    command reports in one line). `source` says where the names come from ('imports', or a file
+    that records them)."""
+    try:
+        names = check_names(names, source)
+    except ImportsError as exc:
+        raise error(str(exc)) from None
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            _import_top_level_from_current_folder(name.partition(".")[0])
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's code is the same to them: this module
+            raise error(f"{source}: module {name!r} could not be imported ({_first_line(exc)}); {_HOW_TO_FIX}.") from None
+        for folder in folders_off_sys_path([name]):  # the processes this one starts find it too
+            _share_with_child_processes(folder)
+
+
+def import_recorded(record: Any, source: str, error: type[Exception] = ImportsError) -> None:
+    """Import the modules a saved config records under the key (a checkpoint's train_config, a
+    run's or an exported folder's config.json); a record without it imports nothing."""
+    if isinstance(record, dict) and record.get(KEY):
+        import_modules(record[KEY], f"{source} records {KEY}={record[KEY]!r:.80}", error)
+
+
+def recorded_imports(ckpt: dict[str, Any]) -> list[str]:
+    """The modules a checkpoint's train_config records (unchecked; [] when none)."""
+    train_config = ckpt.get("train_config")
+    return list((train_config.get(KEY) or []) if isinstance(train_config, dict) else [])
+
+
+def imports_of_overrides(overrides: Sequence[str]) -> list[str]:
+    """The module names of the last --imports=... among train.py overrides ([] when none)."""
+    given = [arg.partition("=")[2] for arg in overrides if arg.startswith(f"--{KEY}=")]
+    return comma_list(given[-1]) if given else []
+
+
+def keep_recorded_imports(train: T, record: dict[str, Any] | None) -> T:
+    """The training config of a run that continues a model (a resume: its checkpoint's
+    train_config; --init_from=hf:DIR: the folder's config.json), with the modules `record` holds
+    added to its own, so that a run given no --imports keeps recording what its model needs."""
+    recorded = record.get(KEY) if isinstance(record, dict) else None
+    names = list(dict.fromkeys([*getattr(train, KEY), *(recorded or [])]))
+    return dataclasses.replace(train, **{KEY: names}) if names != getattr(train, KEY) else train
+
+
+def folders_off_sys_path(names: Sequence[str]) -> list[str]:
+    """The folders that the imported modules `names` came from and sys.path lacks (the current
+    folder, for a package found there): a command run elsewhere needs them on PYTHONPATH. A
+    relative entry of sys.path ('' under python -m) does not count: elsewhere it means another folder."""
+    on_path = {p for p in sys.path if os.path.isabs(p)}
+    folders: list[str] = []
+    for top in dict.fromkeys(name.partition(".")[0] for name in names):
+        module = sys.modules.get(top)
+        # A package's folder (a namespace package has no __file__), else the module's file.
+        where = [*getattr(module, "__path__", []), getattr(module, "__file__", None)]
+        folder = os.path.dirname(os.path.abspath(where[0])) if where[0] else None
+        if folder and folder not in on_path and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _import_top_level_from_current_folder(top: str) -> None:
+    """Import the top-level module or package `top` from the current folder when sys.path has
+    none of that name."""
+    if top in sys.modules or importlib.util.find_spec(top) is not None:
+        return
+    folder = os.getcwd()
+    spec = importlib.machinery.PathFinder.find_spec(top, [folder])
+    if spec is None:
+        return  # importlib.import_module then says "No module named ..."
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[top] = module  # as the import system does, before the code runs (for its own imports)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[top]
+        raise
+
+
+def _share_with_child_processes(folder: str) -> None:
+    """folder first on PYTHONPATH, which the processes this one starts inherit (sys.path stays as it is)."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if folder not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder, *paths])
