@@ -57,7 +57,8 @@ from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTC
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.imports import import_modules, imports_of_overrides
-from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, method_key, parse_config, parse_value, wants_help
+from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, parse_config, parse_value, wants_help
+from spheretnorm.runtime.methods import method_key
 from spheretnorm.runtime.distributed import DistInfo, init_distributed
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, init_process_group_for, is_sharded, wrap_model
 

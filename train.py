@@ -61,32 +61,16 @@ from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, 
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.sharded_checkpoint import load_sharded, save_sharded
 from spheretnorm.runtime.config import (
-    HF_PREFIX,
-    ConfigError,
-    ParsedConfig,
-    TrainConfig,
-    config_help,
-    default_out_dir,
-    grad_accum_steps,
-    method_key,
-    model_key_conflicts,
-    parse_config,
-    resolve_paths,
-    resolve_wandb_names,
-    changed_train_keys,
-    check_resume_keys,
-    run_neutral_keys,
-    run_settings,
-    run_suffix,
-    wants_help,
+    HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
+    grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
 )
+from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_paths, resolve_wandb_names, run_neutral_keys, run_suffix
 from spheretnorm.optim import Optimizers, build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
-from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (

@@ -37,9 +37,8 @@ from spheretnorm.runtime.config import (
     config_help,
     key_help,
     parse_config,
-    resolve_paths,
-    run_suffix,
 )
+from spheretnorm.runtime.methods import resolve_paths, run_suffix
 
 REPO = Path(__file__).resolve().parents[1]
 OWT_S = str(REPO / "config" / "openwebtext_s.py")

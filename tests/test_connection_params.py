@@ -25,13 +25,11 @@ from spheretnorm.runtime.config import (
     ConfigError,
     config_from_dict,
     config_help,
-    default_out_dir,
-    method_key,
-    method_keys_neutral,
     model_key_conflicts,
     model_keys_of,
     parse_config,
 )
+from spheretnorm.runtime.methods import default_out_dir, method_key, method_keys_neutral
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -22,9 +22,10 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.experiments import launcher as launch
 from spheretnorm.runtime import methods
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.experiments import grid as runs, tabulate as tables
-from spheretnorm.runtime.config import method_key, parse_config
+from spheretnorm.runtime.config import parse_config
+from spheretnorm.runtime.methods import method_key
 from spheretnorm.model import CONNECTIONS, GPT, Connection, LayerNorm, MethodParam, OptimRule, register_connection
 from spheretnorm.runtime.checkpoint import load_checkpoint
 from markov_data import write_markov_data

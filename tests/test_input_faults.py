@@ -32,7 +32,7 @@ import torch
 
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import checkpoint_state
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from test_eval_faults import ckpt  # noqa: F401  (a fixture: a real tiny GPT-2-vocabulary checkpoint)
 
 REPO = Path(__file__).resolve().parents[1]

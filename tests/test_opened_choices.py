@@ -256,7 +256,7 @@ def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_di
 
 
 def test_a_setting_other_than_the_papers_is_part_of_the_method_key_and_the_folder() -> None:
-    from spheretnorm.runtime.config import default_out_dir, method_key
+    from spheretnorm.runtime.methods import default_out_dir, method_key
     from spheretnorm.runtime.methods import UsageError, canonical_method, display_name, method_args
 
     cfg = GPTConfig(connection="p_spheret", alpha_cap=None, sphere_input_gain=True)

@@ -20,9 +20,8 @@ from spheretnorm.experiments import grid
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.optim import OPTIMIZERS, Muon, build_optimizer, newton_schulz
 from spheretnorm.runtime.checkpoint import load_checkpoint
-from spheretnorm.runtime.config import (
-    ConfigError, config_help, default_out_dir, parse_config, resolve_paths, resolve_wandb_names, run_conflicts, run_settings,
-)
+from spheretnorm.runtime.config import ConfigError, config_help, parse_config, run_conflicts, run_settings
+from spheretnorm.runtime.methods import default_out_dir, resolve_paths, resolve_wandb_names
 from test_train import data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (data_dir: a fixture)
 
 # The quintic Newton-Schulz of Muon (coefficients 3.4445, -4.7750, 2.0315) does not converge to 1:

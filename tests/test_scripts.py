@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from spheretnorm.runtime import methods
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.model import CONNECTIONS, GPTConfig
 from spheretnorm.experiments import cpu_pipeline as reproduce_cpu, launcher as launch, stability_sweep as lr_sweep
 from spheretnorm.experiments import figures as plot
 from spheretnorm.experiments import grid as runs
 from spheretnorm.experiments import tabulate as tables
-from spheretnorm.runtime.config import method_key, parse_config
+from spheretnorm.runtime.config import parse_config
+from spheretnorm.runtime.methods import method_key
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -67,16 +68,16 @@ def test_method_keys_round_trip_through_the_config_parser() -> None:
         key = methods.canonical_method(connection)
         parsed = parse_config(methods.method_args(key), world_size=1)
         assert method_key(parsed.model_config()) == key
-    assert [methods.canonical_method(m) for m in runs.PAPER_METHODS] == list(runs.PAPER_METHODS)
+    assert [methods.canonical_method(m) for m in methods.PAPER_METHODS] == list(methods.PAPER_METHODS)
     assert methods.canonical_method("p_spheret:0.50") == "p_spheret:0.5"
     assert methods.method_args("p_spheret:0.5") == ["--connection=p_spheret", "--spheret_p=0.5"]
     assert method_dirname("p_spheret:0.5") == "p_spheret-0.5"
     assert methods.run_name("openwebtext_s", "p_spheret:0.5") == "openwebtext_s/p_spheret-0.5"
-    assert [methods.display_name(m) for m in runs.PAPER_METHODS] == [
+    assert [methods.display_name(m) for m in methods.PAPER_METHODS] == [
         "Pre-LN", "Pre-DyT", "Peri-LN", "Keel", "GeoNorm", "0.5-SpheretNorm",
         "Proj-SpheretNorm (1-SpheretNorm)", "Cay-SpheretNorm (2-SpheretNorm)",
     ]  # fmt: skip
-    assert list(REFERENCE["table2_loss"]["rows"]) == list(runs.PAPER_METHODS)
+    assert list(REFERENCE["table2_loss"]["rows"]) == list(methods.PAPER_METHODS)
 
 
 @pytest.mark.parametrize("bad", ["foo", "pre_ln:0.5", "p_spheret:x", "p_spheret:-1"])
@@ -281,7 +282,7 @@ def test_dry_run_grid_is_the_papers(tmp_path: Path, capsys: pytest.CaptureFixtur
         out_dirs.add(t.out_dir)
         assert t.out_dir == str(tmp_path / t.config_name / method_dirname(method))
         assert t.config_name == f"{t.dataset}_{scale.lower()}"
-    assert seen == set(product(runs.PAPER_DATASETS, runs.PAPER_SCALES, runs.PAPER_METHODS))
+    assert seen == set(product(runs.PAPER_DATASETS, runs.PAPER_SCALES, methods.PAPER_METHODS))
     assert len(out_dirs) == 48
 
 

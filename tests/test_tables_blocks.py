@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from spheretnorm.experiments import figures as plot, grid as runs, tabulate as tables
-from spheretnorm.runtime.config import method_dirname, run_suffix
+from spheretnorm.runtime.methods import method_dirname, run_suffix
 
 REPO = Path(__file__).resolve().parents[1]
 

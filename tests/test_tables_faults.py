@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pytest
 
 from spheretnorm.diagnostics import DIAGNOSTICS
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.experiments import grid as runs, tabulate as tables
 
 REPO = Path(__file__).resolve().parents[1]

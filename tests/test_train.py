@@ -446,7 +446,8 @@ def test_wandb_environment_variables_and_names(data_dir: Path, tmp_path: Path, m
     assert env_run["dir"] is None  # wandb itself puts its files in WANDB_DIR
     assert (flag_run["project"], flag_run["group"]) == ("mine", "g")
 
-    from spheretnorm.runtime.config import parse_config, resolve_paths, resolve_wandb_names
+    from spheretnorm.runtime.config import parse_config
+    from spheretnorm.runtime.methods import resolve_paths, resolve_wandb_names
 
     def wandb_name(*argv: str) -> str:
         parsed = parse_config([str(REPO / "config" / "openwebtext_s.py"), *argv], world_size=1)

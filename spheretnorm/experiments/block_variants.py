@@ -32,7 +32,7 @@ from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
     publish, runs_text, start_study, study_main, study_parser,
 )
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name
 
 BASELINE = "pre_ln"

@@ -45,7 +45,7 @@ from spheretnorm.model import CONNECTIONS, GPT
 from spheretnorm.runtime.checkpoint import clean_state_dict, load_checkpoint
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
-from spheretnorm.runtime.config import method_key
+from spheretnorm.runtime.methods import method_key
 
 SCOPES = ("self", "prefix")
 # An eigenvalue of J J^T below this times (largest eigenvalue x dimension) is float64 rounding:

@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot, tabulate as tables
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_methods
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides
+from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_common_options, as_args, ensure_data, grid_points, markdown_table,
     parse_train_args, publish, start_study, study_main, study_name, study_parser, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.config import ParsedConfig, method_dirname
+from spheretnorm.runtime.config import ParsedConfig
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name, scale_of
 
 # One schedule for every method: peak LR, its warm-up, cosine decay to a tenth by the end.

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot
-from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run, parse_methods
+from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run
+from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
     publish, runs_text, start_study, study_main, study_parser,
 )
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "pre_ln,peri_ln,geonorm,p_spheret:0.5,proj_spheret,cay_spheret"

@@ -60,15 +60,14 @@ from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.experiments.grid import (
     BLOCKS,
     DEFAULT_BLOCK,
-    PAPER_METHODS,
     Run,
     blocks_text,
     group_label,
     index_runs,
     row_label,
-    sort_methods,
     sort_rows,
 )
+from spheretnorm.runtime.methods import PAPER_METHODS, sort_methods
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import is_sphere_method
 from spheretnorm.experiments.tabulate import check_value, groups_text, line_of, load_checked_run, scan_runs

@@ -30,7 +30,7 @@ import numpy as np
 
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.imports import import_modules, import_recorded, imports_of_overrides
-from spheretnorm.runtime.methods import canonical_method, display_name, scale_of, valid_methods_text
+from spheretnorm.runtime.methods import PAPER_METHODS, display_name, method_keys_neutral, param_text, scale_of, sort_methods
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPTConfig
@@ -51,9 +51,7 @@ from spheretnorm.runtime.config import (
     RUN_RECORD_KEYS,
     TRAIN_KEYS,
     ParsedConfig,
-    method_keys_neutral,
     param_keys,
-    param_text,
     run_conflicts,
     run_settings,
     saved_settings,
@@ -63,7 +61,6 @@ SHARED_DIR = REPO_ROOT.parent / "shared"
 ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
 
 # The paper's eight methods, in the row order of its tables.
-PAPER_METHODS = ("pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret:0.5", "proj_spheret", "cay_spheret")
 PAPER_DATASETS = ("fineweb_edu", "openwebtext")  # column order of Tables 2 and 3
 PAPER_SCALES = ("S", "M", "L")
 
@@ -85,18 +82,6 @@ assert all(m.partition(":")[0] in CONNECTIONS for m in PAPER_METHODS), "a paper 
 
 # -----------------------------------------------------------------------------
 # Method keys
-
-
-def parse_methods(spec: str) -> list[str]:
-    """'paper' (the paper's 8), 'all' (every registered connection) or a comma-separated list."""
-    if spec.strip() == "paper":
-        return list(PAPER_METHODS)
-    if spec.strip() == "all":
-        return [canonical_method(k) for k in CONNECTIONS]
-    keys = [canonical_method(k) for k in spec.split(",") if k.strip()]
-    if not keys:
-        raise UsageError(f"--methods {spec!r} names no method; valid methods are: paper, all, {valid_methods_text()}.")
-    return list(dict.fromkeys(keys))
 
 
 def parse_choices(spec: str, valid: Iterable[str], what: str) -> list[str]:
@@ -461,12 +446,6 @@ def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
             raise UsageError(_collision(index[key], run))
         index[key] = run
     return index
-
-
-def sort_methods(methods: Iterable[str]) -> list[str]:
-    """The paper's row order first, then any other method alphabetically."""
-    order = {m: i for i, m in enumerate(PAPER_METHODS)}
-    return sorted(set(methods), key=lambda m: (order.get(m, len(order)), m))
 
 
 def sort_groups(groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -93,16 +93,15 @@ from spheretnorm.experiments.grid import (
     last_eval_iter,
     parse_choices,
     reached_max_iters,
-    parse_methods,
     stopped_row,
 )
+from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.imports import folders_off_sys_path, imports_of_overrides
 from spheretnorm.runtime.methods import method_args
-from spheretnorm.runtime.config import method_dirname
-from spheretnorm.runtime.config import (
-    RESTART_FREE_KEYS, ConfigError, TrainConfig, parse_config, resolve_paths, resolve_wandb_names, run_settings, run_suffix,
-)
+from spheretnorm.runtime.methods import method_dirname
+from spheretnorm.runtime.config import RESTART_FREE_KEYS, ConfigError, TrainConfig, parse_config, run_settings
+from spheretnorm.runtime.methods import resolve_paths, resolve_wandb_names, run_suffix
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
 
@@ -196,7 +195,7 @@ def build_grid(
 
 def grid_folder(method: str, overrides: dict[str, Any]) -> str:
     """A grid run's folder: the method's, and a suffix naming every key the command line sets to
-    a value that computes otherwise (config.run_suffix: '+optimizer=muon'), so the grid of another
+    a value that computes otherwise (methods.run_suffix: '+optimizer=muon'), so the grid of another
     setting never lands in the paper grid's folders; keys a restart may change (max_iters) are
     left out, so a grid is extended in place."""
     return method_dirname(method) + run_suffix({k: v for k, v in overrides.items() if k not in RESTART_FREE_KEYS})

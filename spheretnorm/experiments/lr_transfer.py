@@ -29,13 +29,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import check_overrides, parse_methods, parse_numbers
+from spheretnorm.experiments.grid import check_overrides, parse_numbers
+from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, pivot_table, publish, start_study,
     study_main, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "p_spheret:0.5,pre_ln"

@@ -31,13 +31,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import method_style, save_figure
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_methods, parse_numbers, sort_methods
+from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_numbers
+from spheretnorm.runtime.methods import parse_methods, sort_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, as_args, parse_train_args, pivot_table,
     publish, start_study, study_main, study_name, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.config import method_dirname
+from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"

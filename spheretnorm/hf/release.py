@@ -12,7 +12,7 @@ from typing import Any
 
 from spheretnorm.runtime.atomic import apply_umask, folder_mode, remove_written, write_failure
 
-from spheretnorm.runtime.config import method_key
+from spheretnorm.runtime.methods import method_key
 from spheretnorm.hf.folder import HFFolderError, check_new_folder, export_hf, plain_model_class
 from spheretnorm.model import GPT
 from spheretnorm.runtime.config import config_from_dict

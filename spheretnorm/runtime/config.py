@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import inspect
 import io
 import json
@@ -33,15 +32,14 @@ import runpy
 import textwrap
 import tokenize
 import types
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
 
-from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.runtime.imports import OWN_CONNECTION_HINT, comma_list, import_modules
 from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import (
-    ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, OPENED_DEFAULTS, RESTART_FREE,
+    ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, RESTART_FREE,
     RESUME_FIXED, GPTConfig, MethodParam, declared_params,
 )
 from spheretnorm.optim import OPTIMIZERS, optimizer_params, resolve_optimizer_params
@@ -220,11 +218,6 @@ def param_keys() -> tuple[str, ...]:
     """The parameters that connection classes declare (Connection.params), kept in
     GPTConfig.connection_params (read at call time, so a connection registered after import counts)."""
     return tuple(declared_params())
-
-
-def method_params(connection: str) -> tuple[MethodParam, ...]:
-    """The parameters of a connection that its method key holds (in_key), in declared order."""
-    return tuple(p for p in CONNECTIONS[connection].params if p.in_key)
 
 
 def param_type(param: MethodParam) -> Any:
@@ -499,44 +492,6 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
 
 
 # -----------------------------------------------------------------------------
-# Names derived from a config
-
-
-def param_text(value: Any) -> str:
-    """A value as method keys, folder names and the command line write it: '0.5' (not 0.50),
-    'true', 'none', '256'."""
-    if value is None or isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def method_key(cfg: GPTConfig) -> str:
-    """The paper's method name: the connection, then the values of the parameters its class
-    declares with in_key (method_params), each after a ':'. 'p_spheret:0.5' means connection
-    p_spheret with spheret_p 0.5; a connection without such parameters is its name alone. A
-    choice the paper fixed (model.OPENED_DEFAULTS) set otherwise follows as '+key=value':
-    'p_spheret:0.5+alpha_cap=none'."""
-    base = ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
-    return base + "".join(f"+{k}={param_text(v)}" for k, v in opened_settings(cfg).items())
-
-
-def opened_settings(cfg: GPTConfig) -> dict[str, Any]:
-    """The choices the paper fixed that cfg sets otherwise, in model.OPENED_DEFAULTS' order."""
-    return {k: getattr(cfg, k) for k, default in OPENED_DEFAULTS.items() if getattr(cfg, k) != default}
-
-
-def method_keys_neutral() -> frozenset[str]:
-    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS). A
-    parameter without in_key (dyt_alpha) is a setting: a changed value is a folder suffix."""
-    return frozenset({"connection", *OPENED_DEFAULTS, *(k for k, p in declared_params().items() if p.in_key)})
-
-
-def method_dirname(key: str) -> str:
-    """The run folder name of a method key ('p_spheret:0.5' -> 'p_spheret-0.5'): ':' is awkward in paths."""
-    return key.replace(":", "-")
-
-
-# -----------------------------------------------------------------------------
 # A run's identity, from what each key declares where it is defined (field metadata "run":
 # model.NEUTRAL, RESTART_FREE, RESUME_FIXED; a key without one computes). Every list of keys
 # below is derived from those declarations; none is kept by hand.
@@ -556,43 +511,6 @@ RUN_NEUTRAL_KEYS = keys_with_role(NEUTRAL)
 RESTART_FREE_KEYS = keys_with_role(RESTART_FREE)
 # Keys a resume may not change: the optimizer's state would not fit.
 RESUME_FIXED_KEYS = keys_with_role(RESUME_FIXED)
-_SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
-_SUFFIX_MAX_CHARS = 60
-
-
-def _suffix_value(value: Any) -> str:
-    # 'None' as folder suffixes have always written it, so an earlier run's folder is found again.
-    return "None" if value is None else param_text(value)
-
-
-def run_suffix(overrides: dict[str, Any]) -> str:
-    """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
-
-    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
-    so that the same command always finds the same folder again (for a resume).
-    """
-    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
-    if not changed:
-        return ""
-    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
-    if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
-        return text
-    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return f"+overrides-{digest}"
-
-
-def default_out_dir(config_name: str, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> str:
-    """out/<config_name>/<method>[<suffix>]: a run with changed settings never shares the paper run's folder."""
-    return os.path.join("out", config_name, method_dirname(method_key(model_cfg)) + run_suffix(overrides or {}))
-
-
-def resolve_paths(train: TrainConfig, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Fill out_dir (default_out_dir) and data_dir (data/<dataset>) when left empty."""
-    return replace(
-        train,
-        out_dir=train.out_dir or default_out_dir(train.config_name, model_cfg, overrides),
-        data_dir=train.data_dir or str(REPO_ROOT / "data" / train.dataset),
-    )
 
 
 WANDB_DEFAULT_PROJECT = "spheretnorm"
@@ -605,23 +523,6 @@ def wandb_mode(train: TrainConfig) -> str:
     if mode not in WANDB_MODES:
         raise ConfigError(f"WANDB_MODE={mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}.")
     return mode
-
-
-def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
-    """The W&B keys a run uses: a key set in a config file or on the command line wins, then W&B's
-    environment variable, then the default. The run's name is its folder's: a smoke run with
-    changed settings never shares a name with the paper run."""
-    env = os.environ.get
-    folder = os.path.basename(os.path.normpath(train.out_dir)) if train.out_dir else method_dirname(method_key(model_cfg))
-    mode = wandb_mode(train)
-    return replace(
-        train,
-        wandb_run_name=train.wandb_run_name or f"{train.config_name}/{folder}",
-        wandb_group=train.wandb_group or env("WANDB_RUN_GROUP", "") or train.config_name,
-        wandb_project=train.wandb_project or env("WANDB_PROJECT", "") or WANDB_DEFAULT_PROJECT,
-        wandb_entity=train.wandb_entity or env("WANDB_ENTITY", ""),
-        wandb_mode=mode,
-    )
 
 
 def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any], source: str = "checkpoint") -> list[str]:
@@ -765,11 +666,6 @@ def _optimizer_entries() -> list[str]:
         for name, cls in OPTIMIZERS.items()
         for p in cls.params
     ]
-
-
-def run_neutral_keys() -> frozenset[str]:
-    """RUN_NEUTRAL_KEYS and every connection's method keys."""
-    return RUN_NEUTRAL_KEYS | method_keys_neutral()
 
 
 # The training keys an optimizer is built from (optim.OptimizerSettings).

@@ -1,36 +1,149 @@
-"""Method keys: the paper's names of model variants, as the launcher, tables and exports write them.
+"""Method keys, the one home of their code: the paper's names of model variants, and the run
+folders and W&B names derived from them, as train.py, the launcher, tables and exports write them.
 
 A *method key* is a key of ``model.CONNECTIONS`` followed by the values of the parameters its
-class declares with ``in_key`` (``Connection.params``, ``config.method_params``), each after a
-':': ``p_spheret:0.5`` is p-SpheretNorm with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm
-(``dyt_alpha``, ``keel_alpha`` and ``peri_embed_ln`` are no part of it). Keys map to train.py arguments, run
-folders and W&B names through ``spheretnorm.runtime.config`` (``method_key``,
-``method_dirname``, ``resolve_wandb_names``), so every command names a run as train.py does.
+class declares with ``in_key`` (``Connection.params``, ``method_params``), each after a ':':
+``p_spheret:0.5`` is p-SpheretNorm with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm
+(``dyt_alpha``, ``keel_alpha`` and ``peri_embed_ln`` are no part of it), and a choice the paper
+fixed, set otherwise, follows as ``+key=value``. A run's folder is its method key's
+(``method_dirname``) plus a suffix for every computing key set otherwise (``run_suffix``); its W&B
+name is ``<config_name>/<folder>`` (``resolve_wandb_names``).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
+import re
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-from spheretnorm.model import CONNECTIONS, GPTConfig
+from spheretnorm.model import CONNECTIONS, OPENED_DEFAULTS, GPTConfig, MethodParam, declared_params
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.imports import OWN_CONNECTION_HINT
-from spheretnorm.model import OPENED_DEFAULTS
 from spheretnorm.runtime.config import (
+    RUN_NEUTRAL_KEYS,
+    WANDB_DEFAULT_PROJECT,
     ConfigError,
     TrainConfig,
-    method_key,
-    method_params,
-    opened_settings,
-    param_text,
     parse_value,
-    resolve_wandb_names,
+    wandb_mode,
 )
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
+# The paper's methods in its tables' row order (the grid's default --methods paper).
+PAPER_METHODS = ("pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret:0.5", "proj_spheret", "cay_spheret")
+_SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
+_SUFFIX_MAX_CHARS = 60
+
+
+# -----------------------------------------------------------------------------
+# A method key and the names derived from it: run folders and W&B names
+
+
+def param_text(value: Any) -> str:
+    """A value as method keys, folder names and the command line write it: '0.5' (not 0.50),
+    'true', 'none', '256'."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def method_key(cfg: GPTConfig) -> str:
+    """The paper's method name: the connection, then the values of the parameters its class
+    declares with in_key (method_params), each after a ':'. 'p_spheret:0.5' means connection
+    p_spheret with spheret_p 0.5; a connection without such parameters is its name alone. A
+    choice the paper fixed (model.OPENED_DEFAULTS) set otherwise follows as '+key=value':
+    'p_spheret:0.5+alpha_cap=none'."""
+    base = ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
+    return base + "".join(f"+{k}={param_text(v)}" for k, v in opened_settings(cfg).items())
+
+
+def opened_settings(cfg: GPTConfig) -> dict[str, Any]:
+    """The choices the paper fixed that cfg sets otherwise, in model.OPENED_DEFAULTS' order."""
+    return {k: getattr(cfg, k) for k, default in OPENED_DEFAULTS.items() if getattr(cfg, k) != default}
+
+
+def method_keys_neutral() -> frozenset[str]:
+    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS). A
+    parameter without in_key (dyt_alpha) is a setting: a changed value is a folder suffix."""
+    return frozenset({"connection", *OPENED_DEFAULTS, *(k for k, p in declared_params().items() if p.in_key)})
+
+
+def method_dirname(key: str) -> str:
+    """The run folder name of a method key ('p_spheret:0.5' -> 'p_spheret-0.5'): ':' is awkward in paths."""
+    return key.replace(":", "-")
+
+
+def method_params(connection: str) -> tuple[MethodParam, ...]:
+    """The parameters of a connection that its method key holds (in_key), in declared order."""
+    return tuple(p for p in CONNECTIONS[connection].params if p.in_key)
+
+
+def _suffix_value(value: Any) -> str:
+    # 'None' as folder suffixes have always written it, so an earlier run's folder is found again.
+    return "None" if value is None else param_text(value)
+
+
+def run_suffix(overrides: dict[str, Any]) -> str:
+    """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
+
+    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
+    so that the same command always finds the same folder again (for a resume).
+    """
+    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
+    if not changed:
+        return ""
+    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
+    if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
+        return text
+    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"+overrides-{digest}"
+
+
+def default_out_dir(config_name: str, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> str:
+    """out/<config_name>/<method>[<suffix>]: a run with changed settings never shares the paper run's folder."""
+    return os.path.join("out", config_name, method_dirname(method_key(model_cfg)) + run_suffix(overrides or {}))
+
+
+def resolve_paths(train: TrainConfig, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Fill out_dir (default_out_dir) and data_dir (data/<dataset>) when left empty."""
+    return replace(
+        train,
+        out_dir=train.out_dir or default_out_dir(train.config_name, model_cfg, overrides),
+        data_dir=train.data_dir or str(REPO_ROOT / "data" / train.dataset),
+    )
+
+
+def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig:
+    """The W&B keys a run uses: a key set in a config file or on the command line wins, then W&B's
+    environment variable, then the default. The run's name is its folder's: a smoke run with
+    changed settings never shares a name with the paper run."""
+    env = os.environ.get
+    folder = os.path.basename(os.path.normpath(train.out_dir)) if train.out_dir else method_dirname(method_key(model_cfg))
+    mode = wandb_mode(train)
+    return replace(
+        train,
+        wandb_run_name=train.wandb_run_name or f"{train.config_name}/{folder}",
+        wandb_group=train.wandb_group or env("WANDB_RUN_GROUP", "") or train.config_name,
+        wandb_project=train.wandb_project or env("WANDB_PROJECT", "") or WANDB_DEFAULT_PROJECT,
+        wandb_entity=train.wandb_entity or env("WANDB_ENTITY", ""),
+        wandb_mode=mode,
+    )
+
+
+def run_neutral_keys() -> frozenset[str]:
+    """RUN_NEUTRAL_KEYS and every connection's method keys."""
+    return RUN_NEUTRAL_KEYS | method_keys_neutral()
+
+
+# -----------------------------------------------------------------------------
+# Method keys as commands write them
+
+
 
 
 def method_form(name: str) -> str:
@@ -89,7 +202,7 @@ def method_config(key: str) -> GPTConfig:
 
 
 def canonical_method(key: str) -> str:
-    """The key train.py records for this method (spheretnorm.runtime.config.method_key), e.g. 'p_spheret:0.5'."""
+    """The key train.py records for this method (method_key), e.g. 'p_spheret:0.5'."""
     return method_key(method_config(key))
 
 
@@ -147,3 +260,21 @@ def scale_of(config: Mapping[str, Any]) -> str:
         if shape == (s["n_layer"], s["n_head"], s["n_embd"]):
             return name
     return f"{config['n_layer']}x{config['n_embd']}"
+
+
+def sort_methods(methods: Iterable[str]) -> list[str]:
+    """The paper's row order first, then any other method alphabetically."""
+    order = {m: i for i, m in enumerate(PAPER_METHODS)}
+    return sorted(set(methods), key=lambda m: (order.get(m, len(order)), m))
+
+
+def parse_methods(spec: str) -> list[str]:
+    """'paper' (the paper's 8), 'all' (every registered connection) or a comma-separated list."""
+    if spec.strip() == "paper":
+        return list(PAPER_METHODS)
+    if spec.strip() == "all":
+        return [canonical_method(k) for k in CONNECTIONS]
+    keys = [canonical_method(k) for k in spec.split(",") if k.strip()]
+    if not keys:
+        raise UsageError(f"--methods {spec!r} names no method; valid methods are: paper, all, {valid_methods_text()}.")
+    return list(dict.fromkeys(keys))

@@ -388,7 +388,7 @@ def format_paper_table(row: dict[str, float | None], label: str, skipped: dict[s
 def model_label(config: dict[str, Any]) -> str:
     """The method key of paper_results.json, e.g. 'pre_ln' or 'p_spheret:0.5'."""
     from spheretnorm.runtime.config import config_from_dict
-    from spheretnorm.runtime.config import method_key
+    from spheretnorm.runtime.methods import method_key
 
     return method_key(config_from_dict(config))
 
