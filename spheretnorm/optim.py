@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 import torch.nn as nn
 
-from .model import CONNECTIONS, MethodParam
+from .model import CONNECTIONS, MODEL_FIELDS, MethodParam, declared_params
 from .mup import lr_scale, param_kind
 
 # Newton-Schulz's quintic coefficients (K. Jordan's Muon; torch.optim.Muon's defaults): they
@@ -130,10 +130,11 @@ def register_optimizer(name: str) -> Callable[[type[OptimizerRecipe]], type[Opti
     def wrap(cls: type[OptimizerRecipe]) -> type[OptimizerRecipe]:
         if not (isinstance(cls, type) and issubclass(cls, OptimizerRecipe)):
             raise TypeError(f"@register_optimizer({name!r}) needs an OptimizerRecipe subclass, got {cls!r}")
-        taken = {p.key: n for n, c in OPTIMIZERS.items() if n != name for p in c.params}
+        taken = {p.key: f"optimizer {n!r}" for n, c in OPTIMIZERS.items() if n != name for p in c.params}
+        taken |= {k: "the model" for k in (*MODEL_FIELDS, *declared_params())}
         clash = [p.key for p in cls.params if p.key in taken]
         if clash:
-            raise ValueError(f"optimizer {name!r} declares {clash}, already keys of optimizer {taken[clash[0]]!r}")
+            raise ValueError(f"optimizer {name!r} declares {clash}, already keys of {taken[clash[0]]}")
         OPTIMIZERS[name] = cls
         return cls
 

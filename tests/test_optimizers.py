@@ -20,6 +20,7 @@ from spheretnorm.experiments import grid
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.optim import OPTIMIZERS, Muon, build_optimizer, newton_schulz
 from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.run_folder import earlier_run
 from spheretnorm.runtime.config import ConfigError, config_help, parse_config, run_conflicts, run_settings
 from spheretnorm.runtime.methods import default_out_dir, resolve_paths, resolve_wandb_names
 from test_train import data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (data_dir: a fixture)
@@ -165,6 +166,12 @@ def test_a_registered_optimizers_key_names_the_folder_the_wandb_run_and_the_row(
     other = parse_config(["config/openwebtext_s.py", "--optimizer=toy_sgd", "--toy_momentum=0.7"], world_size=1)
     assert run_conflicts(saved, run_settings(parsed)) == []
     assert run_conflicts(saved, run_settings(other)) == ["toy_momentum: the run has 0.5, asked for 0.7"]
+    # Restart: a folder holding only the start of a run with another momentum is another run's.
+    folder = tmp_path / "started"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(saved))
+    assert earlier_run(folder, run_settings(parsed)) is None
+    assert "with other settings (toy_momentum: the run has 0.5, asked for 0.7)" in earlier_run(folder, run_settings(other))
     # Tables: two runs of pre_ln differing in the key are two rows named by it.
     flat = {k: v for k, v in saved.items() if k != "toy_momentum"}  # config.json nests an optimizer's keys
     runs = [grid.Run(tmp_path / str(m), {**flat, "optimizer_params": {"toy_momentum": m}, "method": "pre_ln"}, [], None) for m in (0.5, 0.7)]
@@ -174,3 +181,13 @@ def test_a_registered_optimizers_key_names_the_folder_the_wandb_run_and_the_row(
 
 def test_the_optimizer_table_holds_the_shipped_entries_first() -> None:
     assert list(OPTIMIZERS)[:2] == ["adamw", "muon"] and "toy_sgd" in OPTIMIZERS
+
+
+def test_an_optimizer_key_may_not_shadow_another_key() -> None:
+    from spheretnorm.model import MethodParam
+    from spheretnorm.optim import OptimizerRecipe, register_optimizer
+
+    for key, owner in (("muon_lr", "optimizer 'muon'"), ("n_embd", "the model"), ("spheret_p", "the model")):
+        with pytest.raises(ValueError, match=rf"optimizer 'shadow' declares \['{key}'\], already keys of {owner}"):
+            register_optimizer("shadow")(type("Shadow", (OptimizerRecipe,), {"params": (MethodParam(key, 0.1, "x"),)}))
+    assert "shadow" not in OPTIMIZERS
