@@ -6,6 +6,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+# The variables a cluster user has set change what a run does (W&B's mode and names, the hub's
+# offline switches, SLURM's job, torchrun's rank, the thread count). The tests set what they need
+# themselves, so none of the user's may reach them or the processes they start: cleared here,
+# before any test module is imported (several copy os.environ for their subprocesses then).
+# .ci/run runs the tests that read such variables once more with them set.
+USER_ENVIRONMENT_PREFIXES = ("WANDB_", "HF_", "TRANSFORMERS_", "SLURM_", "SBATCH_", "TORCH_", "TORCHELASTIC_")
+USER_ENVIRONMENT_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                          "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
+for _name in [n for n in os.environ if n.startswith(USER_ENVIRONMENT_PREFIXES) or n in USER_ENVIRONMENT_NAMES]:
+    del os.environ[_name]
+
 if not torch.cuda.is_available():
     # The Triton kernels run on CPU tensors under the interpreter. Set before anything imports
     # triton: triton.language's own helpers (tl.maximum, ...) are decorated at that import.
