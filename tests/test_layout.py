@@ -401,3 +401,26 @@ def test_every_python_file_name_is_unique() -> None:
     assert Path("spheretnorm/model.py") in files and Path("tests/test_layout.py") in files, "the file listing is broken"
     shared = duplicate_names(files)
     assert not shared, f"file names shared by several files (give each its own name): {shared}"
+
+
+IN_PLACE_ON_WEIGHTS = {"p", "w"}  # model.py's loops over parameters (init, nGPT's normalisation)
+
+
+def test_model_py_changes_no_activation_in_place() -> None:
+    """Under FSDP2 an in-place op on a block's output would skip the next block's all-gather;
+    runtime/parallel.py silences FSDP's warning about view outputs on the strength of this test.
+    Only parameters (in the loops that name them p or w) are changed in place."""
+    tree = ast.parse((REPO / PACKAGE / "model.py").read_text(encoding="utf-8"))
+    # The initialisers fill parameters before any forward: their in-place calls are no activation's.
+    initialisers = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and "init" in f.name]
+    skipped = {id(n) for f in initialisers for n in ast.walk(f)}
+    found = []
+    for node in (n for n in ast.walk(tree) if id(n) not in skipped):
+        if isinstance(node, ast.AugAssign) and not (isinstance(node.target, ast.Name) and node.target.id == "n"):
+            found.append(f"line {node.lineno}: augmented assignment")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") \
+                and not node.func.attr.startswith("_") and node.func.attr not in ("register_buffer_", ):
+            receiver = node.func.value
+            if not (isinstance(receiver, ast.Name) and receiver.id in IN_PLACE_ON_WEIGHTS):
+                found.append(f"line {node.lineno}: .{node.func.attr}() on {ast.unparse(receiver)}")
+    assert not found, "in-place ops in model.py other than on parameters: " + "; ".join(found)
