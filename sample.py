@@ -176,8 +176,8 @@ def checkpoint_file(path: Path) -> Path:
     if is_sharded_checkpoint(path / SHARDED_CKPT_NAME):
         return path / SHARDED_CKPT_NAME
     raise SampleError(
-        f"No checkpoint to sample from: the out_dir {str(path)!r} has no {CKPT_NAME} or {SAFETENSORS_NAME}; "
-        "give a ckpt.pt file or an out_dir that holds one."
+        f"No checkpoint to sample from: the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {SAFETENSORS_NAME}; "
+        "give a checkpoint or an out_dir that holds one."
     )
 
 

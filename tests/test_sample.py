@@ -292,7 +292,7 @@ def test_an_out_dir_with_only_ckpt_safetensors_is_sampled_from_it(char_run: Path
     assert capsys.readouterr().err.splitlines() == [
         f"sample.py: {str(both)!r} holds ckpt.pt and ckpt.safetensors; sampling from {both / 'ckpt.pt'}"
     ]
-    with pytest.raises(sample.SampleError, match=r"the out_dir .* has no ckpt.pt or ckpt.safetensors"):
+    with pytest.raises(sample.SampleError, match=r"the out_dir .* has no ckpt.pt, ckpt.dcp or ckpt.safetensors"):
         run(str(tmp_path))  # the exports are in its subfolders, not in it
 
 

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.runtime.run_folder import checkpoint_path as written_checkpoint  # the file or folder a run writes
 from spheretnorm.runtime.run_folder import (
     CKPT_NAME, SLURM_JOBS_NAME, OutDirError, check_folder, earlier_run, slurm_lock_name, write_json_atomic,
 )
@@ -569,14 +570,14 @@ def plan(
             continue
         note = ""
         if reached_max_iters(run.path, run.max_iters):
-            note = f"it reached max_iters {run.max_iters} but left no {CKPT_NAME}, so it trains again"
+            note = f"it reached max_iters {run.max_iters} but left no {written_checkpoint(run.train).name}, so it trains again"
             # Its settings are this grid's (config_conflicts): train.py may replace its files.
             run = replace(run, train_args=[*run.train_args, "--overwrite=true"]) if not run.train.overwrite else run
         elif not has_checkpoint(run.path) and not run.train.overwrite:
             earlier = earlier_run(run.path, run.settings)
             if earlier is not None:  # train.py would refuse to start over it
                 skipped.append(
-                    f"{run.name}: {run.out_dir} holds {earlier} but no {CKPT_NAME} to resume; "
+                    f"{run.name}: {run.out_dir} holds {earlier} but no {written_checkpoint(run.train).name} to resume; "
                     "move that folder away, or pass --overwrite=true to train it again from scratch"
                 )
                 continue
@@ -595,7 +596,7 @@ def plan_zero_shot(
     if after is None and not run.finished:
         if reached_max_iters(run.path, run.max_iters):
             return None, (
-                f"{run.name}: reached max_iters {run.max_iters} but {run.out_dir} has no {CKPT_NAME} to evaluate; "
+                f"{run.name}: reached max_iters {run.max_iters} but {run.out_dir} has no {written_checkpoint(run.train).name} to evaluate; "
                 "train it again with --stage train (train.py now always saves the final state)"
             )
         training = queue.active(run, "train", submitting=False) if queue is not None else None

@@ -215,7 +215,7 @@ def check_no_earlier_run(train: TrainConfig, wanted: dict[str, Any] | None) -> N
     found = earlier_run(train.out_dir, wanted)
     if found is not None:
         raise OutDirError(
-            f"out_dir {str(train.out_dir)!r} holds {found} but no {CKPT_NAME} to resume, and init_from={train.init_from} "
+            f"out_dir {str(train.out_dir)!r} holds {found} but no {checkpoint_path(train).name} to resume, and init_from={train.init_from} "
             "would start a new run over it; pass --overwrite=true to remove that run first, or give another --out_dir."
         )
 
