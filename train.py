@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -569,7 +570,11 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, DeviceError, OutDirError) as e:
+    except ConfigError as e:  # the same on every rank of a torchrun job: rank 0 says it, once
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    except (DeviceError, OutDirError) as e:  # may be one rank's own (its GPU, its view of the folder)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     except RunStopped as e:

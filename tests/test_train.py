@@ -239,6 +239,18 @@ def test_torchrun_two_processes_match_one(data_dir: Path, tmp_path: Path) -> Non
     assert load_checkpoint(tmp_path / "two" / "ckpt.pt")["iter_num"] == 6
 
 
+def test_a_configuration_error_under_torchrun_is_said_once(data_dir: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "train.py", *tiny_args(data_dir, tmp_path / "run", "--learning_rate=-1"), "--backend=gloo"],
+        cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error: ")]
+    assert errors == ["error: learning_rate must be a finite number >= 0, got -1.0."], result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 # -----------------------------------------------------------------------------
 # Configuration
 
