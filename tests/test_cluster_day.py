@@ -183,7 +183,7 @@ def test_a_second_slurm_launch_submits_nothing_and_job_ids_are_recorded(cluster:
         f"skip openwebtext_s/pre_ln: train job 42 is already pending (Priority) ({run_dir(cluster, 'pre_ln') / 'slurm_train.lock'})",
         f"skip openwebtext_s/geonorm: train job 43 is already pending (Priority) ({run_dir(cluster, 'geonorm') / 'slurm_train.lock'})",
     ]
-    assert "0 of 0 submitted" in second.stdout
+    assert "0 submitted, 2 skipped" in second.stdout
     # squeue was asked for this user's jobs of the grid, by name.
     (call, *_) = [json.loads(line) for line in Path(str(cluster["log"]) + ".squeue").read_text().splitlines()]
     assert f"--user={getpass.getuser()}" in call and "spheretnorm-openwebtext_s-pre_ln" in option(call, "--name").split(",")

@@ -690,9 +690,9 @@ def execute(todo: list[Job], mode: str) -> int:
     return len(failed)
 
 
-def submit(todo: list[Job], queue: Queue) -> int:
+def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
     """Submit the jobs with sbatch, each under its run folder's lock, its id recorded there;
-    returns the number not submitted."""
+    returns the number not submitted. `skipped`: the runs the plan left out, for the last line."""
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch was not found on PATH; run --mode slurm on a SLURM login node, or add --dry_run to print the commands.")
     if not queue.known:
@@ -731,7 +731,7 @@ def submit(todo: list[Job], queue: Queue) -> int:
         write_json_atomic(lock, {**entry, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()})
         record_submission(run, entry)
         print(f"{label}: submitted job {job.job_id}" + (f", to start after job {after} succeeds" if after else ""), flush=True)
-    print(f"{n - len(failed)} of {n} submitted" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(f"{n - len(failed)} submitted" + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "") + f", {skipped} skipped")
     return len(failed)
 
 
@@ -950,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {note}")
         for reason in skipped:
             print(f"skip {reason}")
-        failed = submit(todo, queue) if queue is not None else execute(todo, args.mode)
+        failed = submit(todo, queue, len(skipped)) if queue is not None else execute(todo, args.mode)
         return 1 if failed else 0
     except (UsageError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
