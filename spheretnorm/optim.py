@@ -66,10 +66,6 @@ class Optimizers:
     def param_groups(self) -> list[dict[str, Any]]:
         return [group for opt in self.optimizers for group in opt.param_groups]
 
-    @property
-    def state(self) -> dict[torch.Tensor, Any]:
-        return {p: s for opt in self.optimizers for p, s in opt.state.items()}
-
     def step(self) -> None:
         for opt in self.optimizers:
             opt.step()
@@ -346,11 +342,12 @@ class MuonAdamW(OptimizerRecipe):
         lr = settings.learning_rate
         # Peak rate in units of learning_rate: the schedule's shape (warm-up, decay) applies as to AdamW.
         scale = keys["muon_lr"] / lr if lr > 0 else 0.0
-        decayed = [p for n, p in hidden if connection.optimizer_rule(n, p).decay]
-        plain = [p for n, p in hidden if not connection.optimizer_rule(n, p).decay]
+        by_decay: dict[bool, list[nn.Parameter]] = {True: [], False: []}  # the connection's rule decides, as for AdamW
+        for n, p in hidden:
+            by_decay[connection.optimizer_rule(n, p).decay].append(p)
         groups = [
-            {"params": ps, "weight_decay": wd, "lr": keys["muon_lr"], "lr_scale": scale}
-            for ps, wd in ((decayed, settings.weight_decay), (plain, 0.0)) if ps
+            {"params": ps, "weight_decay": settings.weight_decay if decays else 0.0, "lr": keys["muon_lr"], "lr_scale": scale}
+            for decays, ps in by_decay.items() if ps
         ]
         muon = Muon(groups, lr=keys["muon_lr"], weight_decay=settings.weight_decay, momentum=keys["muon_momentum"],
                     nesterov=keys["muon_nesterov"], ns_steps=keys["muon_ns_steps"], shape_rule=keys["muon_shape_scale"],
