@@ -266,11 +266,17 @@ class Trainer:
         self.outputs = RunLog(self.cfg, dist.is_master, self.progress)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
+        # fresh_optimizer: the weights and progress only; the optimizer starts anew (it may be another one).
+        optimizer = None if self.cfg.fresh_optimizer else self.optimizer
         if self.cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
-            load_sharded(checkpoint_path(self.cfg), self.raw_model, self.optimizer)
+            load_sharded(checkpoint_path(self.cfg), self.raw_model, optimizer)
         else:
             self.raw_model.load_state_dict(ckpt["model"])
-            load_optimizer_state(self.optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
+            if optimizer is not None:
+                load_optimizer_state(optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
+        if optimizer is None:
+            was = ckpt["train_config"].get("optimizer", "adamw")
+            print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {self.cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)

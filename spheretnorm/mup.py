@@ -25,6 +25,13 @@ The tie: wte and the LM head are one matrix. It keeps the embedding rules (base 
 and the 1/n that μP wants on the output layer goes into a multiplier n0 / n on the logits, so
 logits = (n0 / n) W_e h stay of order 1 once W_e and h are correlated by training.
 
+Other optimizers move the hidden matrices by other steps, and each step has its own learning-rate
+exponent (HIDDEN_LR_EXPONENTS; docs/MUP.md derives each): Muon's orthogonal update with
+Jordan's shape factor already has the spectral scale μP asks for (exponent 0; 1/2 with
+Moonlight's RMS-matching factor), and a Hyperball step is an angle on the Frobenius sphere of the
+matrix, whose radius follows the init (exponent 0 with Muon's direction, 1/2 with Adam's).
+Embeddings, vectors and the output multiplier keep the rules above under every optimizer.
+
 mup_base_width = 0 turns all of this off; n = n0 gives ratio 1, where every factor is exactly 1
 and the model and optimizer are today's.
 """
@@ -43,8 +50,18 @@ class Rule:
     lr_exponent: float  # AdamW learning rate x (n0 / n) ** lr_exponent
 
 
+# The hidden matrices' learning-rate exponent by the step that moves them (an optimizer names its
+# step; docs/MUP.md, "Other optimizers", derives each). Entries of a table, not branches in code.
+HIDDEN_LR_EXPONENTS: dict[str, float] = {
+    "adam": 1.0,  # AdamW: every entry moves by about lr, coherently over the fan-in
+    "spectral": 0.0,  # Muon, s = sqrt(max(1, out/in)) or 1: ||dW||_2 = lr s, width-free aspect ratios
+    "spectral_rms": 0.5,  # Muon, s = 0.2 sqrt(max(out, in)): s itself grows as n^(1/2)
+    "hyperball_spectral": 0.0,  # MuonH: ||dW||_2 / ||W||_2 ~ lr at every width
+    "hyperball_adam": 0.5,  # AdamH: entries move lr R / sqrt(out in) ~ lr / sqrt(n), coherently over n
+}
+
 RULES: dict[str, Rule] = {
-    "hidden": Rule(init_exponent=0.5, lr_exponent=1.0),
+    "hidden": Rule(init_exponent=0.5, lr_exponent=HIDDEN_LR_EXPONENTS["adam"]),
     "embedding": Rule(init_exponent=0.0, lr_exponent=0.0),
     "vector": Rule(init_exponent=0.0, lr_exponent=0.0),
 }
@@ -79,9 +96,11 @@ def init_scale(kind: str, ratio: float) -> float:
     return ratio ** RULES[kind].init_exponent
 
 
-def lr_scale(kind: str, ratio: float) -> float:
-    """What the learning rate (and the schedule's every value) is multiplied by for this kind."""
-    return ratio ** RULES[kind].lr_exponent
+def lr_scale(kind: str, ratio: float, step: str = "adam") -> float:
+    """What the learning rate (and the schedule's every value) is multiplied by for this kind, when
+    the hidden matrices move by `step` (a key of HIDDEN_LR_EXPONENTS; AdamW's by default)."""
+    exponent = HIDDEN_LR_EXPONENTS[step] if kind == "hidden" else RULES[kind].lr_exponent
+    return ratio**exponent
 
 
 def output_multiplier(ratio: float) -> float:

@@ -27,13 +27,14 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 import torch.nn as nn
 
-from .model import CONNECTIONS, MODEL_FIELDS, MethodParam, declared_params
+from .model import CONNECTIONS, MODEL_FIELDS, Connection, MethodParam, declared_params
 from .mup import lr_scale, param_kind
 
 # Newton-Schulz's quintic coefficients (K. Jordan's Muon; torch.optim.Muon's defaults): they
 # maximise the slope at zero, so 5 steps bring every singular value into about [0.7, 1.2].
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
+ADAM_EPS = 1e-8  # torch's AdamW default, which the AdamW part uses too
 MUON_SHAPE_SCALES = ("original", "match_rms_adamw", "none")
 
 
@@ -99,20 +100,26 @@ class OptimizerRecipe:
     """Base of every entry of OPTIMIZERS: build(model, settings, device_type) -> Optimizers."""
 
     title = ""  # the name in tables and messages
-    params: tuple[MethodParam, ...] = ()  # the training keys of this optimizer alone
-    has_mup_rule = False  # mup.py's rules hold for its steps; else mup_base_width is refused
+    params: tuple[MethodParam, ...] = ()  # the training keys of this optimizer (shared ones: the same MethodParam)
+    rate_key = "learning_rate"  # the key that sets the hidden matrices' peak rate (what a rate sweep moves)
+    mup_step: str | None = None  # how it moves hidden matrices (a key of mup.HIDDEN_LR_EXPONENTS); None: no μP rule
 
     @classmethod
     def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
         raise NotImplementedError
 
     @classmethod
+    def hidden_step(cls, params: dict[str, Any]) -> str | None:
+        """The μP rule of the hidden matrices under these keys (Muon's depends on its shape factor)."""
+        return cls.mup_step
+
+    @classmethod
     def check(cls, model_config: Any, settings: OptimizerSettings) -> None:
         """Raise a ValueError naming the key if this optimizer cannot train model_config."""
-        if getattr(model_config, "mup_base_width", 0) and not cls.has_mup_rule:
+        if getattr(model_config, "mup_base_width", 0) and cls.hidden_step(settings.optimizer_params) is None:
             raise ValueError(
                 f"mup_base_width={model_config.mup_base_width} asks for μP, which has no rule for optimizer "
-                f"{settings.optimizer!r} (docs/MUP.md); use optimizer={'|'.join(n for n, c in OPTIMIZERS.items() if c.has_mup_rule)} or mup_base_width=0."
+                f"{settings.optimizer!r} (docs/MUP.md); use optimizer={'|'.join(n for n, c in OPTIMIZERS.items() if c.mup_step)} or mup_base_width=0."
             )
 
 
@@ -126,7 +133,9 @@ def register_optimizer(name: str) -> Callable[[type[OptimizerRecipe]], type[Opti
     def wrap(cls: type[OptimizerRecipe]) -> type[OptimizerRecipe]:
         if not (isinstance(cls, type) and issubclass(cls, OptimizerRecipe)):
             raise TypeError(f"@register_optimizer({name!r}) needs an OptimizerRecipe subclass, got {cls!r}")
-        taken = {p.key: f"optimizer {n!r}" for n, c in OPTIMIZERS.items() if n != name for p in c.params}
+        # Entries may share a key by declaring the same MethodParam (muon and muonh: muon_momentum).
+        shared = {id(p) for p in cls.params}
+        taken = {p.key: f"optimizer {n!r}" for n, c in OPTIMIZERS.items() if n != name for p in c.params if id(p) not in shared}
         taken |= {k: "the model" for k in (*MODEL_FIELDS, *declared_params())}
         clash = [p.key for p in cls.params if p.key in taken]
         if clash:
@@ -150,8 +159,9 @@ def resolve_optimizer_params(optimizer: str, given: dict[str, Any]) -> dict[str,
     own = {p.key: p for p in OPTIMIZERS[optimizer].params}
     foreign = sorted(k for k in given if k not in own)
     if foreign:
-        owner = next((n for n, c in OPTIMIZERS.items() for p in c.params if p.key == foreign[0]), None)
-        whose = f"a key of optimizer {owner!r}" if owner else "no optimizer's key"
+        owners = [n for n, c in OPTIMIZERS.items() if any(p.key == foreign[0] for p in c.params)]
+        owner = owners[0] if owners else None
+        whose = f"a key of optimizer {' and '.join(repr(n) for n in owners)}" if owners else "no optimizer's key"
         raise ValueError(
             f"{foreign[0]} is {whose}, not of optimizer {optimizer!r} (its keys: {', '.join(own) or 'none'}); "
             f"drop it or set optimizer={owner or optimizer}."
@@ -216,7 +226,7 @@ class AdamW(OptimizerRecipe):
     embeddings only (nGPT: none); under μP a group's rate is learning_rate x its kind's factor."""
 
     title = "AdamW"
-    has_mup_rule = True
+    mup_step = "adam"
 
     @classmethod
     def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
@@ -271,6 +281,18 @@ def like_param(update: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(update, p.device_mesh, p.placements, src_data_rank=None)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (sharing its storage: in-place ops update the parameter), else t."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def frobenius(t: torch.Tensor) -> torch.Tensor:
+    """||t||_F of the whole matrix as a plain 0-d tensor: for a DTensor, a reduction over the ranks
+    that hold its shards (DTensor's norm), so every rank gets the same value."""
+    norm = torch.linalg.vector_norm(t)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 class Muon(torch.optim.Optimizer):
     """Muon on 2-D matrices, the maths of torch.optim.Muon (K. Jordan et al.):
 
@@ -283,34 +305,161 @@ class Muon(torch.optim.Optimizer):
     bf16 on CUDA (where the matmuls are fast) and in the matrix's dtype elsewhere."""
 
     def __init__(self, params: Any, lr: float, weight_decay: float, momentum: float, nesterov: bool,
-                 ns_steps: int, shape_rule: str, ns_dtype: torch.dtype | None = None):
+                 ns_steps: int, shape_rule: str, ns_dtype: torch.dtype | None = None, **extra: Any):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_steps=ns_steps, shape_rule=shape_rule)
+                        ns_steps=ns_steps, shape_rule=shape_rule, **extra)
         super().__init__(params, defaults)
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:
-        assert closure is None, "Muon takes no closure"
+        assert closure is None, f"{type(self).__name__} takes no closure"
         for group in self.param_groups:
-            mu = group["momentum"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.move(p, self.orthogonal_update(p, group), group)
+
+    def orthogonal_update(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """NS_k of the (Nesterov) momentum, of the whole matrix (gathered under FSDP2)."""
+        mu = group["momentum"]
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buf = state["momentum_buffer"]
+        buf.lerp_(p.grad, 1 - mu)
+        u = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+        full = whole(u)
+        return newton_schulz(full, group["ns_steps"], self.ns_dtype or full.dtype)
+
+    def move(self, p: torch.Tensor, ortho: torch.Tensor, group: dict[str, Any]) -> None:
+        """Muon's: decoupled decay, then the shape-scaled step."""
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(like_param(ortho, p), alpha=-group["lr"] * shape_scale(group["shape_rule"], ortho.shape))
+
+
+# -----------------------------------------------------------------------------
+# Hyperball (Wen, Dang, Lyu, Ma, Liang): each covered matrix on a Frobenius sphere of fixed radius
+
+
+HYPERBALL_EPS = 1e-12  # a floor on the norms divided by (a zero update leaves W where it is)
+
+
+def hyperball_radius(state: dict[str, Any], p: torch.Tensor, radius: float) -> torch.Tensor:
+    """R of p, fixed at its first step and kept in the optimizer state (so a resume keeps it):
+    radius 0 is p's norm then (its initial one); radius r > 0 is r sqrt(fan_out), the norm of a
+    matrix whose entries have std r / sqrt(fan_in), and p is rescaled onto it."""
+    if "radius" not in state:
+        norm = frobenius(p)
+        if radius == 0:
+            state["radius"] = norm.clone()
+        else:
+            state["radius"] = torch.tensor(radius * math.sqrt(p.shape[0]), dtype=norm.dtype, device=norm.device)
+            local(p).mul_(state["radius"] / norm.clamp(min=HYPERBALL_EPS))
+    return state["radius"]
+
+
+def hyperball_step(p: torch.Tensor, direction: torch.Tensor, direction_norm: torch.Tensor, radius: torch.Tensor, lr: float) -> None:
+    """W <- R Norm(W - lr R D / ||D||_F): a step of norm lr R along the direction D, then back onto
+    the sphere of radius R (Norm(X) = X / ||X||_F). Elementwise on this rank's shard, with the
+    whole matrix's norms."""
+    w = local(p)
+    w.sub_(local(direction) * (lr * radius / direction_norm.clamp(min=HYPERBALL_EPS)))
+    w.mul_(radius / frobenius(p).clamp(min=HYPERBALL_EPS))
+
+
+class MuonH(Muon):
+    """Muon's direction on the Hyperball: O = NS_k(U) as Muon's, then
+
+        W <- R Norm(W - lr R O / ||O||_F)
+
+    No weight decay (on the sphere it would only scale the step by 1 / (1 - lr wd)) and no shape
+    factor (the step is an angle of about lr for every matrix)."""
+
+    def __init__(self, params: Any, lr: float, momentum: float, nesterov: bool, ns_steps: int, radius: float,
+                 ns_dtype: torch.dtype | None = None):
+        super().__init__(params, lr=lr, weight_decay=0.0, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+                         shape_rule="none", ns_dtype=ns_dtype, radius=radius)
+
+    def move(self, p: torch.Tensor, ortho: torch.Tensor, group: dict[str, Any]) -> None:
+        radius = hyperball_radius(self.state[p], p, group["radius"])
+        hyperball_step(p, like_param(ortho, p), frobenius(ortho), radius, group["lr"])
+
+
+class AdamH(torch.optim.Optimizer):
+    """Adam's direction on the Hyperball (bias-corrected moments, as torch's Adam):
+
+        m <- b1 m + (1 - b1) G,   v <- b2 v + (1 - b2) G^2,   t <- t + 1
+        U  = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+        W <- R Norm(W - lr R U / ||U||_F)
+
+    The rate multiplies a unit-norm direction, so Adam's bias correction acts on U's shape only."""
+
+    def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float, radius: float):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, radius=radius))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:
+        assert closure is None, "AdamH takes no closure"
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - mu)
-                u = p.grad.lerp(buf, mu) if group["nesterov"] else buf
-                full = whole(u)
-                ortho = newton_schulz(full, group["ns_steps"], self.ns_dtype or full.dtype)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(like_param(ortho, p), alpha=-group["lr"] * shape_scale(group["shape_rule"], full.shape))
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                radius = hyperball_radius(state, p, group["radius"])
+                state["step"] += 1
+                t = state["step"].item()
+                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad  # DTensors under FSDP2, laid out as p
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                u = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt().add_(group["eps"])
+                hyperball_step(p, u, frobenius(u), radius, group["lr"])
 
 
 def _positive(x: float) -> bool:
     return x > 0 and math.isfinite(x)
+
+
+def hidden_split(named: list[tuple[str, nn.Parameter]]) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+    """(the hidden 2-D matrices, mup.param_kind 'hidden': what Muon and Hyperball move; the rest: AdamW's)."""
+    hidden = [(n, p) for n, p in named if p.dim() == 2 and param_kind(n, p) == "hidden"]
+    ids = {id(p) for _, p in hidden}
+    return hidden, [(n, p) for n, p in named if id(p) not in ids]
+
+
+def hidden_lr_scale(model: nn.Module, settings: OptimizerSettings, peak: float, step: str) -> float:
+    """A hidden group's lr_scale: its peak rate in units of learning_rate (so the schedule's warm-up
+    and decay shape it as they shape AdamW's), times μP's factor for the step that moves it."""
+    ratio = model.config.mup_ratio
+    mup = lr_scale("hidden", ratio, step) if ratio != 1.0 else 1.0
+    return peak * mup / settings.learning_rate if settings.learning_rate > 0 else 0.0
+
+
+def rest_adamw(model: nn.Module, rest: list[tuple[str, nn.Parameter]], settings: OptimizerSettings, device_type: str) -> torch.optim.AdamW:
+    """AdamW over the parameters the matrix optimizer does not own, with the paper's groups."""
+    return make_adamw(adamw_groups(model, rest, settings.weight_decay, settings.learning_rate), settings, device_type)
+
+
+def ns_dtype_for(device_type: str) -> torch.dtype | None:
+    return torch.bfloat16 if device_type == "cuda" else None  # bf16 matmuls on CUDA; the weights' dtype elsewhere
+
+
+# The keys Muon and MuonH share (one declaration each, so --muon_momentum means the same in both).
+MUON_MOMENTUM = MethodParam("muon_momentum", 0.95, "Muon's (and MuonH's) momentum mu (an EMA of the gradients)",
+                            check=lambda m: 0 <= m < 1, must="in [0, 1)")
+MUON_NESTEROV = MethodParam("muon_nesterov", True, "Muon's (and MuonH's) Nesterov momentum (else the plain EMA)")
+MUON_NS_STEPS = MethodParam("muon_ns_steps", 5, "Newton-Schulz iterations of Muon's (and MuonH's) orthogonalisation",
+                            check=lambda k: 1 <= k <= 50, must="an integer from 1 to 50")
+HYPERBALL_LR = MethodParam("hyperball_lr", 0.02,
+                           "the Hyperball optimizers' peak step of a covered matrix, in radians of its Frobenius sphere "
+                           "(the schedule scales it as learning_rate)", check=lambda x: _positive(x) and x <= 1, must="in (0, 1]")
+HYPERBALL_RADIUS = MethodParam("hyperball_radius", 0.0,
+                               "the Frobenius radius of each covered matrix: 0 keeps its initial norm; r > 0 sets r sqrt(fan_out) "
+                               "(entries of std r / sqrt(fan_in))", check=lambda r: r >= 0 and math.isfinite(r), must=">= 0 and finite")
 
 
 @register_optimizer("muon")
@@ -318,39 +467,101 @@ class MuonAdamW(OptimizerRecipe):
     """Muon for the hidden 2-D matrices (attention and MLP weights), AdamW for the rest."""
 
     title = "Muon"
+    rate_key = "muon_lr"
+    mup_step = "spectral"
     params = (
         MethodParam("muon_lr", 0.02, "Muon's peak learning rate of the hidden matrices (the schedule scales it as learning_rate)",
                     check=_positive, must="> 0 and finite"),
-        MethodParam("muon_momentum", 0.95, "Muon's momentum mu (an EMA of the gradients)",
-                    check=lambda m: 0 <= m < 1, must="in [0, 1)"),
-        MethodParam("muon_nesterov", True, "Muon's Nesterov momentum (else the plain EMA)"),
-        MethodParam("muon_ns_steps", 5, "Newton-Schulz iterations of Muon's orthogonalisation",
-                    check=lambda k: 1 <= k <= 50, must="an integer from 1 to 50"),
+        MUON_MOMENTUM,
+        MUON_NESTEROV,
+        MUON_NS_STEPS,
         MethodParam("muon_shape_scale", "original",
                     f"the factor on Muon's rate by a matrix's shape: {', '.join(MUON_SHAPE_SCALES)} (docs/OPTIMIZERS.md)",
                     check=lambda s: s in MUON_SHAPE_SCALES, must=f"one of: {', '.join(MUON_SHAPE_SCALES)}"),
     )
 
     @classmethod
+    def hidden_step(cls, params: dict[str, Any]) -> str | None:
+        # Moonlight's factor grows as sqrt(width); Jordan's and none are width-free (docs/MUP.md).
+        return "spectral_rms" if params.get("muon_shape_scale") == "match_rms_adamw" else "spectral"
+
+    @classmethod
     def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
         keys = settings.optimizer_params
-        named = trainable(model)
-        hidden = [(n, p) for n, p in named if p.dim() == 2 and param_kind(n, p) == "hidden"]
-        hidden_ids = {id(p) for _, p in hidden}
-        rest = [(n, p) for n, p in named if id(p) not in hidden_ids]
+        hidden, rest = hidden_split(trainable(model))
         connection = CONNECTIONS[model.config.connection]
-        lr = settings.learning_rate
-        # Peak rate in units of learning_rate: the schedule's shape (warm-up, decay) applies as to AdamW.
-        scale = keys["muon_lr"] / lr if lr > 0 else 0.0
+        scale = hidden_lr_scale(model, settings, keys["muon_lr"], cls.hidden_step(keys))
         by_decay: dict[bool, list[nn.Parameter]] = {True: [], False: []}  # the connection's rule decides, as for AdamW
         for n, p in hidden:
             by_decay[connection.optimizer_rule(n, p).decay].append(p)
         groups = [
-            {"params": ps, "weight_decay": settings.weight_decay if decays else 0.0, "lr": keys["muon_lr"], "lr_scale": scale}
+            {"params": ps, "weight_decay": settings.weight_decay if decays else 0.0, "lr": settings.learning_rate * scale, "lr_scale": scale}
             for decays, ps in by_decay.items() if ps
         ]
         muon = Muon(groups, lr=keys["muon_lr"], weight_decay=settings.weight_decay, momentum=keys["muon_momentum"],
                     nesterov=keys["muon_nesterov"], ns_steps=keys["muon_ns_steps"], shape_rule=keys["muon_shape_scale"],
-                    ns_dtype=torch.bfloat16 if device_type == "cuda" else None)
-        adamw = make_adamw(adamw_groups(model, rest, settings.weight_decay, lr), settings, device_type)
-        return Optimizers([muon, adamw])
+                    ns_dtype=ns_dtype_for(device_type))
+        return Optimizers([muon, rest_adamw(model, rest, settings, device_type)])
+
+
+class Hyperball(OptimizerRecipe):
+    """The Hyperball entries' shared part: the hidden matrices on their spheres (no weight decay:
+    docs/OPTIMIZERS.md), AdamW with the paper's groups for the rest."""
+
+    rate_key = "hyperball_lr"
+
+    @classmethod
+    def check(cls, model_config: Any, settings: OptimizerSettings) -> None:
+        super().check(model_config, settings)
+        connection = CONNECTIONS[model_config.connection]
+        # A connection that renormalises the matrices itself (nGPT, by rows) would undo the radius every step.
+        if connection.after_optimizer_step.__func__ is not Connection.after_optimizer_step.__func__:
+            raise ValueError(
+                f"connection {model_config.connection!r} renormalises its matrices after every step, which undoes "
+                f"{cls.title}'s fixed Frobenius radius; use optimizer=adamw or muon with it, or another connection."
+            )
+
+    @classmethod
+    def matrix_optimizer(cls, groups: list[dict[str, Any]], settings: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, model: nn.Module, settings: OptimizerSettings, device_type: str) -> Optimizers:
+        keys = settings.optimizer_params
+        hidden, rest = hidden_split(trainable(model))
+        if keys["hyperball_radius"] == 0:
+            zero = next((n for n, p in hidden if frobenius(p).item() == 0), None)
+            if zero is not None:  # its initial norm, 0, would keep it at 0 for ever
+                raise ValueError(f"{zero} starts at norm 0, so hyperball_radius=0 (each matrix's initial norm) would hold it there; set hyperball_radius > 0.")
+        scale = hidden_lr_scale(model, settings, keys["hyperball_lr"], cls.mup_step)
+        groups = [{"params": [p for _, p in hidden], "weight_decay": 0.0, "lr": settings.learning_rate * scale, "lr_scale": scale}]
+        return Optimizers([cls.matrix_optimizer(groups, settings, device_type), rest_adamw(model, rest, settings, device_type)])
+
+
+@register_optimizer("adamh")
+class AdamHAdamW(Hyperball):
+    """AdamH for the hidden 2-D matrices (Adam's direction, beta1 and beta2 as AdamW's), AdamW for the rest."""
+
+    title = "AdamH"
+    mup_step = "hyperball_adam"
+    params = (HYPERBALL_LR, HYPERBALL_RADIUS)
+
+    @classmethod
+    def matrix_optimizer(cls, groups: list[dict[str, Any]], settings: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+        keys = settings.optimizer_params
+        return AdamH(groups, lr=keys["hyperball_lr"], betas=(settings.beta1, settings.beta2), eps=ADAM_EPS, radius=keys["hyperball_radius"])
+
+
+@register_optimizer("muonh")
+class MuonHAdamW(Hyperball):
+    """MuonH for the hidden 2-D matrices (Muon's momentum and Newton-Schulz), AdamW for the rest."""
+
+    title = "MuonH"
+    mup_step = "hyperball_spectral"
+    params = (HYPERBALL_LR, HYPERBALL_RADIUS, MUON_MOMENTUM, MUON_NESTEROV, MUON_NS_STEPS)
+
+    @classmethod
+    def matrix_optimizer(cls, groups: list[dict[str, Any]], settings: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+        keys = settings.optimizer_params
+        return MuonH(groups, lr=keys["hyperball_lr"], momentum=keys["muon_momentum"], nesterov=keys["muon_nesterov"],
+                     ns_steps=keys["muon_ns_steps"], radius=keys["hyperball_radius"], ns_dtype=ns_dtype_for(device_type))

@@ -29,6 +29,7 @@ CONNECTIONS = ("pre_ln", "p_spheret", "geonorm", "ngpt")
 BLOCKS = ("gpt2", "llama")
 STEPS = 10
 MUON_SAVE_AT = 6  # past the warm-up (2 steps): Muon at its full rate
+MUON_CHECKPOINT = "muonh"  # Muon's momentum and Newton-Schulz, and the radii the Hyperball keeps in its state
 # The train.py runs of tests/test_fsdp.py (stopped, resumed on 1 and 4 ranks), besides tiny_args:
 # 4, 2 and 1 micro-steps a step on 1, 2 and 4 ranks.
 RUN_ARGS = ("--parallel=fsdp", "--backend=gloo", "--eval_interval=200", "--dist_timeout=60", "--global_batch_size=16")
@@ -95,6 +96,9 @@ def main(data_dir: str, out_dir: str) -> None:
     variants = [(c, b, ()) for c in CONNECTIONS for b in BLOCKS] + [("pre_ln", "gpt2", ("--mup_base_width=16",))]
     # Muon orthogonalises whole matrices, sharded or not; and an optimizer registered from a test module.
     variants += [("pre_ln", "gpt2", ("--optimizer=muon",)), ("p_spheret", "llama", ("--optimizer=muon",)), ("pre_ln", "gpt2", ("--optimizer=toy_sgd",))]
+    # The Hyperball optimizers' norms are of whole matrices (a reduction over the ranks' shards). In
+    # LLaMA's block: GPT-2's key bias has a zero gradient up to rounding, which Adam amplifies (1e-5 and more).
+    variants += [("p_spheret", "llama", ("--optimizer=muonh",)), ("p_spheret", "llama", ("--optimizer=adamh", "--hyperball_radius=0.5"))]
     for connection, block, extra in variants:
         key = f"{connection}/{block}" + "".join(extra)
         args = tiny(data_dir, out / key.replace("-", ""), f"--connection={connection}", f"--block={block}", *extra)
@@ -132,24 +136,24 @@ def main(data_dir: str, out_dir: str) -> None:
     }
     # The uninterrupted run that test_fsdp's resumes on 1 and 4 ranks must continue.
     results["reference"] = losses(trainer(train_reference_args(data_dir, out / "reference"), dist), 40)
-    results["muon"] = muon_checkpoint(data_dir, out, dist)
+    results["muon"] = muon_checkpoint(data_dir, out, dist)  # MuonH: Muon's state and the Hyperball's radii
     if dist.is_master:
         (out / "results.json").write_text(json.dumps(results))
     torch_dist.destroy_process_group()
 
 
 def muon_checkpoint(data_dir: str, out: Path, dist) -> dict:
-    """A Muon run's sharded checkpoint after MUON_SAVE_AT steps, and the same run uninterrupted:
+    """A MuonH run's sharded checkpoint after MUON_SAVE_AT steps, and the same run uninterrupted:
     test_fsdp resumes the folder on one process (resharded) and compares."""
     folder = out / "muon_ckpt"
     if dist.is_master:
         folder.mkdir(parents=True, exist_ok=True)
     torch_dist.barrier()
-    t = trainer([*train_reference_args(data_dir, folder), "--optimizer=muon"], dist)
+    t = trainer([*train_reference_args(data_dir, folder), f"--optimizer={MUON_CHECKPOINT}"], dist)
     losses(t, MUON_SAVE_AT)
     t.progress.iter_num = MUON_SAVE_AT
     t.save_checkpoint()
-    reference = losses(trainer([*train_reference_args(data_dir, out / "muon_reference"), "--optimizer=muon"], dist), MUON_SAVE_AT + 4)
+    reference = losses(trainer([*train_reference_args(data_dir, out / "muon_reference"), f"--optimizer={MUON_CHECKPOINT}"], dist), MUON_SAVE_AT + 4)
     return {"out_dir": str(folder), "reference": reference}
 
 

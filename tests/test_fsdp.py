@@ -75,27 +75,36 @@ def test_fsdp_losses_equal_ddp_losses_with_grad_accumulation(worker: dict, conne
     assert worker["init_diff"][f"{connection}/{block}"] == 0.0
 
 
-@pytest.mark.parametrize("key", ["pre_ln/gpt2--optimizer=muon", "p_spheret/llama--optimizer=muon", "pre_ln/gpt2--optimizer=toy_sgd"])
-def test_muon_and_a_registered_optimizer_step_as_one_process_does(worker: dict, key: str) -> None:
-    """Muon's Newton-Schulz runs on the whole matrix of each sharded weight (every rank gathers it):
-    the steps equal DDP's, weights and losses, 10 steps at full rate after a 2-step warm-up."""
+@pytest.mark.parametrize("key", ["pre_ln/gpt2--optimizer=muon", "p_spheret/llama--optimizer=muon", "pre_ln/gpt2--optimizer=toy_sgd",
+                                 "p_spheret/llama--optimizer=muonh", "p_spheret/llama--optimizer=adamh--hyperball_radius=0.5"])
+def test_muon_hyperball_and_a_registered_optimizer_step_as_one_process_does(worker: dict, key: str) -> None:
+    """Muon's Newton-Schulz runs on the whole matrix of each sharded weight (every rank gathers it),
+    and the Hyperball's norms are of whole matrices (reduced over the shards): the steps equal
+    DDP's, weights and losses, 10 steps at full rate after a 2-step warm-up."""
     runs = worker["losses"][key]
     assert max_diff(runs["ddp"], runs["fsdp"]) < 1e-5, runs
     assert worker["weight_diff"][key] < 1e-5
 
 
-def test_a_muon_sharded_checkpoint_reshards_and_resumes(worker: dict, data_dir: Path, tmp_path: Path) -> None:
+def test_a_muonh_sharded_checkpoint_reshards_and_resumes_on_its_radii(worker: dict, data_dir: Path, tmp_path: Path) -> None:
     from spheretnorm.runtime.sharded_checkpoint import main as consolidate
 
     out = tmp_path / "run"
     shutil.copytree(worker["muon"]["out_dir"], out)
     reference, k = worker["muon"]["reference"], 6
     assert load_checkpoint(out / "ckpt.dcp")["iter_num"] == k
-    consolidate([str(out / "ckpt.dcp"), "--out", str(tmp_path / "whole.pt")])  # both Muon's and AdamW's state, whole
+    consolidate([str(out / "ckpt.dcp"), "--out", str(tmp_path / "whole.pt")])  # both MuonH's and AdamW's state, whole
     whole = load_checkpoint(tmp_path / "whole.pt")
     assert len(whole["optimizer"]["optimizers"]) == 2
+    # Every hidden matrix written by two ranks lies on its sphere: ||W||_F = the radius in the state.
+    matrices = [n for n, w in whole["model"].items() if w.dim() == 2 and ".h." in n]
+    state = whole["optimizer"]["optimizers"][0]
+    radii = [s["radius"].item() for s in state["state"].values()]
+    assert len(radii) == len(matrices) == 8
+    norms = sorted(whole["model"][n].double().norm().item() for n in matrices)
+    assert max(abs(a - b) / b for a, b in zip(norms, sorted(radii))) < 1e-5
     # One process reads the two ranks' shards and continues the run.
-    check(subprocess.run(run_cmd(1, data_dir, out, "--optimizer=muon", f"--max_iters={k + 3}", "--init_from=resume"),
+    check(subprocess.run(run_cmd(1, data_dir, out, "--optimizer=muonh", f"--max_iters={k + 3}", "--init_from=resume"),
                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300))
     resumed = train_losses(out)
     for it in range(k + 1, k + 4):

@@ -108,7 +108,12 @@ def test_adamw_is_the_default_and_one_torch_adamw() -> None:
     (["--optimizer=muon", "--muon_momentum=1"], "muon_momentum must be in [0, 1), got 1.0."),
     (["--optimizer=muon", "--muon_ns_steps=0"], "muon_ns_steps must be an integer from 1 to 50, got 0."),
     (["--optimizer=muon", "--muon_shape_scale=spectral"], "muon_shape_scale must be one of: original, match_rms_adamw, none, got spectral."),
-    (["--optimizer=muon", "--mup_base_width=16"], "mup_base_width=16 asks for μP, which has no rule for optimizer 'muon'"),
+    (["--optimizer=toy_sgd", "--mup_base_width=16"], "mup_base_width=16 asks for μP, which has no rule for optimizer 'toy_sgd'"),
+    (["--optimizer=muonh", "--hyperball_radius=-1"], "hyperball_radius must be >= 0 and finite, got -1.0."),
+    (["--optimizer=adamh", "--hyperball_lr=1.5"], "hyperball_lr must be in (0, 1], got 1.5."),
+    (["--optimizer=adamh", "--muon_momentum=0.9"], "muon_momentum is a key of optimizer 'muon' and 'muonh', not of optimizer 'adamh'"),
+    (["--optimizer=muonh", "--connection=ngpt"], "connection 'ngpt' renormalises its matrices after every step, which undoes MuonH's fixed Frobenius radius"),
+    (["--optimizer=muon", "--fresh_optimizer=true"], "fresh_optimizer=true drops a resumed checkpoint's optimizer state, but init_from='scratch' resumes nothing"),
 ])
 def test_bad_optimizer_keys_are_one_sentence(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -129,12 +134,24 @@ def test_a_resume_keeps_its_optimizer(data_dir: Path, tmp_path: Path) -> None:
         train.main(tiny_args(data_dir, out, "--max_iters=4", "--init_from=resume"))
     assert str(info.value) == (
         "Refusing to resume with optimizer='adamw': the checkpoint was trained with optimizer='muon', whose state does "
-        "not carry over; pass --optimizer=muon to resume it, or start another out_dir."
+        "not carry over; pass --optimizer=muon to resume it, --fresh_optimizer=true to resume the weights with a new "
+        "optimizer state, or start another out_dir."
     )
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 2  # nothing written
     rows = (out / "metrics.jsonl").read_text().splitlines()
     train.main(tiny_args(data_dir, out, "--optimizer=muon", "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 4 and len((out / "metrics.jsonl").read_text().splitlines()) > len(rows)
+    # Asked for, a fresh optimizer state: the weights and the iteration carry on under MuonH, whose
+    # radii are the matrices' norms where it starts.
+    weights = load_checkpoint(out / "ckpt.pt")["model"]
+    train.main(tiny_args(data_dir, out, "--optimizer=muonh", "--max_iters=6", "--eval_interval=2", "--init_from=resume",
+                         "--fresh_optimizer=true"))
+    after = load_checkpoint(out / "ckpt.pt")
+    assert after["train_config"]["optimizer"] == "muonh" and after["iter_num"] == 6
+    matrices = [k for k, w in weights.items() if w.dim() == 2 and ".h." in k]
+    radii = sorted(s["radius"].item() for s in after["optimizer"]["optimizers"][0]["state"].values())
+    assert radii == pytest.approx(sorted(weights[k].norm().item() for k in matrices), rel=1e-6)
+    assert sorted(after["model"][k].norm().item() for k in matrices) == pytest.approx(radii, rel=1e-5)
 
 
 # -----------------------------------------------------------------------------

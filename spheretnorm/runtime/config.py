@@ -85,6 +85,9 @@ class TrainConfig:
     # auto: resume if out_dir has ckpt.pt; hf:DIR: fine-tune a Hugging Face folder (scripts/export_hf.py, GPT-2)
     init_from: str = field(default="scratch", metadata=_choices(*INIT_FROM, forms=(f"{HF_PREFIX}DIR",), run=NEUTRAL))
     overwrite: bool = field(default=False, metadata=NEUTRAL)  # let a new run (init_from=scratch or hf:DIR) replace an existing out_dir/ckpt.pt
+    # with init_from=resume: drop the checkpoint's optimizer state and start a new one (the way to
+    # resume under another optimizer; weights, progress and schedule carry on)
+    fresh_optimizer: bool = field(default=False, metadata=NEUTRAL)
     always_save_checkpoint: bool = field(default=True, metadata=NEUTRAL)  # at every evaluation; False keeps only the best val loss
     checkpoint_interval: int = field(default=0, metadata=NEUTRAL)  # also save every N iterations (0: only at evaluations)
     # -- evaluation and logging
@@ -171,6 +174,11 @@ class TrainConfig:
             raise ConfigError(f"collapse_cosine must lie in (0, 1], got {self.collapse_cosine}.")
         if self.collapse_evals < 0:
             raise ConfigError(f"collapse_evals must be >= 0 (0 turns the collapse stop off), got {self.collapse_evals}.")
+        if self.fresh_optimizer and self.init_from not in ("resume", "auto"):
+            raise ConfigError(
+                f"fresh_optimizer=true drops a resumed checkpoint's optimizer state, but init_from={self.init_from!r} "
+                "resumes nothing; use it with init_from=resume or auto, or leave it out."
+            )
         if self.min_lr > self.learning_rate:
             raise ConfigError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}.")
         for name in ("beta1", "beta2"):
@@ -712,11 +720,12 @@ def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
     saved_train is the checkpoint's train_config."""
     have, values = saved_settings(saved_train), train_values(train)
     fixed = [k for k in sorted(RESUME_FIXED_KEYS) if have.get(k) != values.get(k)]
-    if fixed:
+    if fixed and not train.fresh_optimizer:
         raise ConfigError(
             f"Refusing to resume with {', '.join(f'{k}={values[k]!r}' for k in fixed)}: the checkpoint was trained with "
             f"{', '.join(f'{k}={have.get(k)!r}' for k in fixed)}, whose state does not carry over; pass "
-            f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, or start another out_dir."
+            f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, --fresh_optimizer=true to resume the weights "
+            "with a new optimizer state, or start another out_dir."
         )
 
 
@@ -727,7 +736,7 @@ def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[
     return [
         f"{k}: {have[k]!r} -> {v!r}"
         for k, v in values.items()
-        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite")
+        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite", "fresh_optimizer")
     ]
 
 

@@ -47,11 +47,14 @@ from spheretnorm.runtime.distributed import DistInfo, any_rank
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
 
-def _state(model: torch.nn.Module, optimizer: Optimizers) -> dict[str, Any]:
+def _state(model: torch.nn.Module, optimizer: Optimizers | None) -> dict[str, Any]:
     """Model and optimizer state by parameter name (DTensor shards under FSDP, whole tensors else);
-    every optimizer of the container in one state, each parameter's under its own name."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    every optimizer of the container in one state, each parameter's under its own name. Without an
+    optimizer, the model's alone (a resume with a fresh optimizer reads no optimizer state)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
     model_state, optim_state = get_state_dict(model, tuple(optimizer))
     return {"model": model_state, "optimizer": optim_state}
 
@@ -91,11 +94,11 @@ def save_sharded(
     _barrier()
 
 
-def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers) -> None:
-    """Fill the model and the optimizer (sharded or whole) from a folder written by any number of
-    ranks; a damaged one is a CheckpointError (checked by read_sharded_meta before)."""
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers | None) -> None:
+    """Fill the model and the optimizer (sharded or whole; None: the model alone) from a folder
+    written by any number of ranks; a damaged one is a CheckpointError (read_sharded_meta checks first)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     state = _state(model, optimizer)
     try:
@@ -110,7 +113,10 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers
         raise CheckpointError(
             f"Sharded checkpoint {str(path)!r} cannot be read: it is damaged or not of this model ({describe_error(dcp_cause(exc))})."
         ) from None
-    set_state_dict(model, tuple(optimizer), model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, tuple(optimizer), model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def _barrier() -> None:
