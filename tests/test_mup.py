@@ -229,13 +229,21 @@ def test_coordinate_check_mup_keeps_angular_velocity_flat(connection: str, data_
 def test_transfer_study_trains_the_base_width_once() -> None:
     from spheretnorm.experiments.study import Place, grid_points, point, train_argv
 
-    sweep = mup_transfer.transfer_sweep(["pre_ln"], [64, 256], [1e-3, 2e-3], 3, 32, 100)
+    sweep = mup_transfer.transfer_sweep(["pre_ln"], [64, 256], {"adamw": (1e-3, 2e-3), "muonh": (0.01, 0.02, 0.04)}, 3, 32, 100)
     points = grid_points(sweep)
-    assert len(points) == 8 and len({sweep.folder(p) for p in points}) == 6  # the base width's μP points: no runs of their own
-    base_mup = point(method="pre_ln", width=64, param="mup", lr=1e-3)
+    adamw = [p for p in points if p["optimizer"] == "adamw"]
+    assert len(adamw) == 8 and len({sweep.folder(p) for p in adamw}) == 6  # the base width's μP points: no runs of their own
+    assert len(points) == 8 + 12  # each optimizer its own grid
+    base_mup = point(method="pre_ln", optimizer="adamw", width=64, param="mup", lr=1e-3)
     assert sweep.folder(base_mup) == sweep.folder(base_mup.but(param="standard")) == "pre_ln/w64_standard/lr0.001"
-    args = train_argv(sweep, point(method="pre_ln", width=256, param="mup", lr=2e-3), Place(Path("out"), Path("data")))
+    args = train_argv(sweep, point(method="pre_ln", optimizer="adamw", width=256, param="mup", lr=2e-3), Place(Path("out"), Path("data")))
     assert {"--n_embd=256", "--n_head=8", "--mup_base_width=64", "--learning_rate=0.002", "--min_lr=0.0002"} <= set(args)
+    # Another optimizer sweeps its own rate key; its AdamW part stays at the base rate.
+    muonh = point(method="pre_ln", optimizer="muonh", width=256, param="mup", lr=0.04)
+    assert sweep.folder(muonh) == "pre_ln/muonh/w256_mup/lr0.04"
+    args = train_argv(sweep, muonh, Place(Path("out"), Path("data")))
+    assert {"--optimizer=muonh", "--hyperball_lr=0.04", "--learning_rate=0.004", "--min_lr=0.0004", "--mup_base_width=64"} <= set(args)
+    assert mup_transfer.default_grid("muon") == (0.005, 0.01, 0.02, 0.04, 0.08)
 
 
 def test_transfer_study_measures_the_optimum_move_in_grid_steps() -> None:
@@ -249,6 +257,6 @@ def test_transfer_study_measures_the_optimum_move_in_grid_steps() -> None:
         row("standard", 256, 1e-3, 2.1), row("standard", 256, 4e-3, 2.3), row("standard", 256, 8e-3, None, "diverged"),
         row("mup", 64, 4e-3, 2.2), row("mup", 256, 4e-3, 2.0), row("mup", 256, 8e-3, 1.9, "stuck at unigram"),
     ]
-    moves = {m["param"]: m for m in mup_transfer.optimum_moves(rows, lrs)}
+    moves = {m["param"]: m for m in mup_transfer.optimum_moves(rows, {"adamw": tuple(lrs)})}
     assert moves["standard"]["grid_steps"] == -2 and moves["standard"]["best_lr"] == {"64": 4e-3, "256": 1e-3}
     assert moves["mup"]["grid_steps"] == 0  # a run stuck at unigram is never the optimum

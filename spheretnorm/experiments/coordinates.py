@@ -2,10 +2,14 @@
 
     python scripts/coord_check.py                          # docs/MUP.md's figure and slopes
     python scripts/coord_check.py --widths 64,256 --connections pre_ln,p_spheret --steps 3
+    python scripts/coord_check.py --optimizers adamw,muon,adamh,muonh --connections p_spheret,pre_ln \
+        --out docs/mup_coord_check_optimizers     # the same check for every optimizer's μP rule
 
 For every connection, parametrisation (standard, μP with base width the smallest width) and
 width, a model of --n_layer layers (heads of --head_dim, so width grows by heads) takes --steps
-AdamW steps at one fixed base LR, constant, without clipping (a clip would rescale updates by a
+steps of each of --optimizers (AdamW by default) at one fixed base rate, constant (--lr for AdamW
+and every optimizer's AdamW part; the hidden matrices' own rate of Muon, AdamH and MuonH at its
+default, or --rates), without clipping (a clip would rescale updates by a
 width-dependent gradient norm), on Tiny Shakespeare batches. After every step the same probe
 tokens go through the model, and for each layer (the embedding output, each block's output, the
 logits) it records
@@ -43,7 +47,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
-from spheretnorm.optim import build_optimizer
+from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
 from spheretnorm.experiments.figures import save_figure
@@ -70,6 +74,19 @@ class Setup:
     lr: float = 3e-3
     weight_decay: float = 0.0
     seed: int = 0
+    rates: tuple[tuple[str, float], ...] = ()  # (optimizer, its hidden rate) where not the rate key's default
+
+    def train_config(self, optimizer: str) -> TrainConfig:
+        """The optimizer's keys: --lr constant (min_lr 0 is never reached: no schedule runs here), its own rate."""
+        rate_key = OPTIMIZERS[optimizer].rate_key
+        own = {rate_key: dict(self.rates)[optimizer]} if optimizer in dict(self.rates) and rate_key != "learning_rate" else {}
+        lr = dict(self.rates).get(optimizer, self.lr) if rate_key == "learning_rate" else self.lr
+        return TrainConfig(optimizer=optimizer, learning_rate=lr, min_lr=0.0, weight_decay=self.weight_decay, **own)
+
+    def rate_text(self, optimizer: str) -> str:
+        train = self.train_config(optimizer)
+        key = OPTIMIZERS[optimizer].rate_key
+        return f"{OPTIMIZERS[optimizer].title} {key}={getattr(train, key):g}"
 
     def model_config(self, connection: str, width: int, base: int, vocab_size: int) -> GPTConfig:
         return GPTConfig(
@@ -106,9 +123,10 @@ def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.acos(cos.clamp(-1.0, 1.0)).mean().item()
 
 
-def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tensor]], probe: torch.Tensor) -> dict[str, list[list[float]]]:
+def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tensor]], probe: torch.Tensor,
+          optimizer: str = "adamw") -> dict[str, list[list[float]]]:
     """Train `steps` steps on batches; per layer, delta_rms and angle after each step (index t - 1)."""
-    opt = build_optimizer(model, TrainConfig(learning_rate=setup.lr, min_lr=0.0, weight_decay=setup.weight_decay))
+    opt = build_optimizer(model, setup.train_config(optimizer))
     first = previous = layer_states(model, probe)
     out: dict[str, list[list[float]]] = {m: [[] for _ in first] for m in METRICS}
     for x, y in batches[: setup.steps]:
@@ -140,21 +158,25 @@ def coord_check(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     probe: torch.Tensor,
     log: Any = None,
+    optimizers: tuple[str, ...] = ("adamw",),
 ) -> dict[str, Any]:
-    """{connection: {param: {width: summary}}} for every connection, parametrisation and width.
+    """{row: {param: {width: summary}}} for every connection, optimizer, parametrisation and width;
+    a row is the connection's name (AdamW alone) or 'connection, optimizer'.
 
     Every model starts from the seed, so standard and μP at the base width are the same model.
     """
     base = min(widths)
     results: dict[str, Any] = {}
-    for connection in connections:
-        for param in PARAMETRISATIONS:
-            for width in widths:
-                torch.manual_seed(setup.seed)
-                model = GPT(setup.model_config(connection, width, base if param == "mup" else 0, vocab_size))
-                results.setdefault(connection, {}).setdefault(param, {})[width] = summary(trace(model, setup, batches, probe))
-                if log:
-                    log(f"{connection} {param} width {width}: done")
+    for optimizer in optimizers:
+        for connection in connections:
+            row = connection if optimizers == ("adamw",) else f"{connection}, {optimizer}"
+            for param in PARAMETRISATIONS:
+                for width in widths:
+                    torch.manual_seed(setup.seed)
+                    model = GPT(setup.model_config(connection, width, base if param == "mup" else 0, vocab_size))
+                    results.setdefault(row, {}).setdefault(param, {})[width] = summary(trace(model, setup, batches, probe, optimizer))
+                    if log:
+                        log(f"{row} {param} width {width}: done")
     return results
 
 
@@ -242,12 +264,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--connections", default=DEFAULT_CONNECTIONS, help=f"comma-separated connections (default: {DEFAULT_CONNECTIONS})")
     p.add_argument("--n_layer", type=int, default=defaults.n_layer, help=f"depth (default {defaults.n_layer})")
     p.add_argument("--head_dim", type=int, default=defaults.head_dim, help=f"width of one head (default {defaults.head_dim})")
-    p.add_argument("--steps", type=int, default=defaults.steps, help=f"AdamW steps (default {defaults.steps})")
-    p.add_argument("--lr", type=float, default=defaults.lr, help=f"the base learning rate, constant (default {defaults.lr:g})")
+    p.add_argument("--optimizers", default="adamw", help="comma-separated optimizers (spheretnorm/optim.py), each with its μP rule (default: adamw)")
+    p.add_argument("--steps", type=int, default=defaults.steps, help=f"optimizer steps (default {defaults.steps})")
+    p.add_argument("--lr", type=float, default=defaults.lr, help=f"AdamW's learning rate (and every optimizer's AdamW part), constant (default {defaults.lr:g})")
+    p.add_argument("--rates", default="", help="OPT=RATE,...: an optimizer's hidden-matrix rate (muon_lr, hyperball_lr), default: its key's default")
     p.add_argument("--batch_size", type=int, default=defaults.batch_size, help=f"sequences per step (default {defaults.batch_size})")
     p.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="prepared shakespeare_char data (prepared when missing)")
     p.add_argument("--out", default="docs/mup_coord_check", help="output path without extension (default: docs/mup_coord_check)")
     return p.parse_args(argv)
+
+
+def parse_rates(text: str, optimizers: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """--rates 'muon=0.02,muonh=0.05' as ((optimizer, rate), ...), each optimizer one of --optimizers."""
+    pairs = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in optimizers:
+            raise UsageError(f"--rates names {name!r}, which is not one of --optimizers ({', '.join(optimizers)}).")
+        try:
+            pairs.append((name, float(value)))
+        except ValueError:
+            raise UsageError(f"--rates {item!r} is not OPTIMIZER=RATE (a number), e.g. muon=0.02.") from None
+    return tuple(pairs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -258,12 +296,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--widths {args.widths!r} must name two or more multiples of --head_dim {args.head_dim}.")
     if args.steps < 1 or args.n_layer < 1:
         raise UsageError(f"--steps {args.steps} and --n_layer {args.n_layer} must be positive integers.")
-    setup = Setup(n_layer=args.n_layer, head_dim=args.head_dim, steps=args.steps, lr=args.lr, batch_size=args.batch_size)
+    optimizers = tuple(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
+    rates = parse_rates(args.rates, optimizers)
+    setup = Setup(n_layer=args.n_layer, head_dim=args.head_dim, steps=args.steps, lr=args.lr, batch_size=args.batch_size, rates=rates)
     batches, probe, vocab = shakespeare_batches(Path(args.data_dir), setup)
-    results = coord_check(connections, widths, setup, vocab, batches, probe, log=lambda s: print(s, flush=True))
+    results = coord_check(connections, widths, setup, vocab, batches, probe, log=lambda s: print(s, flush=True), optimizers=optimizers)
     fitted = slopes(results)
-    title = (f"Coordinate check: {setup.n_layer} layers, {setup.steps} AdamW steps at lr {setup.lr:g} "
-             f"(μP base width {min(widths)}); standard vs μP")
+    steps_text = (f"{setup.steps} AdamW steps at lr {setup.lr:g}" if optimizers == ("adamw",) else
+                  f"{setup.steps} steps; " + ", ".join(setup.rate_text(o) for o in optimizers) + f" (AdamW's part {setup.lr:g})")
+    title = f"Coordinate check: {setup.n_layer} layers, {steps_text} (μP base width {min(widths)}); standard vs μP"
     out = Path(args.out)
     figures = plot_coord_check(results, setup.n_layer, title, out)
     table = slope_table(fitted, setup.n_layer)

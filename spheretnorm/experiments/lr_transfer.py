@@ -2,6 +2,8 @@
 
     python scripts/mup_transfer.py                                    # the study in docs/LOG.md
     python scripts/mup_transfer.py --widths 64,256 --lrs 1e-3,4e-3,1.6e-2 --max_iters 100
+    python scripts/mup_transfer.py --methods p_spheret:0.5 --optimizers adamw,muon,muonh --widths 64,128,256 \
+        --out_dir out/mup_transfer_optimizers             # every optimizer with its own μP rule
 
 For each method, width, parametrisation and peak LR, one run of a shallow CPU model (--n_layer
 layers, heads of --head_dim so wider models have more heads, Tiny Shakespeare characters, block
@@ -10,10 +12,16 @@ width changes. μP runs use mup_base_width = the smallest width. At that width �
 parametrisation exactly (tests/test_mup.py), so one run there serves both. Any other --key=value
 is passed to every train.py run.
 
+--optimizers sweeps each optimizer's own rate of the hidden matrices (its rate key: AdamW's
+learning_rate, Muon's muon_lr, AdamH's and MuonH's hyperball_lr): --lrs for AdamW, and for another
+optimizer --grid OPT=r1,r2,... or, without one, its key's default times 1/4, 1/2, 1, 2 and 4. Their
+AdamW part (embeddings, gains) runs at --base_lr, which the schedule's shape follows.
+
 Writes OUT_DIR/transfer.json (every run), OUT_DIR/transfer.md (the table and the optimum's
-move in grid steps) and OUT_DIR/mup_transfer.{png,pdf}: one panel per method and
-parametrisation, one line per width. Runs go to OUT_DIR/<method>/w<WIDTH>_<param>/lr<LR>/ and a
-finished run with the same settings is reused.
+move in grid steps) and OUT_DIR/mup_transfer.{png,pdf}: one panel per method, optimizer and
+parametrisation, one line per width. Runs go to OUT_DIR/<method>/w<WIDTH>_<param>/lr<LR>/
+(OUT_DIR/<method>/<optimizer>/... for an optimizer other than AdamW) and a finished run with the
+same settings is reused.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import check_overrides, parse_numbers
+from spheretnorm.optim import OPTIMIZERS
+from spheretnorm.experiments.grid import check_overrides, parse_choices, parse_numbers
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, pivot_table, publish, start_study,
@@ -43,6 +52,8 @@ DEFAULT_METHODS = "p_spheret:0.5,pre_ln"
 DEFAULT_WIDTHS = "64,256"
 DEFAULT_LRS = "1e-3,2e-3,4e-3,8e-3,1.6e-2"
 DEFAULT_MAX_ITERS = 250
+DEFAULT_BASE_LR = 4e-3
+GRID_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # an optimizer's default grid: its rate key's default times these
 PARAMETRISATIONS = ("standard", "mup")
 RESERVED = {
     **STUDY_RESERVED,
@@ -58,26 +69,46 @@ RESERVED = {
 }
 
 
-def transfer_sweep(methods: list[str], widths: list[int], lrs: list[float], n_layer: int, head_dim: int, max_iters: int) -> Sweep:
-    """Method by method, so that a study cut short has complete methods rather than half of each.
-    At the base width (the smallest) μP is the standard parametrisation exactly
-    (tests/test_mup.py), so its μP points share the standard run's folder: one run serves both."""
+def default_grid(optimizer: str) -> tuple[float, ...]:
+    """GRID_FACTORS times the optimizer's rate key's default (muon_lr 0.02: 0.005 to 0.08)."""
+    key = OPTIMIZERS[optimizer].rate_key
+    default = next(p.default for p in OPTIMIZERS[optimizer].params if p.key == key)
+    return tuple(float(f"{default * f:.6g}") for f in GRID_FACTORS)
+
+
+def transfer_sweep(methods: list[str], widths: list[int], grids: dict[str, tuple[float, ...]], n_layer: int, head_dim: int,
+                   max_iters: int, base_lr: float = DEFAULT_BASE_LR) -> Sweep:
+    """Method by method, then optimizer by optimizer, so that a study cut short has complete
+    methods rather than half of each. grids: each optimizer's rates (its rate key's values). At the
+    base width (the smallest) μP is the standard parametrisation exactly (tests/test_mup.py), so
+    its μP points share the standard run's folder: one run serves both."""
     base = min(widths)
+    optimizers = tuple(grids)
+    rates = tuple(sorted({r for grid in grids.values() for r in grid}))
 
     def param_of(p: Point) -> str:
         return "standard" if p["width"] == base else p["param"]
 
     def settings(p: Point) -> dict[str, Any]:
-        return {"n_embd": p["width"], "n_head": p["width"] // head_dim, "mup_base_width": base if param_of(p) == "mup" else 0,
-                "learning_rate": p["lr"], "min_lr": p["lr"] / 10}
+        shape = {"n_embd": p["width"], "n_head": p["width"] // head_dim, "mup_base_width": base if param_of(p) == "mup" else 0}
+        key = OPTIMIZERS[p["optimizer"]].rate_key
+        if key == "learning_rate":
+            return {**shape, "learning_rate": p["lr"], "min_lr": p["lr"] / 10}
+        return {**shape, key: p["lr"], "learning_rate": base_lr, "min_lr": base_lr / 10}
+
+    def folder(p: Point) -> str:
+        optimizer = "" if p["optimizer"] == "adamw" else f"/{p['optimizer']}"  # AdamW's folders are those of the first study
+        return f"{method_dirname(p['method'])}{optimizer}/w{p['width']}_{param_of(p)}/lr{p['lr']:g}"
 
     return Sweep(
         name="mup_transfer",
         base={**CPU_MODEL, "n_layer": n_layer, "warmup_iters": max(1, max_iters // 10), "max_iters": max_iters, "lr_decay_iters": max_iters,
               "eval_interval": max_iters, "eval_iters": 20},  # evaluate at the start and the end only
-        axes=(Axis("method", tuple(methods)), Axis("width", tuple(widths)), Axis("param", PARAMETRISATIONS), Axis("lr", tuple(lrs))),
-        folder=lambda p: f"{method_dirname(p['method'])}/w{p['width']}_{param_of(p)}/lr{p['lr']:g}",
+        axes=(Axis("method", tuple(methods)), Axis("optimizer", optimizers), Axis("width", tuple(widths)), Axis("param", PARAMETRISATIONS),
+              Axis("lr", rates)),
+        folder=folder,
         settings=settings,
+        keep=lambda p: p["lr"] in grids[p["optimizer"]],
     )
 
 
@@ -85,35 +116,47 @@ def transfer_sweep(methods: list[str], widths: list[int], lrs: list[float], n_la
 # Results
 
 
-def best_lrs(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], float | None]:
-    """{(method, param, width): the LR of the lowest final val loss among runs that trained}."""
-    best: dict[tuple[str, str, int], float | None] = {}
-    for key in {(r["method"], r["param"], r["width"]) for r in rows}:
-        ok = [r for r in rows if (r["method"], r["param"], r["width"]) == key and r["status"] == "ok"]
+def arm(r: dict[str, Any]) -> tuple[str, str]:
+    """(method, optimizer) of a row: what one rate sweep is of (rows before --optimizers: AdamW)."""
+    return r["method"], r.get("optimizer", "adamw")
+
+
+def arm_name(a: tuple[str, str]) -> str:
+    return f"{display_name(a[0])}, {OPTIMIZERS[a[1]].title}" if a[1] in OPTIMIZERS else f"{display_name(a[0])}, {a[1]}"
+
+
+def best_lrs(rows: list[dict[str, Any]]) -> dict[tuple[tuple[str, str], str, int], float | None]:
+    """{(arm, param, width): the rate of the lowest final val loss among runs that trained}."""
+    best: dict[tuple[tuple[str, str], str, int], float | None] = {}
+    for key in {(arm(r), r["param"], r["width"]) for r in rows}:
+        ok = [r for r in rows if (arm(r), r["param"], r["width"]) == key and r["status"] == "ok"]
         best[key] = min(ok, key=lambda r: r["val_loss"])["lr"] if ok else None
     return best
 
 
-def optimum_moves(rows: list[dict[str, Any]], lrs: list[float]) -> list[dict[str, Any]]:
-    """Per method and parametrisation: the best LR at each width and its move in grid steps.
+def optimum_moves(rows: list[dict[str, Any]], grids: dict[str, tuple[float, ...]]) -> list[dict[str, Any]]:
+    """Per arm and parametrisation: the best rate at each width and its move in grid steps from
+    the smallest width to each wider one.
 
     A move of 0 means the optimum transferred to the grid's resolution; the sign says whether
-    the wider model wants a larger (+) or smaller (-) LR.
+    the wider model wants a larger (+) or smaller (-) rate.
     """
     best = best_lrs(rows)
     widths = sorted({r["width"] for r in rows})
     moves = []
-    for method in dict.fromkeys(r["method"] for r in rows):
+    for a in dict.fromkeys(arm(r) for r in rows):
+        grid = sorted(grids.get(a[1], ()))
         for param in PARAMETRISATIONS:
-            at = {w: best.get((method, param, w)) for w in widths}
-            known = [at[w] for w in (widths[0], widths[-1]) if at[w] is not None]
-            steps = lrs.index(known[1]) - lrs.index(known[0]) if len(known) == 2 else None
-            moves.append({"method": method, "param": param, "best_lr": {str(w): at[w] for w in widths}, "grid_steps": steps})
+            at = {w: best.get((a, param, w)) for w in widths}
+            first = at[widths[0]]
+            steps = {str(w): (grid.index(at[w]) - grid.index(first) if first in grid and at[w] in grid else None) for w in widths[1:]}
+            moves.append({"method": a[0], "optimizer": a[1], "param": param, "best_lr": {str(w): at[w] for w in widths},
+                          "grid_steps": steps[str(widths[-1])], "grid_steps_by_width": steps})
     return moves
 
 
 def transfer_table(rows: list[dict[str, Any]], lrs: list[float]) -> str:
-    """Markdown: one row per (method, parametrisation, width), one column per LR; best in bold."""
+    """Markdown: one row per (arm, parametrisation, width), one column per rate; best in bold."""
     best = best_lrs(rows)
 
     def cell(r: dict[str, Any] | None) -> str:
@@ -122,46 +165,47 @@ def transfer_table(rows: list[dict[str, Any]], lrs: list[float]) -> str:
         text = f"{r['val_loss']:.3f}" if r["val_loss"] is not None else r["status"]
         if r["status"] not in ("ok", "diverged") and r["val_loss"] is not None:
             text += f" ({r['status']})"
-        return f"**{text}**" if best.get((r["method"], r["param"], r["width"])) == r["lr"] else text
+        return f"**{text}**" if best.get((arm(r), r["param"], r["width"])) == r["lr"] else text
 
-    heads = [Column("method", lambda r: display_name(r["method"]), align=":--"), Column("param", "param", align=":--"), Column("width", "width")]
-    ordered = sorted(rows, key=lambda r: (r["method"], r["param"], r["width"]))
-    return pivot_table(ordered, heads, lambda r: r["lr"], lrs, lambda lr: f"lr {lr:g}", cell)
+    heads = [Column("method", lambda r: arm_name(arm(r)), align=":--"), Column("param", "param", align=":--"), Column("width", "width")]
+    ordered = sorted(rows, key=lambda r: (arm(r), r["param"], r["width"]))
+    return pivot_table(ordered, heads, lambda r: r["lr"], lrs, lambda lr: f"{lr:g}", cell)
 
 
 def moves_text(moves: list[dict[str, Any]]) -> list[str]:
     lines = []
     for m in moves:
         best = ", ".join(f"width {w}: {lr:g}" if lr is not None else f"width {w}: none trained" for w, lr in m["best_lr"].items())
-        move = "unknown" if m["grid_steps"] is None else f"{m['grid_steps']:+d} grid step(s)"
-        lines.append(f"- {display_name(m['method'])}, {m['param']}: best LR {best}; the optimum moves {move}.")
+        by_width = m.get("grid_steps_by_width") or {}
+        move = ", ".join(f"{s:+d} at width {w}" if s is not None else f"unknown at width {w}" for w, s in by_width.items()) or "unknown"
+        lines.append(f"- {arm_name((m['method'], m.get('optimizer', 'adamw')))}, {m['param']}: best rate {best}; the optimum moves {move} (grid steps).")
     return lines
 
 
 def plot_transfer(rows: list[dict[str, Any]], title: str, out: Path) -> list[Path]:
-    """Final val loss vs LR: a panel per (method, parametrisation), a line per width, optimum ringed."""
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    """Final val loss vs rate: a panel per (arm, parametrisation), a line per width, optimum ringed."""
+    arms = list(dict.fromkeys(arm(r) for r in rows))
     widths = sorted({r["width"] for r in rows})
     best = best_lrs(rows)
     cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(methods), len(PARAMETRISATIONS), figsize=(10, 3.6 * len(methods)), sharey="row", squeeze=False)
-    for i, method in enumerate(methods):
+    fig, axes = plt.subplots(len(arms), len(PARAMETRISATIONS), figsize=(10, 3.6 * len(arms)), sharey="row", squeeze=False)
+    for i, a in enumerate(arms):
         for j, param in enumerate(PARAMETRISATIONS):
             ax = axes[i][j]
             for k, width in enumerate(widths):
-                mine = sorted((r for r in rows if (r["method"], r["param"], r["width"]) == (method, param, width) and r["val_loss"] is not None), key=lambda r: r["lr"])
+                mine = sorted((r for r in rows if (arm(r), r["param"], r["width"]) == (a, param, width) and r["val_loss"] is not None), key=lambda r: r["lr"])
                 color = cmap(k / max(1, len(widths) - 1) * 0.85)
                 ax.plot([r["lr"] for r in mine], [r["val_loss"] for r in mine], marker="o", color=color, label=f"width {width}")
-                lr = best.get((method, param, width))
+                lr = best.get((a, param, width))
                 if lr is not None:
                     loss = next(r["val_loss"] for r in mine if r["lr"] == lr)
                     ax.plot(lr, loss, marker="o", markersize=12, markerfacecolor="none", markeredgecolor=color)
             ax.set_xscale("log")
-            ax.set_title(f"{display_name(method)}, {'μP' if param == 'mup' else 'standard'}")
-            ax.set_xlabel("peak learning rate")
+            ax.set_title(f"{arm_name(a)}, {'μP' if param == 'mup' else 'standard'}")
+            ax.set_xlabel(f"peak {OPTIMIZERS[a[1]].rate_key if a[1] in OPTIMIZERS else 'rate'}")
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8)
-        axes[i][0].set_ylabel("final val loss (ring: best LR)")
+        axes[i][0].set_ylabel("final val loss (ring: best rate)")
     fig.suptitle(title)
     fig.tight_layout()
     return save_figure(fig, out)
@@ -174,8 +218,13 @@ def plot_transfer(rows: list[dict[str, Any]], title: str, out: Path) -> list[Pat
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods (default: {DEFAULT_METHODS})")
+    p.add_argument("--optimizers", default="adamw", help="comma-separated optimizers, each with its μP rule (default: adamw)")
     p.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"widths n_embd; the smallest is μP's base (default: {DEFAULT_WIDTHS})")
-    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"peak learning rates, a log grid (default: {DEFAULT_LRS})")
+    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"AdamW's peak learning rates, a log grid (default: {DEFAULT_LRS})")
+    p.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
+                   help="another optimizer's peak rates of its rate key (default: the key's default x 1/4 .. 4); repeatable")
+    p.add_argument("--base_lr", type=float, default=DEFAULT_BASE_LR,
+                   help=f"learning_rate of the other optimizers' AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g})")
     p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
     p.add_argument("--n_layer", type=int, default=3, help="depth of every model (default 3)")
     p.add_argument("--head_dim", type=int, default=32, help="width of one attention head (default 32)")
@@ -194,22 +243,40 @@ def check_shape(widths: list[int], head_dim: int, max_iters: int) -> None:
         raise UsageError(f"--max_iters {max_iters} is too short for a warm-up of a tenth; use 10 or more.")
 
 
+def rate_grids(optimizers: list[str], lrs: list[float], given: list[str]) -> dict[str, tuple[float, ...]]:
+    """Each optimizer's rates: --lrs for one whose rate is learning_rate, --grid OPT=... or its default grid else."""
+    grids = {}
+    for item in given:
+        name, sep, values = item.partition("=")
+        if not sep or name not in optimizers:
+            raise UsageError(f"--grid {item!r} must be OPT=R1,R2,... with OPT one of --optimizers ({', '.join(optimizers)}).")
+        grids[name] = tuple(parse_numbers(values, float, f"--grid {name}"))
+    for name in optimizers:
+        if name not in grids:
+            grids[name] = tuple(lrs) if OPTIMIZERS[name].rate_key == "learning_rate" else default_grid(name)
+    return {name: grids[name] for name in optimizers}
+
+
 def study(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
     check_overrides(overrides, RESERVED)
     widths = parse_numbers(args.widths, int, "widths")
-    lrs = parse_numbers(args.lrs, float, "lrs")
+    optimizers = parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
+    grids = rate_grids(optimizers, parse_numbers(args.lrs, float, "lrs"), args.grid)
     check_shape(widths, args.head_dim, args.max_iters)
-    spec = transfer_sweep(parse_methods(args.methods), widths, lrs, args.n_layer, args.head_dim, args.max_iters)
+    spec = transfer_sweep(parse_methods(args.methods), widths, grids, args.n_layer, args.head_dim, args.max_iters, args.base_lr)
     rows, place, unigram = start_study(spec, args, overrides)
     base = widths[0]
     title = f"Shakespeare-char, {args.n_layer} layers, {args.max_iters} iterations: final val loss (μP base width {base})"
     figures = plot_transfer(rows, title, place.out_dir / "mup_transfer")
-    moves = optimum_moves(rows, lrs)
+    moves = optimum_moves(rows, grids)
+    tables = [f"{OPTIMIZERS[o].title} ({OPTIMIZERS[o].rate_key}"
+              + ("" if OPTIMIZERS[o].rate_key == "learning_rate" else f"; AdamW's part at learning_rate {args.base_lr:g}") + "):\n\n"
+              + transfer_table([r for r in rows if arm(r)[1] == o], sorted(grids[o])) for o in optimizers]
     note = f"At width {base} μP is the standard parametrisation, so its rows are the same runs."
-    text = f"{title}\n\n{transfer_table(rows, lrs)}\n\n{note}\n\n" + "\n".join(moves_text(moves))
-    record = {"widths": widths, "lrs": lrs, "base_width": base, "max_iters": args.max_iters, "n_layer": args.n_layer,
-              "unigram_loss": unigram, "moves": moves, "runs": rows}
+    text = f"{title}\n\n" + "\n\n".join(tables) + f"\n\n{note}\n\n" + "\n".join(moves_text(moves))
+    record = {"widths": widths, "grids": grids, "lrs": grids.get("adamw"), "base_width": base, "max_iters": args.max_iters, "n_layer": args.n_layer,
+              "base_lr": args.base_lr, "unigram_loss": unigram, "moves": moves, "runs": rows}
     return publish(place.out_dir, "transfer", text, record, figures, rows, started)
 
 
