@@ -7,12 +7,15 @@ parameter of the model. Everything that trains or restores a model (train.py, th
 checkpoint's consolidation, bench.py, the coordinate check, the studies) calls build_optimizer
 and sees one object with param_groups, step, zero_grad, state_dict and load_state_dict.
 
-Two entries ship:
+Four entries ship:
 - adamw: AdamW with the connection's rules (Connection.optimizer_rule) and μP's group factors,
   exactly the optimizer the paper trains with (one torch.optim.AdamW, two groups without μP).
 - muon: Muon (Nesterov momentum, then the update's Newton-Schulz orthogonalisation) for the
   hidden 2-D matrices (mup.param_kind 'hidden'), AdamW as above for everything else
-  (embeddings, LM head, gains, biases, scalars). docs/OPTIMIZERS.md writes out the equations.
+  (embeddings, LM head, gains, biases, scalars).
+- adamh, muonh: the Hyperball (Wen et al.): Adam's or Muon's direction as a step of fixed norm
+  on each hidden matrix's Frobenius sphere of fixed radius; AdamW for the rest.
+docs/OPTIMIZERS.md writes out the equations and every choice the papers leave open.
 
 The learning-rate schedule sets every group's lr to schedule(step) * group["lr_scale"], so a
 group's lr_scale is its peak rate in units of learning_rate (Muon's: muon_lr / learning_rate).
