@@ -6,6 +6,8 @@
 #   2. bench.py at the paper's S scale (12 x 768, block 1024, batch 16, bf16), eager with
 #      the reference and the fused update of every sphere method beside pre_ln, with MFU;
 #   3. the same compiled;
+#   3b. every optimizer's step time and share of a training step at S (AdamW, Muon, AdamH, MuonH;
+#      Newton-Schulz in bf16 on CUDA), eager;
 #   4. train.py through torchrun on Shakespeare characters (Pre-LN and 0.5-SpheretNorm, a
 #      few hundred iterations, with evaluations, diagnostics and checkpoints).
 #
@@ -46,6 +48,11 @@ section "bench: compiled"
 timeout 200 "$PY" bench.py $S --compile=True --connections=pre_ln,p_spheret,geonorm --sphere_impl=auto \
   --json="$OUT/bench_compiled.json" 2>>"$OUT/stderr.log" | grep '^|'
 note_rc $? "the compiled bench"
+
+section "bench: the optimizers at S (opt ms, opt share)"
+timeout 120 "$PY" bench.py $S --compile=False --connections=pre_ln,p_spheret --sphere_impl=auto \
+  --optimizers=adamw,muon,adamh,muonh --json="$OUT/bench_optimizers.json" 2>>"$OUT/stderr.log" | grep '^|'
+note_rc $? "the optimizers' bench"
 
 section "train.py under torchrun, bf16, eager"
 for run in "pre_ln|--connection=pre_ln" "p_spheret-0.5|--connection=p_spheret --spheret_p=0.5"; do

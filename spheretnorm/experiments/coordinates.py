@@ -16,7 +16,11 @@ logits) it records
 
   delta_rms  RMS over tokens and coordinates of h(t) - h(0): how far the features have moved;
   angle      mean over tokens of the angle between h(t) and h(t - 1): the angular velocity of
-             the features on the sphere, in radians per step.
+             the features on the sphere, in radians per step;
+  update     (blocks only) the step's own size, mean over the block's hidden matrices and the
+             steps of ||(W(t) - W(t - 1)) x|| / ||W(t - 1) x|| on the matrix's probe input x: what
+             each optimizer's μP rule keeps width-free (the spectral condition), unmixed with
+             the embeddings' AdamW steps, which move every layer's features alike.
 
 Under μP both should stay flat in width (log-log slope near 0); under the standard
 parametrisation Adam's per-entry updates add up coherently over the fan-in, so hidden layers
@@ -47,6 +51,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
+from spheretnorm.mup import param_kind
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
@@ -59,7 +64,7 @@ from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets
 DEFAULT_WIDTHS = "64,128,256,512,1024"
 DEFAULT_CONNECTIONS = ",".join(("pre_ln", *SPHERE_CONNECTIONS))
 PARAMETRISATIONS = ("standard", "mup")
-METRICS = ("delta_rms", "angle")
+METRICS = ("delta_rms", "angle", "update")
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,38 @@ def layer_states(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     return states + [logits.float()]
 
 
+def hidden_linears(model: GPT) -> dict[str, tuple[int, torch.nn.Linear]]:
+    """The blocks' hidden matrices (μP's 'hidden' kind) by name, each with its block's number (1-based)."""
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and param_kind(f"{name}.weight", module.weight) == "hidden":
+            found[name] = (int(name.split(".")[2]) + 1, module)  # transformer.h.<i>.attn.c_attn
+    return found
+
+
+@torch.no_grad()
+def hidden_inputs(model: GPT, probe: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each hidden matrix's input on the probe tokens (hooks, one forward)."""
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda _m, args, _out, name=name: inputs.__setitem__(name, args[0].detach().float()))
+             for name, (_, m) in hidden_linears(model).items()]
+    try:
+        model(probe)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return inputs
+
+
+def update_sizes(model: GPT, before: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> dict[int, float]:
+    """Per block: the mean over its hidden matrices of ||(W - W_before) x|| / ||W_before x||."""
+    sizes: dict[int, list[float]] = {}
+    for name, (block, module) in hidden_linears(model).items():
+        x, w0 = inputs[name], before[name]
+        sizes.setdefault(block, []).append(((x @ (module.weight.detach().float() - w0).T).norm() / (x @ w0.T).norm()).item())
+    return {block: float(np.mean(v)) for block, v in sizes.items()}
+
+
 def rms(x: torch.Tensor) -> float:
     return x.pow(2).mean().sqrt().item()
 
@@ -130,6 +167,8 @@ def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tens
     first = previous = layer_states(model, probe)
     out: dict[str, list[list[float]]] = {m: [[] for _ in first] for m in METRICS}
     for x, y in batches[: setup.steps]:
+        inputs = hidden_inputs(model, probe)
+        before = {name: m.weight.detach().float().clone() for name, (_, m) in hidden_linears(model).items()}
         _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -138,6 +177,9 @@ def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tens
         for layer, (h0, h_prev, h) in enumerate(zip(first, previous, now)):
             out["delta_rms"][layer].append(rms(h - h0))
             out["angle"][layer].append(mean_angle(h_prev, h))
+        sizes = update_sizes(model, before, inputs)
+        for layer in range(len(first)):  # the embedding and the logits have no hidden matrix: NaN
+            out["update"][layer].append(sizes.get(layer, float("nan")))
         previous = now
     return out
 
@@ -147,6 +189,7 @@ def summary(trace_: dict[str, list[list[float]]]) -> dict[str, list[float]]:
     return {
         "delta_rms": [series[-1] for series in trace_["delta_rms"]],
         "angle": [float(np.mean(series)) for series in trace_["angle"]],
+        "update": [float(np.mean(series)) for series in trace_["update"]],
     }
 
 
@@ -189,9 +232,11 @@ def slopes(results: dict[str, Any]) -> dict[str, Any]:
             x = np.log(widths)
             fitted = {}
             for metric in METRICS:
+                if metric not in by_width[widths[0]]:
+                    continue  # a record written before the metric existed
                 layers = len(by_width[widths[0]][metric])
                 ys = [[max(by_width[w][metric][layer], 1e-30) for w in widths] for layer in range(layers)]
-                fitted[metric] = [float(np.polyfit(x, np.log(y), 1)[0]) for y in ys]
+                fitted[metric] = [float(np.polyfit(x, np.log(y), 1)[0]) if np.isfinite(y).all() else float("nan") for y in ys]
             out.setdefault(connection, {})[param] = fitted
     return out
 
@@ -220,7 +265,10 @@ def slope_table(fitted: dict[str, Any], n_layer: int) -> str:
     lines = ["| connection | metric | " + " | ".join(names) + " |", "|:--|:--|" + "--:|" * len(names)]
     for connection, by_param in fitted.items():
         for metric in METRICS:
-            cells = [f"{by_param['standard'][metric][i]:+.2f} / {by_param['mup'][metric][i]:+.2f}" for i in range(len(names))]
+            if metric not in by_param["standard"]:
+                continue
+            cells = [f"{by_param['standard'][metric][i]:+.2f} / {by_param['mup'][metric][i]:+.2f}"
+                     if np.isfinite(by_param["standard"][metric][i]) else "-" for i in range(len(names))]
             lines.append(f"| {connection} | {metric} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -230,7 +278,7 @@ def plot_coord_check(results: dict[str, Any], n_layer: int, title: str, out: Pat
     names = layer_names(n_layer)
     cmap = plt.get_cmap("viridis")
     connections = list(results)
-    fig, axes = plt.subplots(len(connections), 4, figsize=(15, 2.8 * len(connections)), squeeze=False)
+    fig, axes = plt.subplots(len(connections), 2 * len(METRICS), figsize=(22, 2.8 * len(connections)), squeeze=False)
     for i, connection in enumerate(connections):
         for j, (metric, param) in enumerate((m, p) for m in METRICS for p in PARAMETRISATIONS):
             ax = axes[i][j]
@@ -238,13 +286,15 @@ def plot_coord_check(results: dict[str, Any], n_layer: int, title: str, out: Pat
             widths = sorted(by_width)
             for layer, name in enumerate(names):
                 color = cmap(layer / max(1, len(names) - 1) * 0.9)
-                ax.plot(widths, [by_width[w][metric][layer] for w in widths], marker="o", markersize=3, color=color, label=name)
+                ys = [by_width[w][metric][layer] for w in widths]
+                if np.isfinite(ys).all():  # update: blocks only
+                    ax.plot(widths, ys, marker="o", markersize=3, color=color, label=name)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{connection}, {'μP' if param == 'mup' else 'standard'}: {metric}", fontsize=9)
             ax.grid(alpha=0.3, which="both")
         # Each metric's two panels share a y range, so the slopes can be compared by eye.
-        for j in (0, 2):
+        for j in range(0, 2 * len(METRICS), 2):
             lo = min(axes[i][j].get_ylim()[0], axes[i][j + 1].get_ylim()[0])
             hi = max(axes[i][j].get_ylim()[1], axes[i][j + 1].get_ylim()[1])
             axes[i][j].set_ylim(lo, hi)
