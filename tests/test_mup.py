@@ -193,8 +193,9 @@ def test_mup_off_model_ignores_the_table() -> None:
 # A tiny coordinate check: what the rules are for
 
 
-def coordinate_check(connection: str, data_dir: Path) -> dict[str, Any]:  # noqa: F811
-    """Per-layer angular velocity at widths 32, 128, 512: 2 layers, 3 AdamW steps at lr 3e-3."""
+def coordinate_check(connection: str, data_dir: Path, optimizer: str = "adamw", widths: tuple[int, ...] = (32, 128, 512)) -> dict[str, Any]:  # noqa: F811
+    """Per-layer angular velocity and update size at `widths`: 2 layers, 3 steps at lr 3e-3 (Muon's
+    and the Hyperball's own rates at their defaults)."""
     setup = Setup(n_layer=2, head_dim=16, block_size=32, batch_size=4, steps=3, lr=3e-3)
     tokens = open_split(data_dir, "train")
 
@@ -204,7 +205,8 @@ def coordinate_check(connection: str, data_dir: Path) -> dict[str, Any]:  # noqa
 
     batches = [draw(TRAIN_STREAM, i) for i in range(setup.steps)]
     probe, _ = draw(EVAL_STREAM, 0)
-    return coord_check([connection], [32, 128, 512], setup, VOCAB, batches, probe)[connection]
+    results = coord_check([connection], list(widths), setup, VOCAB, batches, probe, optimizers=(optimizer,))
+    return next(iter(results.values()))
 
 
 @pytest.mark.parametrize("connection", ["p_spheret", "pre_ln"])
@@ -220,6 +222,20 @@ def test_coordinate_check_mup_keeps_angular_velocity_flat(connection: str, data_
         # (measured: 3x to 6x).
         assert std_angles[-1] > 2.0 * std_angles[0], (layer, std_angles)
         assert std_angles[0] < std_angles[1] < std_angles[2], (layer, std_angles)
+
+
+@pytest.mark.parametrize("optimizer,standard_trend", [("muon", "falls"), ("adamh", "grows")])
+def test_each_optimizers_mup_rule_keeps_its_update_width_free(optimizer: str, standard_trend: str, data_dir: Path) -> None:  # noqa: F811
+    """The step's own size, ||dW x|| / ||W x||, at widths 32 and 256 (8x): under μP within 35% for
+    Muon (e = 0: measured 4%) and AdamH (e = 1/2: measured 20%). Standard, without the rule, Muon's
+    falls below half (std 0.02 makes ||W||_2 grow as sqrt(n); measured 0.37x) and AdamH's more than
+    doubles (measured 2.2x). MuonH's rule (e = 0) holds for updates of full rank only: docs/MUP.md."""
+    results = coordinate_check("p_spheret", data_dir, optimizer, widths=(32, 256))
+    for layer in (1, 2):
+        mup = [results["mup"][w]["update"][layer] for w in (32, 256)]
+        std = [results["standard"][w]["update"][layer] for w in (32, 256)]
+        assert max(mup) < 1.35 * min(mup), (layer, mup)
+        assert (std[1] < 0.5 * std[0]) if standard_trend == "falls" else (std[1] > 1.8 * std[0]), (layer, std)
 
 
 # -----------------------------------------------------------------------------
