@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,3 +119,35 @@ def test_a_full_disk_before_submission_submits_nothing_for_that_run(cluster: dic
     result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, ONE), {})
     assert result["status"] == 1 and not result["trace"], result
     assert submitted(cluster) == [] and "not submitted" in result["out"] and "No space left on device" in result["out"]
+
+
+# -----------------------------------------------------------------------------
+# The run folder exists before sbatch's --output points into it; XL through the launcher
+
+# A stand-in sbatch that records whether the folder of its --output exists when it is called.
+OUTPUT_CHECKING_SBATCH = '''import json, os
+output = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--output="))
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "folder_there": os.path.isdir(os.path.dirname(output))}) + "\\n")
+print("42;cluster" if "--parsable" in sys.argv else "Submitted batch job 42")'''
+
+
+def test_the_printed_grid_makes_each_run_folder_before_its_sbatch(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    stand_in(cluster, "sbatch", OUTPUT_CHECKING_SBATCH)
+    result = run_launcher(cluster, monkeypatch, capsys, [*argv(cluster, TWO), "--dry_run", "--chain_zero_shot"], {})
+    assert result["status"] == 0 and not cluster["root"].exists(), result  # a dry run writes nothing
+    script = cluster["root"].parent / "grid.sh"
+    script.write_text(result["out"])
+    subprocess.run(["bash", str(script)], cwd=launcher.REPO_ROOT, env=cluster["env"], check=True, capture_output=True, timeout=60)
+    calls = submitted(cluster)
+    assert len(calls) == 4 and all(call["folder_there"] for call in calls), calls
+
+
+def test_xl_is_a_scale_of_the_launcher(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    grid = ["--mode", "slurm", "--scales", "XL", "--datasets", "openwebtext", "--methods", "pre_ln", "--dry_run"]
+    result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, grid), {})
+    assert result["status"] == 0 and not result["trace"], result
+    (line,) = [ln for ln in result["out"].splitlines() if ln.startswith("sbatch ")]
+    assert "scripts/slurm_train.sh config/openwebtext_xl.py" in line and "openwebtext_xl/pre_ln" in line
+    result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, [*grid[:3], "XXL", *grid[4:]]), {})
+    assert refusal_class(result) is None and "choose from: S, M, L, XL" in result["err"], result

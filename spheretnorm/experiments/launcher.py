@@ -88,6 +88,7 @@ from spheretnorm.experiments.grid import (
     checkpoint_path,
     PAPER_DATASETS,
     PAPER_SCALES,
+    SCALES,
     ZERO_SHOT_NAME,
     check_overrides,
     config_conflicts,
@@ -698,12 +699,18 @@ def print_plan(todo: list[Job], skipped: list[str], notes: list[str] = ()) -> No
     """Shell-ready: commands on their own lines, everything else as # comments.
 
     A training job that a zero-shot job waits for is submitted with --parsable into a shell
-    variable, and the zero-shot job's --dependency reads it.
+    variable, and the zero-shot job's --dependency reads it. Each run folder is made before its
+    first sbatch: sbatch does not create the folder of --output, and a job whose log cannot be
+    opened fails without one.
     """
     waited_for = {id(job.after) for job in todo if isinstance(job.after, Job)}
     variables: dict[int, str] = {}
+    made: set[Path] = set()
     for job in todo:
         print(describe(job))
+        if job.command[0] == "sbatch" and job.run.out_dir not in made:
+            made.add(job.run.out_dir)
+            print(shlex.join(["mkdir", "-p", str(job.run.out_dir)]))
         if isinstance(job.after, Job) and id(job.after) in variables:
             dependency = f'--dependency=afterok:"${{{variables[id(job.after)]}%%;*}}"'
             line = f"{shlex.join(job.command[:1])} {dependency} {shlex.join(job.command[1:])}"
@@ -873,7 +880,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         allow_abbrev=False,  # so an unknown --key=value is a train.py override, never a prefix match
     )
     p.add_argument("--methods", default="paper", help="'paper' (the 8 of the paper), 'all', or a comma-separated list such as pre_ln,p_spheret:0.5")
-    p.add_argument("--scales", default=",".join(PAPER_SCALES), help="comma-separated subset of S,M,L")
+    p.add_argument("--scales", default=",".join(PAPER_SCALES), help=f"comma-separated subset of {','.join(SCALES)} (default {','.join(PAPER_SCALES)}, the paper's; XL trains with FSDP, as its config sets)")
     p.add_argument("--datasets", default=",".join(PAPER_DATASETS), help="comma-separated subset of fineweb_edu,openwebtext")
     p.add_argument("--mode", choices=MODES, default="local", help="run the commands here, print them, or submit them with sbatch")
     p.add_argument("--stage", choices=STAGES, default="train", help="train, or zero_shot (evaluate finished runs)")
@@ -1041,7 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
         check_overrides(overrides, RESERVED)
         runs = build_grid(
             parse_methods(args.methods),
-            parse_choices(args.scales, PAPER_SCALES, "scales"),
+            parse_choices(args.scales, SCALES, "scales"),
             parse_choices(args.datasets, PAPER_DATASETS, "datasets"),
             Path(args.runs_root),
             overrides,
