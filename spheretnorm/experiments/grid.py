@@ -47,6 +47,7 @@ from spheretnorm.runtime.run_folder import (
 )
 from spheretnorm.runtime.config import (
     MODEL_KEYS,
+    ConfigError,
     RUN_NEUTRAL_KEYS,
     RUN_RECORD_KEYS,
     TRAIN_KEYS,
@@ -227,7 +228,10 @@ def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
     path = Path(out_dir) / CONFIG_NAME
     if not path.is_file():
         return []
-    saved = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path} is not JSON ({e}); move that run folder away (or repair the file) to run there.") from None
     return run_conflicts(saved, run_settings(parsed)) if isinstance(saved, dict) else []
 
 
