@@ -129,7 +129,8 @@ OUTPUT_CHECKING_SBATCH = '''import json, os
 output = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--output="))
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(json.dumps({"argv": sys.argv[1:], "folder_there": os.path.isdir(os.path.dirname(output))}) + "\\n")
-print("42;cluster" if "--parsable" in sys.argv else "Submitted batch job 42")'''
+job_id = 41 + len(open(os.environ["FAKE_LOG"]).read().splitlines())
+print(f"{job_id};cluster" if "--parsable" in sys.argv else f"Submitted batch job {job_id}")'''
 
 
 def test_the_printed_grid_makes_each_run_folder_before_its_sbatch(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
@@ -139,6 +140,14 @@ def test_the_printed_grid_makes_each_run_folder_before_its_sbatch(cluster: dict,
     script = cluster["root"].parent / "grid.sh"
     script.write_text(result["out"])
     subprocess.run(["bash", str(script)], cwd=launcher.REPO_ROOT, env=cluster["env"], check=True, capture_output=True, timeout=60)
+    calls = submitted(cluster)
+    assert len(calls) == 4 and all(call["folder_there"] for call in calls), calls
+
+
+def test_the_live_launch_makes_each_run_folder_before_its_sbatch(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    stand_in(cluster, "sbatch", OUTPUT_CHECKING_SBATCH)
+    result = run_launcher(cluster, monkeypatch, capsys, [*argv(cluster, TWO), "--chain_zero_shot"], {})
+    assert result["status"] == 0 and not result["trace"], result
     calls = submitted(cluster)
     assert len(calls) == 4 and all(call["folder_there"] for call in calls), calls
 
