@@ -101,7 +101,9 @@ def test_a_dry_run_writes_nothing_and_says_how_many_runs_and_how_long(tmp_path: 
     lines = capsys.readouterr().out.splitlines()
     assert sum(line.endswith("(to run)") for line in lines) == 2
     assert lines[-1].startswith("fair_sweep: 2 runs in the plan now (2 to run); the follow-ups may add up to 4 more (at most 6). Time: about ")
-    assert "at 2 at a time (about 6 s a run, estimated)" in lines[-1]
+    per_run = 50 * fair_comparison.SECONDS_PER_ITER  # --max_iters 50, no finished run to time
+    assert f"about {per_run:.0f} s for the 2 to run or resume" in lines[-1]
+    assert lines[-1].endswith(f"at 2 at a time (about {per_run:.0f} s a run, estimated).")
 
 
 # A dry run only looks, so a folder it cannot make (proc) is found when the sweep runs.

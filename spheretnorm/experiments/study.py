@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.runtime.token_files import load_meta
@@ -218,7 +218,7 @@ class Stopper:
                 self.stopped.append(label)
 
     @contextlib.contextmanager
-    def installed(self):  # noqa: ANN201 (a context manager)
+    def installed(self) -> Iterator[Stopper]:
         """The handlers, in the main thread only (signal's rule); the previous ones after."""
         if threading.current_thread() is not threading.main_thread():
             yield self
@@ -243,7 +243,7 @@ class Stopper:
 
 
 @contextlib.contextmanager
-def folder_lock(out_dir: Path):  # noqa: ANN201 (a context manager)
+def folder_lock(out_dir: Path) -> Iterator[bool]:
     """True while this process holds the run folder's sweep lock, False when another sweep does."""
     with open(out_dir / SWEEP_LOCK, "a") as f:
         try:
@@ -623,6 +623,8 @@ def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: i
 
     def hours(runs: int) -> str:
         seconds = runs * per_run / place.jobs
+        if seconds < 90:
+            return f"{seconds:.0f} s"
         return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
     return (f"{name}: {len(states)} runs in the plan now ({counts or 'none'}); the follow-ups may add up to {more} more "
