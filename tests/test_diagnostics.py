@@ -456,10 +456,12 @@ def test_a_single_panel_figures_title_fits_inside_it(tmp_path: Path, monkeypatch
 
     from spheretnorm.experiments import figures as plot
 
-    figures = record_figures(plot, monkeypatch)
+    figures: dict[str, Any] = {}
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out: figures.setdefault(out.name, fig) and [])  # drawn below, not written
     run = runs.Run(tmp_path, {"method": "p_spheret:0.5", "alpha_index": "sublayer"}, eval_rows(2.0), None)
-    plot.plot_diagnostics([run], "openwebtext_s (GPT-2 and LLaMA blocks)", tmp_path / "one")
-    assert figures
+    for key in ("contribution", "final_cosine"):  # a heatmap and a line figure, the longest labels
+        plot.plot_diagnostic([run], key, "openwebtext_s (GPT-2 and LLaMA blocks)", tmp_path / key)
+    assert len(figures) == 2
     for name, fig in figures.items():
         canvas = FigureCanvasAgg(fig)
         canvas.draw()
