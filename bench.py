@@ -55,6 +55,7 @@ import torch
 from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf32, estimate_mfu, get_device, peak_flops_for, resolve_dtype
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
+from spheretnorm.experiments.memory import saved_activation_bytes  # what autograd keeps for backward
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.imports import import_modules, imports_of_overrides
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, parse_config, parse_value, wants_help
@@ -144,30 +145,6 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
 
 # -----------------------------------------------------------------------------
 # Measurements
-
-
-def saved_activation_bytes(model: GPT, idx: torch.Tensor, autocast: Any = None) -> int:
-    """Bytes that autograd saves for backward in one forward pass of `model` on `idx`.
-
-    Each storage counts once (a tensor saved by two ops is one allocation); parameters are
-    not activations and are left out.
-    """
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[int] = set()
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast or contextlib.nullcontext():
-        _, loss = model(idx, idx)
-    del loss
-    return total
 
 
 def return_freed_memory() -> None:

@@ -5,8 +5,9 @@
 #
 #   torchrun --standalone --nproc_per_node=8 train.py config/fineweb_edu_xl.py --connection=p_spheret --spheret_p=0.5
 #
-# FSDP2 shards weights, gradients and AdamW over the GPUs (about 3 GB a GPU of 8 instead of 25 GB,
-# README "Memory per GPU"); add --activation_checkpointing=true where the activations do not fit.
+# FSDP2 shards weights, gradients and AdamW over the GPUs (3.2 GiB a GPU of 8 instead of 23 GiB).
+# The activations are far more: about 42 GiB a GPU at batch_size 16 (5.6 GiB with
+# --activation_checkpointing=true), and 9 GiB for the logits at the loss (README "Memory per GPU").
 # Output: out/fineweb_edu_xl/<method>/ (a sharded checkpoint, ckpt.dcp; scripts/consolidate.py makes a ckpt.pt).
 dataset = "fineweb_edu"
 n_layer = 48

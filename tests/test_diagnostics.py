@@ -448,3 +448,22 @@ def test_lanczos_finds_every_eigenvalue_of_a_singular_operator() -> None:
     gen = torch.Generator().manual_seed(0)
     values = jacobian.lanczos_eigenvalues(lambda u: eigen * u, lambda: torch.randn(4, generator=gen, dtype=torch.float64), 4, 4)
     assert values == pytest.approx([0.0, 1.0, 4.0, 9.0], abs=1e-9)
+
+
+def test_a_single_panel_figures_title_fits_inside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-run figure is about 4.6 inches wide; its title (study and diagnostic) was clipped at both sides."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from spheretnorm.experiments import figures as plot
+
+    figures: dict[str, Any] = {}
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out: figures.setdefault(out.name, fig) and [])  # drawn below, not written
+    run = runs.Run(tmp_path, {"method": "p_spheret:0.5", "alpha_index": "sublayer"}, eval_rows(2.0), None)
+    for key in ("contribution", "final_cosine"):  # a heatmap and a line figure, the longest labels
+        plot.plot_diagnostic([run], key, "openwebtext_s (GPT-2 and LLaMA blocks)", tmp_path / key)
+    assert len(figures) == 2
+    for name, fig in figures.items():
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        box = fig._suptitle.get_window_extent(canvas.get_renderer())
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (name, fig._suptitle.get_text())

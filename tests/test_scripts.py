@@ -252,7 +252,8 @@ def test_ema_is_bias_corrected() -> None:
 
 def grid_commands(capsys: pytest.CaptureFixture, *argv: str) -> list[list[str]]:
     assert launch.main(["--dry_run", *argv]) == 0
-    return [shlex.split(line) for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    # The run commands; a slurm plan's `mkdir -p <run folder>` before each sbatch is not one.
+    return [shlex.split(line) for line in capsys.readouterr().out.splitlines() if line and not line.startswith(("#", "mkdir -p "))]
 
 
 def train_argv(command: list[str], entry: str) -> list[str]:
@@ -335,7 +336,7 @@ def test_multi_node_and_slurm_commands(tmp_path: Path, capsys: pytest.CaptureFix
     "argv,needle",
     [
         (["--methods", "pre_lnn"], "Unknown method 'pre_lnn'; valid methods are: pre_ln,"),
-        (["--scales", "XL"], "--scales 'XL' is not valid; choose from: S, M, L."),
+        (["--scales", "XXL"], "--scales 'XXL' is not valid; choose from: S, M, L, XL."),
         (["--connection=geonorm"], "--connection is set by this script; use --methods"),
         (["--learning_rat=1e-3"], "--learning_rat is neither an option"),
         (["--nnodes", "2"], "--rdzv_endpoint"),

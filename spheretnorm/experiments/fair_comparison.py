@@ -2,7 +2,7 @@
 
     python scripts/fair_sweep.py                 # plan, run (or resume) and tabulate the whole design
     python scripts/fair_sweep.py --table_only    # the table and plot of the runs already there
-    python scripts/fair_sweep.py --dry_run       # print the runs the plan holds now, run nothing
+    python scripts/fair_sweep.py --dry_run       # print the runs the plan holds now, their number and time; write nothing
 
 The design, per block (GPT-2's and LLaMA's): Pre-LN, 0.5-SpheretNorm, GeoNorm and nGPT, then
 0.5-SpheretNorm with alpha_cap=none, with alpha_decay=none and with sphere_input_gain=true (the
@@ -11,6 +11,11 @@ paper's fixed choices opened up, docs/CONNECTIONS.md). Every arm first runs each
 step beyond that end (once), so that the best is bracketed. Then the best rate and its two
 neighbours run with every other seed. The plan is a function of the finished runs alone: a
 re-run skips what is done, resumes what was cut short and adds what the finished runs call for.
+SIGINT or SIGTERM to the sweep (kill -INT, Ctrl-C) is passed on to its running train.py jobs,
+which save a checkpoint and exit; no new run starts, and the same command resumes. A run folder
+that another sweep trains now is left to it (a lock in the folder), and --dry_run says it is in
+progress. --dry_run writes nothing (it prepares no data) and ends with the number of runs and
+an estimate of their time.
 
 Recipes: the depth study's for every arm but nGPT (warm-up, cosine to lr / 10, weight decay 0.1,
 AdamW betas 0.9 and 0.99); nGPT's own (no warm-up, no weight decay, cosine to 0, betas 0.9 and
@@ -43,7 +48,7 @@ from spheretnorm.experiments.figures import save_figure
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Place, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
-    markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, start_study, study_main,
+    dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, start_study, study_main,
     study_parser, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
@@ -57,6 +62,10 @@ DEFAULT_SEEDS = "1337,1338"
 DEFAULT_MAX_ITERS = 600
 DEFAULT_WARMUP = 100
 EXTENSIONS = 1  # grid steps an arm may add beyond an end of --lrs
+# Seconds an iteration of SHAPE takes on one thread, evaluations and start-up included: the
+# default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores (docs/LOG.md).
+# The dry run's estimate until finished runs give their own times.
+SECONDS_PER_ITER = 0.145
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,14 @@ ARMS: tuple[Arm, ...] = (
     Arm("p_spheret-0.5+sphere_input_gain", "0.5-SpheretNorm, input gain", "p_spheret:0.5", (("sphere_input_gain", "true"),)),
 )
 ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
+
+
+def design_size(design: Sweep) -> int:
+    """The most runs the design can hold: per (block, arm), every rate of --lrs and the extension
+    with the first seed, then the best rate and its two neighbours with every other seed
+    (best_rate_follow_up)."""
+    groups = len(design.values("block")) * len(design.values("arm"))
+    return groups * (len(design.values("lr")) + EXTENSIONS + 3 * (len(design.values("seed")) - 1))
 
 
 def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int) -> Sweep:
@@ -276,6 +293,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
     if args.dry_run:
+        print(dry_run_summary("fair_sweep", place, found, design_size(design), args.max_iters * SECONDS_PER_ITER))
         return 0
     rows = sorted(found, key=lambda r: (r["block"], r["arm"], r["lr"], r["seed"]))
     blocks, slugs = list(design.values("block")), design.values("arm")

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,18 @@ def grid_axes(panels: int) -> tuple[plt.Figure, list[plt.Axes]]:
     return fig, list(axes.flat)[:panels]
 
 
+# The widest character of a title, as a fraction of its font size: a safe bound for wrapping
+# without a renderer (DejaVu Sans averages about 0.55, capitals and 'm' reach 0.9).
+TITLE_CHAR_EM = 0.62
+
+
+def fitted_suptitle(fig: plt.Figure, text: str, fontsize: float = 12.0) -> None:
+    """The figure's title, wrapped onto as many lines as its width needs: a single-panel figure is
+    narrower than a title naming the study and the diagnostic, and suptitle would clip it."""
+    per_line = max(20, int(fig.get_figwidth() * 72 / (fontsize * TITLE_CHAR_EM)))
+    fig.suptitle(textwrap.fill(text, per_line), fontsize=fontsize)
+
+
 def colour_norm(mats: list[np.ndarray], log: bool) -> Normalize | None:
     """One colour scale for all panels (log over the positive values when asked); None when nothing is drawn."""
     values = np.concatenate([m.ravel() for m in mats]) if mats else np.array([])
@@ -316,7 +329,7 @@ def plot_heatmaps(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> 
         ax.set_ylabel(entry.index)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.9, label=entry.label)
-    fig.suptitle(f"{title}: {entry.label}")
+    fitted_suptitle(fig, f"{title}: {entry.label}")
     return save_figure(fig, out)
 
 
@@ -336,7 +349,7 @@ def plot_lines(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> lis
     ax.set_xlabel("iteration")
     ax.set_ylabel(entry.label)
     ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}: {entry.label}")
+    fitted_suptitle(fig, f"{title}: {entry.label}")
     return save_figure(fig, out)
 
 

@@ -47,6 +47,7 @@ from spheretnorm.runtime.run_folder import (
 )
 from spheretnorm.runtime.config import (
     MODEL_KEYS,
+    ConfigError,
     RUN_NEUTRAL_KEYS,
     RUN_RECORD_KEYS,
     TRAIN_KEYS,
@@ -63,6 +64,9 @@ ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <
 # The paper's eight methods, in the row order of its tables.
 PAPER_DATASETS = ("fineweb_edu", "openwebtext")  # column order of Tables 2 and 3
 PAPER_SCALES = ("S", "M", "L")
+# Every scale the launcher can run (config/<dataset>_<scale>.py exists for each): the paper's,
+# and XL past them, whose config sets parallel = "fsdp" (train.py shards it over the GPUs).
+SCALES = (*PAPER_SCALES, "XL")
 
 _DATASET_NAMES = {
     "fineweb_edu": "FineWeb-Edu",
@@ -224,7 +228,10 @@ def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
     path = Path(out_dir) / CONFIG_NAME
     if not path.is_file():
         return []
-    saved = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path} is not JSON ({e}); move that run folder away (or repair the file) to run there.") from None
     return run_conflicts(saved, run_settings(parsed)) if isinstance(saved, dict) else []
 
 
@@ -451,7 +458,7 @@ def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
 def sort_groups(groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """(dataset, scale) pairs in the paper's column order, then the others alphabetically."""
     d_order = {d: i for i, d in enumerate(PAPER_DATASETS)}
-    s_order = {s: i for i, s in enumerate(PAPER_SCALES)}
+    s_order = {s: i for i, s in enumerate(SCALES)}
     return sorted(set(groups), key=lambda g: (d_order.get(g[0], len(d_order)), g[0], s_order.get(g[1], len(s_order)), g[1]))
 
 

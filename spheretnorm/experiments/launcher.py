@@ -50,7 +50,11 @@ name: spheretnorm-<run> for training, spheretnorm-zero_shot-<run> for evaluation
 running, and reads the lock each submission leaves in its run folder (slurm_train.lock,
 slurm_zero_shot.lock: the job id); a run whose job is still listed is skipped, one line saying
 which job, and a lock whose job squeue no longer lists is stale and ignored. Every job id is
-also recorded in the run folder's slurm_jobs.json. --chain_zero_shot (with --stage train) also
+also recorded in the run folder's slurm_jobs.json (a damaged one is kept as slurm_jobs.json.damaged,
+said in a line). sbatch is given SBATCH_TIMEOUT_S to answer, then stopped and its lock released;
+a job id sbatch returns for a second run is not recorded; a lock or record that is a folder is
+refused before the first submission; a record that cannot be written (a full disk) is one line
+naming the submitted job id. --chain_zero_shot (with --stage train) also
 submits each run's zero-shot job with --dependency=afterok:<training job id>, so it starts when
 training has succeeded (after a job already queued, too; a finished run's evaluation at once).
 The variables HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE and WANDB_MODE, when set
@@ -61,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import getpass
 import json
 import os
@@ -83,6 +88,7 @@ from spheretnorm.experiments.grid import (
     checkpoint_path,
     PAPER_DATASETS,
     PAPER_SCALES,
+    SCALES,
     ZERO_SHOT_NAME,
     check_overrides,
     config_conflicts,
@@ -379,6 +385,9 @@ class Active:
 
 # A lock without a job id is a submission under way; one older than this was abandoned.
 PENDING_LOCK_S = 600.0
+# How long squeue and sbatch may take: a hung slurmctld must not hold a run's lock for ever.
+SQUEUE_TIMEOUT_S = 120.0
+SBATCH_TIMEOUT_S = 300.0
 
 
 class Queue:
@@ -404,7 +413,9 @@ class Queue:
             return cls([])
         command = [squeue, "--noheader", f"--user={slurm_user()}", f"--name={','.join(names)}", f"--format={SQUEUE_FORMAT}"]
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            # A job name or warning in another encoding must not stop the launch: such bytes become
+            # U+FFFD, and the names asked for (ASCII) still match.
+            result = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=SQUEUE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
             return cls(None, f"squeue failed: {e}")
         if result.returncode != 0:
@@ -427,7 +438,7 @@ class Queue:
         lock = read_lock(lock_path)
         job_id = lock.get("job_id") if lock else None
         if lock is not None and job_id is None:  # a submission under way, or one abandoned
-            age = time.time() - float(lock.get("claimed_at", 0) or 0)
+            age = time.time() - lock_time(lock)
             if age < PENDING_LOCK_S and lock_owner_alive(lock):
                 return Active(None, f"a launch.py (pid {lock.get('pid')} on {lock.get('host')}) is submitting its {stage} job right now ({run.out_dir / lock_path.name})")
         if job_id is not None and not self.known:
@@ -466,17 +477,27 @@ def read_lock(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {}
 
 
+def lock_time(lock: dict[str, Any]) -> float:
+    """When a lock was claimed (seconds since the epoch); 0, so that it counts as abandoned, when
+    its claimed_at is not a number (a hand-edited lock: "soon")."""
+    try:
+        return float(lock.get("claimed_at", 0) or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def lock_owner_alive(lock: dict[str, Any]) -> bool:
     """Whether the launcher that wrote a pending lock may still run (on another host: assume so)."""
     if lock.get("host") != socket.gethostname():
         return True
     try:
-        os.kill(int(lock.get("pid", 0)), 0)
-    except (ValueError, ProcessLookupError):
+        pid = int(lock.get("pid", 0))
+        os.kill(pid, 0)
+    except (TypeError, ValueError, OverflowError, ProcessLookupError):
         return False
     except PermissionError:
         return True
-    return int(lock.get("pid", 0)) > 0
+    return pid > 0
 
 
 def claim_lock(path: Path, job: Job, queue: Queue) -> bool:
@@ -497,14 +518,44 @@ def claim_lock(path: Path, job: Job, queue: Queue) -> bool:
     return True
 
 
-def record_submission(run: GridRun, entry: dict[str, Any]) -> None:
-    """Append a submitted job to the run folder's slurm_jobs.json (written atomically)."""
-    path = run.path / SLURM_JOBS_NAME
+def recorded_jobs(path: Path) -> tuple[list[dict[str, Any]], str]:
+    """(the job entries of a slurm_jobs.json, "") or, for a damaged one (cut short, not JSON, not
+    {"jobs": [...]}), ([], why), so that the caller keeps it aside instead of replacing it."""
     try:
-        jobs = json.loads(path.read_text(encoding="utf-8")).get("jobs", [])
-    except (OSError, ValueError, AttributeError):
-        jobs = []  # none yet, or a damaged file: start a new record
-    write_json_atomic(path, {"jobs": [*(j for j in jobs if isinstance(j, dict)), entry]})
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [], ""
+    except UnicodeDecodeError:
+        return [], "it is not UTF-8 text"
+    except ValueError as e:
+        return [], f"it is not whole JSON ({e})"
+    jobs = value.get("jobs") if isinstance(value, dict) else None
+    if not isinstance(jobs, list):
+        return [], f'it holds a JSON {type(value).__name__}, not {{"jobs": [...]}}'
+    return [j for j in jobs if isinstance(j, dict)], ""
+
+
+def keep_aside(path: Path) -> Path:
+    """Rename a damaged file to <name>.damaged (.damaged-2, ... when taken): its job ids stay readable."""
+    for n in range(1, 1000):
+        aside = path.with_name(f"{path.name}.damaged" + (f"-{n}" if n > 1 else ""))
+        if not aside.exists():
+            os.replace(path, aside)
+            return aside
+    raise OSError(errno.EEXIST, "every .damaged name is taken", str(path))
+
+
+def record_submission(run: GridRun, entry: dict[str, Any]) -> str:
+    """Append a submitted job to the run folder's slurm_jobs.json (written atomically); a damaged
+    record is kept aside first, never replaced: the note that says where, else ""."""
+    path = run.path / SLURM_JOBS_NAME
+    jobs, damage = recorded_jobs(path)
+    note = ""
+    if damage:
+        aside = keep_aside(path)
+        note = f"{run.out_dir / SLURM_JOBS_NAME} was damaged ({damage}); kept as {run.out_dir / aside.name}, a new record started"
+    write_json_atomic(path, {"jobs": [*jobs, entry]})
+    return note
 
 
 def submitted_job_id(stdout: str) -> str | None:
@@ -648,12 +699,18 @@ def print_plan(todo: list[Job], skipped: list[str], notes: list[str] = ()) -> No
     """Shell-ready: commands on their own lines, everything else as # comments.
 
     A training job that a zero-shot job waits for is submitted with --parsable into a shell
-    variable, and the zero-shot job's --dependency reads it.
+    variable, and the zero-shot job's --dependency reads it. Each run folder is made before its
+    first sbatch: sbatch does not create the folder of --output, and a job whose log cannot be
+    opened fails without one.
     """
     waited_for = {id(job.after) for job in todo if isinstance(job.after, Job)}
     variables: dict[int, str] = {}
+    made: set[Path] = set()
     for job in todo:
         print(describe(job))
+        if job.command[0] == "sbatch" and job.run.out_dir not in made:
+            made.add(job.run.out_dir)
+            print(shlex.join(["mkdir", "-p", str(job.run.out_dir)]))
         if isinstance(job.after, Job) and id(job.after) in variables:
             dependency = f'--dependency=afterok:"${{{variables[id(job.after)]}%%;*}}"'
             line = f"{shlex.join(job.command[:1])} {dependency} {shlex.join(job.command[1:])}"
@@ -690,14 +747,54 @@ def execute(todo: list[Job], mode: str) -> int:
     return len(failed)
 
 
+def check_slurm_files(todo: list[Job]) -> None:
+    """The lock and the job record of every submission are files or absent: a folder in their
+    place (a mistaken mkdir, a copy) is refused before the first sbatch, one line each."""
+    problems = []
+    for job in todo:
+        for name, what in ((slurm_lock_name(job.stage), "its job lock"), (SLURM_JOBS_NAME, "its record of job ids")):
+            path = job.run.path / name
+            if path.is_dir():
+                problems.append(f"{job.run.out_dir / name} is a folder, where the launcher keeps {what} (a file); move it away")
+    if problems:
+        raise UsageError("nothing was submitted: " + "; ".join(dict.fromkeys(problems)) + ".")
+
+
+def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
+    """(exit status, stdout, stderr) of sbatch, or (None, "", why) when it did not answer within
+    SBATCH_TIMEOUT_S (a hung slurmctld): the launch goes on, and the run's lock is released."""
+    try:
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, encoding="utf-8",
+                                errors="replace", timeout=SBATCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, "", f"sbatch did not answer within {SBATCH_TIMEOUT_S:g} s and was stopped"
+    except OSError as e:
+        return None, "", f"sbatch could not be started ({e.strerror or e})"
+    return result.returncode, result.stdout, result.stderr
+
+
+def record_job(job: Job, entry: dict[str, Any], lock: Path) -> list[str]:
+    """Write the job id into its lock and the run's slurm_jobs.json; the notes to print. A write
+    that fails (a full disk) is an OSError the caller reports with the job id."""
+    write_json_atomic(lock, {**entry, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()})
+    note = record_submission(job.run, entry)
+    return [note] if note else []
+
+
+def release(lock: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        lock.unlink()
+
+
 def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
     """Submit the jobs with sbatch, each under its run folder's lock, its id recorded there;
-    returns the number not submitted. `skipped`: the runs the plan left out, for the last line."""
+    returns the number not submitted or not recorded. `skipped`: the runs the plan left out, for the last line."""
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch was not found on PATH; run --mode slurm on a SLURM login node, or add --dry_run to print the commands.")
     if not queue.known:
         print(f"warning: {queue.problem}: jobs submitted without a lock in their run folder cannot be seen, so they may be submitted again.", file=sys.stderr)
-    failed, n = [], len(todo)
+    failed, unrecorded, n = [], [], len(todo)
+    given: dict[str, str] = {}  # job id -> the run it was given to in this launch
     for i, job in enumerate(todo, start=1):
         run, label = job.run, f"[{i}/{n}] {job.run.name} ({job.stage})"
         after = job.after.job_id if isinstance(job.after, Job) else job.after
@@ -707,32 +804,58 @@ def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
             continue
         command = with_dependency(job.command, after) if after is not None else job.command
         print(f"{label}: {shlex.join(command)}" + (f" ({job.note})" if job.note else ""), flush=True)
-        run.path.mkdir(parents=True, exist_ok=True)  # SLURM's --output folder must exist
         lock = run.path / slurm_lock_name(job.stage)
-        if not claim_lock(lock, job, queue):
-            print(f"{label}: skipped, another launch.py has just claimed {run.out_dir / lock.name}.", flush=True)
-            continue
-        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-        job.job_id = submitted_job_id(result.stdout) if result.returncode == 0 else None
-        if job.job_id is None:  # sbatch's own words, when they are not the job id said below
-            sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        if result.returncode != 0 or job.job_id is None:
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()
-            why = exit_text(result.returncode) if result.returncode != 0 else "no job id in its output; it may be queued, check squeue"
-            print(f"{label}: sbatch {why}; continuing.", flush=True)
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)  # SLURM's --output folder must exist
+            claimed = claim_lock(lock, job, queue)
+        except OSError as e:  # a full disk before sbatch: nothing submitted for this run
+            release(lock)
+            print(f"{label}: not submitted, {run.out_dir} could not be written ({e.strerror or e}); continuing.", flush=True)
             failed.append(f"{run.name} ({job.stage})")
             continue
+        if not claimed:
+            print(f"{label}: skipped, another launch.py has just claimed {run.out_dir / lock.name}.", flush=True)
+            continue
+        status, stdout, stderr = run_sbatch(command)
+        job.job_id = submitted_job_id(stdout) if status == 0 else None
+        if job.job_id is None:  # sbatch's own words, when they are not the job id said below
+            sys.stdout.write(stdout)
+        sys.stderr.write(stderr if status is not None else "")
+        twice = given.get(job.job_id) if job.job_id is not None else None
+        if status != 0 or job.job_id is None or twice is not None:
+            release(lock)
+            if status is None:
+                why = f"{stderr}; its lock is released (the job may still have been queued: check squeue before launching again, it finds it by name)"
+            elif status != 0:
+                why = f"sbatch {exit_text(status)}"
+            elif twice is not None:
+                # Two runs must never share one id: the record would send one run's scancel or
+                # dependency to the other's job.
+                why = f"sbatch returned job {job.job_id}, which it already returned for {twice}; not recorded (check squeue and sbatch)"
+                job.job_id = None
+            else:
+                why = "sbatch printed no job id; it may be queued, check squeue"
+            print(f"{label}: {why}; continuing.", flush=True)
+            failed.append(f"{run.name} ({job.stage})")
+            continue
+        given[job.job_id] = f"{run.name} ({job.stage})"
         entry = {
             "job_id": job.job_id, "stage": job.stage, "job_name": job.name, "after": after,
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command,
         }
-        write_json_atomic(lock, {**entry, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()})
-        record_submission(run, entry)
+        try:
+            notes = record_job(job, entry, lock)
+        except OSError as e:
+            print(f"{label}: submitted job {job.job_id}, but it could not be recorded in {run.out_dir} ({e.strerror or e}); "
+                  f"squeue still finds it by name, so launching again will not submit it twice.", flush=True)
+            unrecorded.append(f"{run.name} ({job.stage}) job {job.job_id}")
+            continue
+        for note in notes:
+            print(f"{label}: note: {note}", flush=True)
         print(f"{label}: submitted job {job.job_id}" + (f", to start after job {after} succeeds" if after else ""), flush=True)
-    print(f"{n - len(failed)} submitted" + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "") + f", {skipped} skipped")
-    return len(failed)
+    print(f"{n - len(failed)} submitted" + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "")
+          + (f", {len(unrecorded)} not recorded: {', '.join(unrecorded)}" if unrecorded else "") + f", {skipped} skipped")
+    return len(failed) + len(unrecorded)
 
 
 # -----------------------------------------------------------------------------
@@ -757,7 +880,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         allow_abbrev=False,  # so an unknown --key=value is a train.py override, never a prefix match
     )
     p.add_argument("--methods", default="paper", help="'paper' (the 8 of the paper), 'all', or a comma-separated list such as pre_ln,p_spheret:0.5")
-    p.add_argument("--scales", default=",".join(PAPER_SCALES), help="comma-separated subset of S,M,L")
+    p.add_argument("--scales", default=",".join(PAPER_SCALES), help=f"comma-separated subset of {','.join(SCALES)} (default {','.join(PAPER_SCALES)}, the paper's; XL trains with FSDP, as its config sets)")
     p.add_argument("--datasets", default=",".join(PAPER_DATASETS), help="comma-separated subset of fineweb_edu,openwebtext")
     p.add_argument("--mode", choices=MODES, default="local", help="run the commands here, print them, or submit them with sbatch")
     p.add_argument("--stage", choices=STAGES, default="train", help="train, or zero_shot (evaluate finished runs)")
@@ -925,7 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
         check_overrides(overrides, RESERVED)
         runs = build_grid(
             parse_methods(args.methods),
-            parse_choices(args.scales, PAPER_SCALES, "scales"),
+            parse_choices(args.scales, SCALES, "scales"),
             parse_choices(args.datasets, PAPER_DATASETS, "datasets"),
             Path(args.runs_root),
             overrides,
@@ -946,6 +1069,8 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             raise UsageError(f"nothing was started, {len(problems)} problem(s) would make the jobs fail at start:\n" + "\n".join(problems))
         check_run_folders([job.run for job in todo], args.runs_root)
+        if queue is not None:
+            check_slurm_files(todo)
         for note in notes:
             print(f"note: {note}")
         for reason in skipped:

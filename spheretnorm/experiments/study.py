@@ -15,9 +15,12 @@ second thread to pay off and a busy machine makes a two-threaded job wait for it
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.runtime.token_files import load_meta
@@ -40,6 +43,7 @@ from spheretnorm.experiments.grid import (
     classify,
     config_conflicts,
     exit_text,
+    has_checkpoint,
     is_finished,
     load_run,
     stopped_row,
@@ -48,6 +52,7 @@ from spheretnorm.experiments.grid import (
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.config import MODEL_KEYS, TRAIN_KEYS, ConfigError, ParsedConfig, param_keys, parse_config
 from spheretnorm.runtime.methods import method_args
+from spheretnorm.runtime.run_folder import OutDirError, check_folder
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
@@ -150,16 +155,20 @@ class JobResult:
     returncode: int | None  # None: reused a finished run, nothing ran
     seconds: float
     message: str  # train.py's "error: ..." line when it failed
+    busy: bool = False  # another sweep trains this folder now: not run, not tabulated
 
     @property
     def reused(self) -> bool:
-        return self.returncode is None
+        return self.returncode is None and not self.busy
 
 
 def make_job(label: str, argv: list[str], out_dir: Path) -> Job:
     """A job whose settings are checked now, and against any run already in out_dir."""
     parsed = parse_train_args(argv)
-    conflicts = config_conflicts(out_dir, parsed)
+    try:
+        conflicts = config_conflicts(out_dir, parsed)
+    except ConfigError as e:  # a damaged config.json
+        raise UsageError(str(e)) from None
     if conflicts:
         raise UsageError(f"{out_dir} holds a run with other settings ({'; '.join(conflicts)}); use another --out_dir or remove it.")
     return Job(label, argv, out_dir, parsed.train.max_iters)
@@ -170,11 +179,103 @@ def _error_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def run_job(job: Job, threads: int) -> JobResult:
+# Held (flock) by the sweep that trains a run folder, released by the kernel when that sweep's
+# process ends however it ends: two sweeps over one --out_dir never train one folder together.
+SWEEP_LOCK = ".sweep.lock"
+
+
+class SweepStopped(Exception):
+    """A signal stopped the sweep: its running train.py jobs got the signal too and checkpointed."""
+
+    def __init__(self, signum: int, stopped: list[str]):
+        self.signum, self.stopped = signum, stopped
+        name = signal.Signals(signum).name
+        running = f"{len(stopped)} running run(s) got {name} too and saved a checkpoint ({', '.join(stopped)}); " if stopped else ""
+        super().__init__(f"stopped by {name}: {running}run the same command again to resume the sweep.")
+
+
+class Stopper:
+    """Passes SIGINT and SIGTERM of the sweep's process on to the train.py jobs it runs (which
+    save a checkpoint and exit, train.py's stopping.py), and starts no job after one came:
+    `kill -INT <sweep>` reaches only this process, not its children."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.children: dict[subprocess.Popen, str] = {}  # running job -> its label
+        self.stopped: list[str] = []
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        for child, label in list(self.children.items()):
+            self.tell(child, label)
+
+    def tell(self, child: subprocess.Popen, label: str) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(self.signum)
+            if label not in self.stopped:
+                self.stopped.append(label)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Stopper]:
+        """The handlers, in the main thread only (signal's rule); the previous ones after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self.handle) for sig in self.SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def run(self, job: Job, command: list[str], **kwargs: Any) -> int:
+        """The command's exit status; it gets the sweep's stop signal, also one that came as it started."""
+        child = subprocess.Popen(command, **kwargs)
+        self.children[child] = job.label
+        if self.signum is not None:
+            self.tell(child, job.label)
+        try:
+            return child.wait()
+        finally:
+            self.children.pop(child, None)
+
+
+@contextlib.contextmanager
+def folder_lock(out_dir: Path) -> Iterator[bool]:
+    """True while this process holds the run folder's sweep lock, False when another sweep does."""
+    with open(out_dir / SWEEP_LOCK, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # closing the file releases it
+
+
+def in_progress(out_dir: Path) -> bool:
+    """Whether a sweep trains this run folder now; asks without writing anything (a dry run)."""
+    try:
+        with open(out_dir / SWEEP_LOCK, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file: no sweep has trained it since
+        return False
+    return False
+
+
+def train_command(job: Job) -> list[str]:
+    # auto: an interrupted run resumes; train.py refuses to start over an existing checkpoint.
+    return [sys.executable, str(REPO_ROOT / "train.py"), *job.argv, "--init_from=auto"]
+
+
+def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult:
     """train.py in a subprocess with `threads` threads, output to out_dir/train.log; a finished run is reused.
 
     So is a run that train.py stopped for good (collapse, non-finite loss): resuming it would
-    only stop it again.
+    only stop it again. A folder another sweep trains now is left to it (busy).
     """
     if is_finished(job.out_dir, job.max_iters) or stopped_row(job.out_dir) is not None:
         return JobResult(job, None, 0.0, "")
@@ -182,10 +283,11 @@ def run_job(job: Job, threads: int) -> JobResult:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     log = job.out_dir / LOG_NAME
     start = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as out:
-        # auto: an interrupted run resumes; train.py refuses to start over an existing checkpoint.
-        command = [sys.executable, str(REPO_ROOT / "train.py"), *job.argv, "--init_from=auto"]
-        code = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    with folder_lock(job.out_dir) as held:
+        if not held:
+            return JobResult(job, None, 0.0, "", busy=True)
+        with open(log, "w", encoding="utf-8") as out:
+            code = (stopper or Stopper()).run(job, train_command(job), cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "")
 
 
@@ -195,20 +297,28 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int) -> list[JobResult]:
         raise UsageError(f"--jobs and --threads must be positive integers, got {parallel} and {threads}.")
     lock = threading.Lock()
     done = [0]
+    stopper = Stopper()
 
-    def work(job: Job) -> JobResult:
-        result = run_job(job, threads)
+    def work(job: Job) -> JobResult | None:
+        if stopper.signum is not None:
+            return None  # stopped: no new run starts
+        result = run_job(job, threads, stopper)
         with lock:
             done[0] += 1
             print(job_status_line(result, done[0], len(jobs)), flush=True)
         return result
 
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        return list(pool.map(work, jobs))
+    with stopper.installed(), ThreadPoolExecutor(max_workers=parallel) as pool:
+        results = list(pool.map(work, jobs))
+    if stopper.signum is not None:
+        raise SweepStopped(stopper.signum, stopper.stopped)
+    return results
 
 
 def job_status_line(result: JobResult, index: int, total: int) -> str:
     job = result.job
+    if result.busy:
+        return f"[{index}/{total}] {job.label}: in progress in another sweep ({job.out_dir / SWEEP_LOCK} is held), left to it"
     if result.reused:
         return f"[{index}/{total}] {job.label}: already finished in {job.out_dir}, reused"
     outcome = "done" if result.returncode == 0 else f"{exit_text(result.returncode)}: {result.message}".rstrip(": ")
@@ -275,6 +385,9 @@ def study_main(parse_args: Callable[[list[str] | None], tuple[Any, list[str]]],
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SweepStopped as e:
+        print(str(e), file=sys.stderr)
+        return 128 + e.signum  # as a shell reports a process a signal ended
 
 
 def exit_status(rows: list[dict[str, Any]]) -> int:
@@ -449,6 +562,7 @@ class Place:
     threads: int = 1
     table_only: bool = False  # run nothing: only the runs already in their folders count
     dry_run: bool = False  # as table_only, and print the runs the plan holds
+    listed: dict[str, str] = field(default_factory=dict)  # dry run: folder -> its state, as printed
 
     @staticmethod
     def of(args: Any, overrides: list[str]) -> "Place":
@@ -471,13 +585,51 @@ def run_points(sweep: Sweep, points: list[Point], place: Place) -> dict[Point, J
             raise ValueError(f"Sweep {sweep.name!r} gives {folder} to runs with other settings; its folder must tell them apart.")
         jobs[folder] = jobs.get(folder) or make_job(folder, argv, place.out_dir / folder)
     if place.dry_run:
-        print("\n".join(f"{job.label}: {job.out_dir}" for job in jobs.values()))
+        for folder, job in jobs.items():
+            place.listed[folder] = run_state(job)
+            print(f"{job.label}: {job.out_dir} ({place.listed[folder]})")
     if place.table_only or place.dry_run:
         results = {f: JobResult(job, None, 0.0, "") for f, job in jobs.items() if (job.out_dir / CONFIG_NAME).is_file()}
     else:
         print(f"{sweep.name}: {len(jobs)} runs to run or reuse, {place.jobs} at a time, {place.threads} thread(s) each", flush=True)
         results = dict(zip(jobs, run_jobs(list(jobs.values()), place.jobs, place.threads)))
-    return {p: results[sweep.folder(p)] for p in points if sweep.folder(p) in results}
+    return {p: results[sweep.folder(p)] for p in points if sweep.folder(p) in results and not results[sweep.folder(p)].busy}
+
+
+# A dry run's states of a run folder; RUN_STATES[:2] cost no training time.
+RUN_STATES = ("finished", "in progress in another sweep", "to resume", "to run")
+
+
+def run_state(job: Job) -> str:
+    """What a sweep would do with a job's folder now (a dry run's word for it), reading only."""
+    if is_finished(job.out_dir, job.max_iters) or stopped_row(job.out_dir) is not None:
+        return RUN_STATES[0]
+    if in_progress(job.out_dir):
+        return RUN_STATES[1]
+    return RUN_STATES[2] if has_checkpoint(job.out_dir) else RUN_STATES[3]
+
+
+def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: int, default_seconds: float) -> str:
+    """The dry run's last line: the runs of the plan now by state, the most the design can grow
+    to, and the time the remaining ones would take at --jobs at a time. A run's time is the mean
+    of the finished runs' own (train.py's elapsed_s), else `default_seconds`."""
+    states = list(place.listed.values())
+    counts = ", ".join(f"{states.count(s)} {s}" for s in RUN_STATES if states.count(s))
+    measured = [r["seconds"] for r in rows if r.get("reused") and r.get("seconds")]
+    per_run = statistics.fmean(measured) if measured else default_seconds
+    basis = f"{per_run:.0f} s a run, the mean of {len(measured)} finished" if measured else f"about {per_run:.0f} s a run, estimated"
+    left = sum(s in RUN_STATES[2:] for s in states)
+    more = max(most - len(states), 0)
+
+    def hours(runs: int) -> str:
+        seconds = runs * per_run / place.jobs
+        if seconds < 90:
+            return f"{seconds:.0f} s"
+        return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+    return (f"{name}: {len(states)} runs in the plan now ({counts or 'none'}); the follow-ups may add up to {more} more "
+            f"(at most {most}). Time: about {hours(left)} for the {left} to run or resume, up to {hours(left + more)} with every "
+            f"follow-up, at {place.jobs} at a time ({basis}).")
 
 
 UNSTABLE = ("diverged", STUCK_AT_UNIGRAM, STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
@@ -548,7 +700,8 @@ def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
     """Plan, run what is missing, plan again with the new losses, until the plan stops growing;
     the rows in the plan's order. A finished or stopped run is reused and an interrupted one
     resumes, so a re-run continues the sweep; a run that failed is not tried twice in one call."""
-    unigram = unigram_loss(place.data_dir)
+    # A dry run may find no data yet (it prepares none): its rows then have no unigram to compare.
+    unigram = unigram_loss(place.data_dir) if (place.data_dir / "meta.json").is_file() else math.nan
     rows: dict[Point, dict[str, Any]] = {}
     tried: set[Point] = set()
     while True:
@@ -590,8 +743,28 @@ def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = ""
 def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dict[str, Any]], Place, float]:
     """A study command's run: prepare the data, run (or find) the sweep; its rows, place and unigram loss."""
     place = Place.of(args, overrides)
-    ensure_data(place.data_dir, args.input)
-    return run_sweep(sweep, place), place, unigram_loss(place.data_dir)
+    check_out_dir(place)
+    if place.dry_run and not (place.data_dir / "meta.json").is_file():
+        print(f"note: {place.data_dir} holds no prepared {DATASET}; the sweep would prepare it there first (a dry run writes nothing)")
+    else:
+        ensure_data(place.data_dir, args.input)
+    rows = run_sweep(sweep, place)
+    return rows, place, unigram_loss(place.data_dir) if (place.data_dir / "meta.json").is_file() else math.nan
+
+
+def check_out_dir(place: Place) -> None:
+    """--out_dir is a folder this process can write to, or can be made one: refused in one line
+    before any work (a dry run only looks, and so writes nothing)."""
+    out = place.out_dir
+    if place.dry_run:
+        blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise UsageError(f"--out_dir {str(out)!r} cannot hold the runs: {str(blocking)!r} is a file; give a folder.")
+        return
+    try:
+        check_folder(out, "--out_dir")
+    except OutDirError as e:
+        raise UsageError(str(e)) from None
 
 
 def publish(out_dir: Path, stem: str, text: str | None, record: dict[str, Any], figures: list[Path], rows: list[dict[str, Any]], started: float) -> int:

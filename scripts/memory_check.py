@@ -1,0 +1,16 @@
+"""The activation memory formula of spheretnorm/experiments/memory.py against a measurement, and each scale's terms.
+
+The code lives in `spheretnorm.experiments.memory`; this file is the command.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's package, installed or not (docs/ARCHITECTURE.md)
+from spheretnorm.runtime.cli import explain_missing_packages
+
+explain_missing_packages(__file__)  # before any third-party import
+from spheretnorm.experiments.memory import main
+
+if __name__ == "__main__":
+    sys.exit(main())

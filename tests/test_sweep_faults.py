@@ -1,0 +1,128 @@
+"""scripts/fair_sweep.py and the sweep engine under a stop signal, a second sweep and bad input.
+
+A. kill -INT of the sweep's process reaches its running train.py jobs (they checkpoint and exit),
+   no new job starts, and the sweep says how to resume; exit status 128 + the signal.
+B. Two sweeps over one --out_dir never train one folder together (a flock in the run folder),
+   and a dry run says a folder another sweep trains is in progress.
+C. A dry run writes nothing (no data prepared, no folder made) and ends with the number of runs
+   and an estimate of their time; an --out_dir that is a file or cannot be made, and a run's
+   config.json that is not JSON, are one line with exit status 2.
+
+A stand-in train.py (a few lines of Python) plays the jobs; nothing trains.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spheretnorm.experiments import fair_comparison, study
+
+# A train.py stand-in: says it started, then waits; SIGINT makes it write "stopped" and exit 0,
+# as train.py does after its checkpoint.
+FAKE_TRAIN = '''import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    (out / "stopped").write_text(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+(out / "started").write_text("")
+time.sleep(20)
+'''
+
+SMALL = ["--blocks", "gpt2", "--arms", "pre_ln", "--lrs", "1e-3,2e-3", "--seeds", "1,2", "--max_iters", "50", "--warmup_iters", "5"]
+
+
+@pytest.fixture
+def fake_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(study, "train_command", lambda job: [sys.executable, str(script), str(job.out_dir)])
+    return script
+
+
+def jobs(tmp_path: Path, n: int) -> list[study.Job]:
+    return [study.Job(f"run{i}", [], tmp_path / f"run{i}", 10) for i in range(n)]
+
+
+def signal_when(path: Path, sig: int) -> threading.Thread:
+    """Send `sig` to this process once `path` exists (the first job has started)."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 15
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_stop_signal_reaches_the_running_job_and_starts_no_other(tmp_path: Path, fake_train: Path) -> None:
+    first, second = jobs(tmp_path, 2)
+    signal_when(first.out_dir / "started", signal.SIGINT)
+    started = time.monotonic()
+    try:
+        with pytest.raises(study.SweepStopped) as stopped:
+            study.run_jobs([first, second], parallel=1, threads=1)
+    except KeyboardInterrupt:
+        pytest.fail("SIGINT stopped the sweep only; its train.py ran on")
+    assert time.monotonic() - started < 10  # the job did not sleep to its end
+    assert (first.out_dir / "stopped").read_text() == "SIGINT"
+    assert not second.out_dir.exists()  # no new job after the signal
+    assert stopped.value.signum == signal.SIGINT and stopped.value.stopped == ["run0"]
+    assert "run the same command again to resume" in str(stopped.value)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+def test_a_folder_another_sweep_trains_is_left_to_it(tmp_path: Path, fake_train: Path) -> None:
+    (job,) = jobs(tmp_path, 1)
+    job.out_dir.mkdir()
+    with study.folder_lock(job.out_dir) as held:  # the other sweep
+        assert held
+        assert study.run_state(job) == "in progress in another sweep"
+        result = study.run_job(job, 1)
+        assert result.busy and not result.reused and not (job.out_dir / "started").exists()
+        assert "in progress in another sweep" in study.job_status_line(result, 1, 1)
+    assert study.run_state(job) == "to run"
+
+
+def test_a_dry_run_writes_nothing_and_says_how_many_runs_and_how_long(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out, data = tmp_path / "out", tmp_path / "no_data"
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no data prepared, no folder made
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.endswith("(to run)") for line in lines) == 2
+    assert lines[-1].startswith("fair_sweep: 2 runs in the plan now (2 to run); the follow-ups may add up to 4 more (at most 6). Time: about ")
+    per_run = 50 * fair_comparison.SECONDS_PER_ITER  # --max_iters 50, no finished run to time
+    assert f"about {per_run:.0f} s for the 2 to run or resume" in lines[-1]
+    assert lines[-1].endswith(f"at 2 at a time (about {per_run:.0f} s a run, estimated).")
+
+
+# A dry run only looks, so a folder it cannot make (proc) is found when the sweep runs.
+@pytest.mark.parametrize("kind,dry_run", [("file", False), ("under-a-file", False), ("proc", False), ("file", True), ("under-a-file", True)])
+def test_an_out_dir_that_cannot_hold_the_runs_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, kind: str, dry_run: bool) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    out = {"file": a_file, "under-a-file": a_file / "out", "proc": Path("/proc/spheretnorm-test/out")}[kind]
+    argv = ["--out_dir", str(out), "--data_dir", str(tmp_path / "no_data"), *SMALL, *(["--dry_run"] if dry_run else [])]
+    assert fair_comparison.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --out_dir") and str(out) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_a_run_whose_config_is_not_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "out" / "gpt2" / "pre_ln" / "lr0.001_s1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text('{"n_layer": 12,')
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "no_data"), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {run / 'config.json'} is not JSON")
