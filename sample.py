@@ -40,11 +40,7 @@ from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, T
 from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import SAFETENSORS_SUFFIX, is_sharded_checkpoint, load_checkpoint, load_model
-from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME
-
-CKPT_NAME = "ckpt.pt"
-SAFETENSORS_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, resolve_checkpoint
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"
 
@@ -151,34 +147,21 @@ def read_start(start: str) -> str:
 
 
 def checkpoint_file(path: Path) -> Path:
-    """The checkpoint file itself (or a sharded checkpoint folder), or the one inside an out_dir:
-    ckpt.pt, else ckpt.safetensors, else the sharded ckpt.dcp of a --parallel=fsdp run.
+    """The checkpoint file or sharded folder itself, or the one a run folder's samples come from
+    (runtime.checkpoint.resolve_checkpoint: the newer of ckpt.pt and ckpt.dcp, else ckpt.safetensors).
 
-    When the out_dir's file is not plainly its ckpt.pt (only a ckpt.safetensors, or both),
-    one line on stderr says which file the samples come from.
+    When the out_dir's choice is not its only checkpoint, or is the export, one line on stderr
+    says which one the samples come from.
     """
-    if is_sharded_checkpoint(path):
-        return path
-    if not path.is_dir():
-        if not path.is_file():
-            raise SampleError(
-                f"No checkpoint to sample from: {str(path)!r} does not exist; give a ckpt.pt file or an out_dir that holds one."
-            )
-        return path
-    pt, st = path / CKPT_NAME, path / SAFETENSORS_NAME
-    if pt.is_file():
-        if st.is_file():
-            print(f"sample.py: {str(path)!r} holds {CKPT_NAME} and {SAFETENSORS_NAME}; sampling from {pt}", file=sys.stderr)
-        return pt
-    if st.is_file():
-        print(f"sample.py: {str(path)!r} has no {CKPT_NAME}; sampling from {st}", file=sys.stderr)
-        return st
-    if is_sharded_checkpoint(path / SHARDED_CKPT_NAME):
-        return path / SHARDED_CKPT_NAME
-    raise SampleError(
-        f"No checkpoint to sample from: the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {SAFETENSORS_NAME}; "
-        "give a checkpoint or an out_dir that holds one."
-    )
+    try:
+        chosen, why = resolve_checkpoint(path)
+    except FileNotFoundError as e:
+        raise SampleError(f"No checkpoint to sample from: {e}") from None
+    except ValueError as e:  # a ckpt.pt or ckpt.dcp whose iteration cannot be read
+        raise SampleError(str(e)) from None
+    if why:
+        print(f"sample.py: {str(path)!r} {why}; sampling from {chosen}", file=sys.stderr)
+    return chosen
 
 
 def with_sphere_impl(ckpt: dict[str, Any], impl: str | None, device_type: str) -> dict[str, Any]:

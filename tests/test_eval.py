@@ -346,7 +346,7 @@ def write_bad_checkpoint(kind: str, tmp_path: Path) -> Path:
     "kind, message",
     [
         ("missing", "does not exist"),
-        ("directory", "is a directory"),
+        ("directory", "has no ckpt.pt, ckpt.dcp or ckpt.safetensors"),
         ("foreign", "not a spheretnorm checkpoint"),
         ("text", "not a PyTorch checkpoint"),
         ("char", "'char' tokenizer"),

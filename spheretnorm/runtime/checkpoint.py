@@ -32,6 +32,7 @@ from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.imports import import_recorded, recorded_imports
+from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
@@ -160,8 +161,8 @@ def load_checkpoint(
     path = Path(path)
     if path.is_dir():  # a sharded checkpoint (train.py --parallel=fsdp), read whole
         ckpt = read_sharded_meta(path, require)
-        ckpt["model"] = read_sharded_weights(path)
-        return ckpt
+        # Whole in this process, it is a ckpt.pt's dict: load_model and the exports take it as one.
+        return {**ckpt, "format": CHECKPOINT_FORMAT, "model": read_sharded_weights(path)}
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
     if path.suffix == SAFETENSORS_SUFFIX:
@@ -377,6 +378,63 @@ def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.devi
     model = GPT(config)
     model.load_state_dict(clean_state_dict(ckpt["model"]))
     return model
+
+
+# -----------------------------------------------------------------------------
+# Which checkpoint of a run folder: the one decision every reader and resume calls
+
+EXPORT_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
+
+
+def checkpoint_iter(path: str | Path) -> int:
+    """The iteration a ckpt.pt or a sharded folder holds, read without its tensors (mapped, not read)."""
+    path = Path(path)
+    meta = read_torch_file(path / SHARDED_META) if path.is_dir() else read_torch_file(path, mmap=True)
+    iteration = meta.get("iter_num") if isinstance(meta, dict) else None
+    if not isinstance(iteration, int) or isinstance(iteration, bool):
+        raise CheckpointError(f"Checkpoint {str(path)!r} records no iter_num, which train.py writes; it is damaged.")
+    return iteration
+
+
+def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME) -> tuple[Path | None, str]:
+    """Of a run folder's ckpt.pt and ckpt.dcp, the one holding the later iteration (`prefer` when both
+    hold the same one), and, when both exist, a phrase that says so and which was taken; (None, '')
+    when neither exists. A run consolidated and then resumed under the other parallel mode leaves
+    both, the older one stale: taking the newer keeps every reader on the run's last state."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in (CKPT_NAME, SHARDED_CKPT_NAME) if (run_dir / name).exists()]
+    if len(found) < 2:
+        return (found[0] if found else None), ""
+    iters = {path: checkpoint_iter(path) for path in found}
+    chosen = max(found, key=lambda path: (iters[path], path.name == prefer))
+    which = "the newer" if len(set(iters.values())) > 1 else "the same iteration"
+    both = " and ".join(f"{path.name} (iter {iters[path]})" for path in found)
+    return chosen, f"holds {both}; {chosen.name} is {which}"
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """The checkpoint that `path` names for a reader (sample.py, zero-shot, the exports): a checkpoint
+    file or sharded folder itself; in a run folder the newer of ckpt.pt and ckpt.dcp
+    (newest_run_checkpoint), else its ckpt.safetensors export. The second value is '' or a phrase on
+    why that one, for the caller to print after the folder's name (another checkpoint is beside it,
+    or it is an export). Nothing there is a FileNotFoundError naming `path`, worded to follow
+"No checkpoint: " or the like."""
+    path = Path(path)
+    if not path.is_dir() or is_sharded_checkpoint(path):
+        if not path.exists():
+            raise FileNotFoundError(f"{str(path)!r} does not exist; give a ckpt.pt file, a ckpt.dcp folder or an out_dir that holds one.")
+        return path, ""
+    chosen, why = newest_run_checkpoint(path)
+    export = path / EXPORT_NAME
+    if chosen is None and export.is_file():
+        return export, f"has no {CKPT_NAME} or {SHARDED_CKPT_NAME}"
+    if chosen is None:
+        raise FileNotFoundError(
+            f"the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {EXPORT_NAME}; give a checkpoint or an out_dir that holds one."
+        )
+    if not why and export.is_file():
+        why = f"holds {chosen.name} and {EXPORT_NAME}"
+    return chosen, why
 
 
 # -----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ is always taken in fp32. Single process only (no data parallelism).
 from __future__ import annotations
 
 import pickle
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from spheretnorm.runtime.device import autocast_context, get_device, resolve_dty
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding, tokenizer_of
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import is_sharded_checkpoint, load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, resolve_checkpoint
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
@@ -49,18 +50,18 @@ TokenRequest = tuple[Any, list[int], list[int]]
 
 
 def resolve_checkpoint_path(path: str | Path) -> Path:
-    """The checkpoint file, or an EvalError saying why `path` is not one."""
-    path = Path(path)
-    if is_sharded_checkpoint(path):  # train.py --parallel=fsdp's folder, read whole by load_checkpoint
-        return path
-    if path.is_dir():
-        raise EvalError(
-            f"Checkpoint {str(path)!r} is a directory; pass the checkpoint file itself (e.g. out/ckpt.pt) or a sharded "
-            "checkpoint folder (out/ckpt.dcp)."
-        )
-    if not path.is_file():
-        raise EvalError(f"Checkpoint {str(path)!r} does not exist.")
-    return path
+    """The checkpoint to evaluate (runtime.checkpoint.resolve_checkpoint: a file, a sharded folder,
+    or a run folder's newer of ckpt.pt and ckpt.dcp, with a line on stderr saying which when both
+    are there), or an EvalError saying why there is none."""
+    try:
+        chosen, why = resolve_checkpoint(path)
+    except FileNotFoundError as exc:
+        raise EvalError(f"No checkpoint to evaluate: {exc}") from None
+    except ValueError as exc:  # a ckpt.pt or ckpt.dcp whose iteration cannot be read
+        raise EvalError(str(exc)) from None
+    if why:
+        print(f"zero_shot: {str(path)!r} {why}; evaluating {chosen}", file=sys.stderr)
+    return chosen
 
 
 def check_gpt2_tokenizer(ckpt: dict[str, Any], source: str) -> None:
