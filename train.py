@@ -72,9 +72,10 @@ from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
-from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint, newest_run_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
+    CKPT_NAME,
     EXIT_CONFIG,
     EXIT_CRASH,
     EXIT_OK,
@@ -123,6 +124,8 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
     check_checkpoint_kind(train)
     exists = checkpoint_path(train).exists()
+    if exists and (train.eval_only or train.init_from in ("resume", "auto")) and not train.init_from.startswith(HF_PREFIX):
+        check_newest_is_own(train)
     if train.eval_only and not train.init_from.startswith(HF_PREFIX):
         if not exists:
             raise ConfigError(
@@ -140,6 +143,27 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
             "continue it with --init_from=resume (or auto), or start again with --overwrite=true."
         )
     return train
+
+
+def check_newest_is_own(train: TrainConfig) -> None:
+    """With both ckpt.pt and ckpt.dcp in out_dir (a run consolidated, then resumed under the other
+    mode), resume from this mode's only when it is the newer (checkpoint.newest_run_checkpoint, the
+    choice every reader makes), saying so; the other mode's newer state is refused, saying how on."""
+    own = checkpoint_path(train)
+    try:
+        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name)
+    except ValueError as e:  # a checkpoint whose iteration cannot be read
+        raise ConfigError(str(e)) from None
+    if not why:
+        return
+    if chosen is not None and chosen.name != own.name:
+        other = "fsdp" if own.name == CKPT_NAME else "ddp"
+        how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
+               if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
+        raise ConfigError(
+            f"out_dir {str(train.out_dir)!r} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}."
+        )
+    print0(f"NOTE: out_dir {str(train.out_dir)!r} {why}; {'evaluating' if train.eval_only else 'resuming from'} {own.name}.")
 
 
 def hf_folder_of(train: TrainConfig) -> str | None:

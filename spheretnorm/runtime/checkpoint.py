@@ -407,9 +407,9 @@ def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME) -> tuple
         return (found[0] if found else None), ""
     iters = {path: checkpoint_iter(path) for path in found}
     chosen = max(found, key=lambda path: (iters[path], path.name == prefer))
-    which = "the newer" if len(set(iters.values())) > 1 else "the same iteration"
     both = " and ".join(f"{path.name} (iter {iters[path]})" for path in found)
-    return chosen, f"holds {both}; {chosen.name} is {which}"
+    which = f"; {chosen.name} is the newer" if len(set(iters.values())) > 1 else ", the same iteration"
+    return chosen, f"holds {both}{which}"
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:

@@ -43,6 +43,7 @@ from spheretnorm.runtime.checkpoint import (
 )
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.distributed import DistInfo, any_rank
+from spheretnorm.runtime.run_folder import CKPT_NAME
 
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
@@ -118,12 +119,24 @@ def _barrier() -> None:
         torch_dist.barrier()
 
 
-def consolidate(folder: str | Path, out: str | Path) -> Path:
-    """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
-    in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it."""
-    folder, out = Path(folder), Path(out)
+def check_consolidate_out(folder: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an output that is a folder, lies inside the folder being read (a file there is not one
+    of its shards, and would be taken for damage), or exists (another checkpoint of the run, say)
+    without overwrite."""
     if out.resolve() == folder.resolve() or out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.parent / 'ckpt.pt'}.")
+        raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.resolve().parent / 'ckpt.pt'}.")
+    if folder.resolve() in out.resolve().parents:
+        raise ValueError(f"--out {str(out)!r} is inside the sharded folder {str(folder)!r} being read; write it beside the folder, e.g. {folder.resolve().parent / 'ckpt.pt'}.")
+    if out.exists() and not overwrite:
+        raise ValueError(f"{str(out)!r} already exists; pass --overwrite to replace it, or give another --out.")
+
+
+def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+    """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
+    in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it. An
+    existing `out` is replaced only with overwrite (check_consolidate_out)."""
+    folder, out = Path(folder), Path(out)
+    check_consolidate_out(folder, out, overwrite)
     meta = read_sharded_meta(folder, require=("optimizer", "train_config"))
     model = load_model(folder)  # the whole weights, then the optimizer state by name into a whole optimizer
     optimizer = build_optimizer(model, optimizer_settings(meta["train_config"]))
@@ -134,7 +147,7 @@ def consolidate(folder: str | Path, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """scripts/consolidate.py: FOLDER [--out FILE], FILE by default beside FOLDER as ckpt.pt."""
+    """scripts/consolidate.py: FOLDER [--out FILE] [--overwrite], FILE by default beside FOLDER as ckpt.pt."""
     import argparse
     import sys
 
@@ -144,13 +157,15 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("folder", help="the sharded checkpoint, e.g. out/RUN/ckpt.dcp")
-    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder)")
+    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder), never inside the folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     try:
         if not folder.is_dir():
             raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
-        written = consolidate(folder, Path(args.out) if args.out else folder.parent / "ckpt.pt")
+        # resolve(): the folder's parent, also for `consolidate.py .` run inside it
+        written = consolidate(folder, Path(args.out) if args.out else folder.resolve().parent / CKPT_NAME, args.overwrite)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
