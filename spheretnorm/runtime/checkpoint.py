@@ -15,6 +15,7 @@ so every reader of ckpt.pt reads it too; runtime/sharded_checkpoint.py writes an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import pickle
@@ -39,6 +40,7 @@ SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_
 SHARDED_FORMAT = "spheretnorm-dcp-v1"
 SHARDED_META = "meta.pt"  # a sharded folder's config, progress and RNG: everything but the tensors
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the folder's tensors
+SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files, __<rank>_<n>.distcp
 
 
 def atomic_torch_save(obj: object, path: str | Path) -> None:
@@ -546,11 +548,51 @@ def read_sharded_meta(path: str | Path, require: tuple[str, ...] = ()) -> dict[s
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise CheckpointError(f"{where} is not a spheretnorm sharded checkpoint (format {found!r}, expected {SHARDED_FORMAT!r}).")
     check_checkpoint({**meta, "format": CHECKPOINT_FORMAT, "model": sharded_shapes(path, where)}, where)
+    check_save_files(path, meta, where)  # after the index's own checks, which name a missing or cut file plainly
     has_optimizer = bool(sharded_shapes(path, where, "optimizer."))
     missing = [key for key in require if key not in meta and not (key == "optimizer" and has_optimizer)]
     if missing:
         raise CheckpointError(f"{where} lacks {', '.join(missing)}, which train.py writes and this use of it needs; it is damaged.")
     return meta
+
+
+def file_records(folder: Path, names: list[str]) -> dict[str, list]:
+    """[size, sha256] of each named file of `folder`, as a save records them in its meta.pt."""
+    records = {}
+    for name in names:
+        digest = hashlib.sha256()
+        with open(folder / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        records[name] = [(folder / name).stat().st_size, digest.hexdigest()]
+    return records
+
+
+def check_save_files(path: Path, meta: dict[str, Any], where: str) -> None:
+    """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
+    shard copied in from another save of the same shape would load without a word otherwise): each
+    recorded file there with its size and digest, and no other shard. A folder written before saves
+    recorded them (no files key) has nothing to check against and is taken as it is."""
+    recorded = meta.get("files")
+    if recorded is None:
+        return
+    save = f"save {meta.get('save_id')!r}"
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{where} has a {SHARDED_META} whose record of its files is damaged; its {save} cannot be checked.")
+    for name in sorted(p.name for p in path.glob(f"*{SHARD_SUFFIX}")):
+        if name not in recorded:
+            raise CheckpointError(f"{where} holds {name}, which its {save} did not write; remove that file, or copy the whole folder of one save.")
+    for name, record in sorted(recorded.items()):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{where} is damaged: its shard file {name} is missing.")
+        size = (path / name).stat().st_size
+        if size != record[0]:
+            raise CheckpointError(f"{where} is damaged: its file {name} has {size} bytes where its {save} wrote {record[0]}.")
+        if file_records(path, [name])[name] != list(record):
+            raise CheckpointError(
+                f"{where} holds a {name} that its {save} did not write (its digest differs): the file is from another save "
+                "or damaged; copy the whole folder of one save."
+            )
 
 
 def dcp_errors() -> tuple[type[BaseException], ...]:

@@ -2,21 +2,26 @@
 
 The folder (out_dir/ckpt.dcp) is a torch.distributed.checkpoint folder of the model's and the
 optimizer's state by parameter name (so a resume on another number of ranks reshards it), plus
-meta.pt (runtime/checkpoint.py's SHARDED_META: config, progress, RNG). It is written as
+meta.pt (runtime/checkpoint.py's SHARDED_META: config, progress, RNG, and the save's id with the
+size and digest of each of its files, so that a file of another save is refused). It is written as
 ckpt.dcp.tmp and renamed when whole, so a crash or a full disk mid-write leaves the previous
-checkpoint as it was; between the two renames of a replacement the previous one is ckpt.dcp.old,
-which a resume takes back when ckpt.dcp is missing (run_folder.check_checkpoint_kind).
+checkpoint as it was; between the two renames of a replacement the previous one is ckpt.dcp.old.
+The next start settles whatever an interrupted save left (settle_interrupted_save: the newest whole
+checkpoint is kept), and a save removes a leftover ckpt.dcp.old that would block its renames.
 
-    python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt]
+    python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt] [--overwrite]
 
 turns a folder into one ckpt.pt of the usual format (consolidate), in one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,8 @@ import torch.distributed as torch_dist
 from spheretnorm.optim import Optimizers, build_optimizer
 from spheretnorm.runtime.config import optimizer_settings
 from spheretnorm.runtime.checkpoint import (
+    DCP_METADATA,
+    SHARD_SUFFIX,
     SHARDED_FORMAT,
     SHARDED_META,
     CheckpointError,
@@ -34,6 +41,7 @@ from spheretnorm.runtime.checkpoint import (
     dcp_cause,
     dcp_errors,
     describe_error,
+    file_records,
     load_model,
     one_process_dcp,
     read_sharded_meta,
@@ -60,9 +68,11 @@ def _state(model: torch.nn.Module, optimizer: Optimizers) -> dict[str, Any]:
 def save_sharded(
     path: str | Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], dist: DistInfo, device: str
 ) -> None:
-    """Every rank writes its shards into path.tmp, rank 0 adds meta.pt (`extra`, less the tensors),
-    then the folder replaces `path`. A write that fails on any rank fails on all of them, with an
-    OSError naming the folder, and leaves `path` as it was (its temporary folder removed)."""
+    """Every rank writes its shards into path.tmp and digests them, rank 0 adds meta.pt (`extra`,
+    less the tensors, with the save's id and every file's size and digest: save_record), then the
+    folder replaces `path`. A write or a replacement that fails on any rank fails on all of them,
+    with an OSError naming the folder, and leaves `path` as it was (a failed write's temporary
+    folder removed; a failed replacement's whole one kept for the next start, settle_interrupted_save)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
@@ -71,12 +81,18 @@ def save_sharded(
         shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier write
     _barrier()
     failure: BaseException | None = None
+    digests: dict[str, list] = {}
     try:
         dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
-        if dist.is_master:
-            atomic_torch_save({**extra, "format": SHARDED_FORMAT}, tmp / SHARDED_META)
+        digests = file_records(tmp, sorted(p.name for p in tmp.glob(f"__{dist.rank}_*{SHARD_SUFFIX}")))
     except dcp_errors() as e:  # any failure here must reach every rank, or the others wait for it
         failure = dcp_cause(e)
+    digests = _gathered(digests, dist)  # every rank, even one that failed: a collective
+    if dist.is_master and failure is None:
+        try:
+            atomic_torch_save({**extra, "format": SHARDED_FORMAT, **save_record(tmp, digests)}, tmp / SHARDED_META)
+        except dcp_errors() as e:
+            failure = e
     if any_rank(failure is not None, dist, device):
         if dist.is_master:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -84,12 +100,100 @@ def save_sharded(
             raise failure  # no file system's doing: a bug, with its traceback
         reason = write_failure_reason(failure) if failure is not None else "another rank could not write its shard"
         raise OSError(getattr(failure, "errno", None) or errno.EIO, f"could not write {path} ({reason})") from None
-    if dist.is_master:
+    failure = _put_in_place(tmp, path, old) if dist.is_master else None
+    if any_rank(failure is not None, dist, device):  # rank 0's failure, said by every rank (not a dead peer)
+        reason = write_failure_reason(failure) if failure is not None else "rank 0 could not rename it"
+        raise OSError(getattr(failure, "errno", None) or errno.EIO, f"could not put the new {path} in place ({reason})") from None
+    _barrier()
+
+
+def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
+    """Replace `path` by the whole folder `tmp`, the previous one moved to `old` in between (a
+    leftover `old` of an interrupted save is removed first: it would block the rename); the
+    OSError of a failure, None when done. Removing `old` last is best effort: the next save or
+    start removes what stays."""
+    try:
+        if old.exists():
+            shutil.rmtree(old)
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    except OSError as e:
+        return e
+    shutil.rmtree(old, ignore_errors=True)
+    return None
+
+
+def _gathered(digests: dict[str, list], dist: DistInfo) -> dict[str, list]:
+    """Every rank's records of its own shard files, merged (rank 0 needs them all for meta.pt)."""
+    if not (torch_dist.is_initialized() and torch_dist.get_world_size() > 1):
+        return digests
+    parts: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(parts, digests)
+    return {name: record for part in parts for name, record in (part or {}).items()}
+
+
+def save_record(folder: Path, digests: dict[str, list]) -> dict[str, Any]:
+    """What ties a save's files together in its meta.pt: a new id, and the size and digest of each
+    file (the shards the ranks digested, the index and any shard left to rank 0 here)."""
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(SHARD_SUFFIX) or p.name == DCP_METADATA)
+    return {"save_id": uuid.uuid4().hex, "files": {**file_records(folder, [n for n in names if n not in digests]), **digests}}
+
+
+def settle_interrupted_save(folder: str | Path) -> str:
+    """Resolve what an interrupted save_sharded left beside `folder` (ckpt.dcp.tmp, ckpt.dcp.old or
+    both: a kill between its renames, or during or instead of its last cleanup) by what each
+    holds: the newest whole checkpoint among them and `folder` becomes `folder`, the rest is
+    removed. Returns a line saying what was done ('' when nothing was left). A leftover holding a
+    newer whole checkpoint than a `folder` that cannot be read is not chosen for the user: a
+    CheckpointError names the folder to remove. Run by one process (rank 0, before any other
+    reads the folder: wait_for_settled)."""
+    folder = Path(folder)
+    leftovers = [p for p in (Path(str(folder) + TMP_SUFFIX), Path(str(folder) + OLD_SUFFIX)) if p.exists()]
+    if not leftovers:
+        return ""
+    held = {p: _whole_iter(p) for p in (folder, *leftovers) if p.exists()}
+    whole = [p for p, it in held.items() if it is not None]  # in preference order on a tie: folder, .tmp, .old
+    best = max(whole, key=lambda p: held[p], default=None)  # max keeps the first of equals
+    if best is not None and best != folder:
+        if folder.exists() and held[folder] is None:
+            raise CheckpointError(
+                f"{folder} cannot be read, and {best.name}, left by an interrupted save, holds iter {held[best]}; "
+                f"remove {folder} to resume from that one, or remove {best} to keep {folder.name}."
+            )
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(folder)  # a whole but older state: the leftover's is newer
+        os.replace(best, folder)
+    for path in leftovers:
+        if path.exists():
+            _remove_leftover(path)
+    kept = f"kept iter {held[best]} as {folder.name}" if best is not None else "none held a whole checkpoint"
+    return f"NOTE: an interrupted save left {' and '.join(p.name for p in leftovers)} in {folder.parent}; {kept}, and removed the rest."
+
+
+def _whole_iter(path: Path) -> int | None:
+    """The iteration of a whole, readable sharded folder (read_sharded_meta's checks, the files'
+    digests included), None for one that is not: its writing never finished, or it is damaged."""
+    try:
+        return read_sharded_meta(path).get("iter_num")
+    except (CheckpointError, OSError):
+        return None
+
+
+def _remove_leftover(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError as e:
+        raise OSError(e.errno or errno.EIO, f"could not remove {path}, left by an interrupted save ({e.strerror or e}); remove it by hand") from None
+
+
+def wait_for_settled(folder: str | Path, timeout_s: float) -> None:
+    """On a rank other than 0: wait until rank 0 has settled the folder's leftovers (settle_interrupted_save),
+    before reading it; if rank 0 refuses them, torchrun ends this rank with it."""
+    leftovers = (Path(str(folder) + TMP_SUFFIX), Path(str(folder) + OLD_SUFFIX))
+    deadline = time.monotonic() + timeout_s
+    while any(p.exists() for p in leftovers) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers) -> None:
