@@ -83,7 +83,8 @@ def save_sharded(
     failure: BaseException | None = None
     digests: dict[str, list] = {}
     try:
-        dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
+        with contextlib.nullcontext() if torch_dist.is_initialized() else one_process_dcp():
+            dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
         digests = file_records(tmp, sorted(p.name for p in tmp.glob(f"__{dist.rank}_*{SHARD_SUFFIX}")))
     except dcp_errors() as e:  # any failure here must reach every rank, or the others wait for it
         failure = dcp_cause(e)
