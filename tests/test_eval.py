@@ -434,7 +434,7 @@ def test_zero_shot_script_reports_bad_input_in_one_line_and_exits_2(tmp_path: Pa
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: Checkpoint") and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: No checkpoint to evaluate:") and "Traceback" not in proc.stderr
 
 
 # -----------------------------------------------------------------------------
