@@ -40,7 +40,7 @@ from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, T
 from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, resolve_checkpoint
+from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"
 
@@ -153,15 +153,7 @@ def checkpoint_file(path: Path) -> Path:
     When the out_dir's choice is not its only checkpoint, or is the export, one line on stderr
     says which one the samples come from.
     """
-    try:
-        chosen, why = resolve_checkpoint(path)
-    except FileNotFoundError as e:
-        raise SampleError(f"No checkpoint to sample from: {e}") from None
-    except ValueError as e:  # a ckpt.pt or ckpt.dcp whose iteration cannot be read
-        raise SampleError(str(e)) from None
-    if why:
-        print(f"sample.py: {str(path)!r} {why}; sampling from {chosen}", file=sys.stderr)
-    return chosen
+    return checkpoint_for(path, "sample.py", "sample from", "sampling from", SampleError)
 
 
 def with_sphere_impl(ckpt: dict[str, Any], impl: str | None, device_type: str) -> dict[str, Any]:

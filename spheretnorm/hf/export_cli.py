@@ -27,23 +27,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from spheretnorm.runtime.checkpoint import resolve_checkpoint
+from spheretnorm.runtime.checkpoint import checkpoint_for
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.hf.release import FORMATS, export
 from spheretnorm.hf.folder import HFFolderError
-
-
-def checkpoint_to_export(given: str) -> Path:
-    """The checkpoint --ckpt names (runtime.checkpoint.resolve_checkpoint), a line on stderr saying
-    which when a run folder holds more than one; none is a ValueError naming it."""
-    try:
-        chosen, why = resolve_checkpoint(given)
-    except FileNotFoundError as e:
-        raise ValueError(f"No checkpoint to export: {e}") from None
-    if why:
-        print(f"export_hf: {given!r} {why}; exporting {chosen}", file=sys.stderr)
-    return chosen
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--format", default="hf", choices=FORMATS, help="hf: a transformers model folder; safetensors: weights and config only")
     args = parser.parse_args(argv)
     try:
-        written = export(checkpoint_to_export(args.ckpt), Path(args.out), args.format)
+        written = export(checkpoint_for(args.ckpt, "export_hf", "export", "exporting", ValueError), Path(args.out), args.format)
     except (HFFolderError, EvalError, FileNotFoundError, ValueError) as e:  # EvalError: no GPT-2 BPE files
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -20,6 +20,7 @@ import io
 import json
 import pickle
 import re
+import sys
 import warnings
 import zipfile
 from dataclasses import asdict
@@ -437,6 +438,22 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
     if not why and export.is_file():
         why = f"holds {chosen.name} and {EXPORT_NAME}"
     return chosen, why
+
+
+def checkpoint_for(path: str | Path, program: str, purpose: str, doing: str, error: type[Exception]) -> Path:
+    """resolve_checkpoint for a command that reads one (sample.py, zero-shot, the export): why that
+    one, when there is a why, is a line on stderr ('sample.py: 'out/RUN' holds ...; sampling from
+    out/RUN/ckpt.dcp'), and no checkpoint, or one whose iteration cannot be read, is `error` of
+    one sentence ('No checkpoint to sample from: ...')."""
+    try:
+        chosen, why = resolve_checkpoint(path)
+    except FileNotFoundError as e:
+        raise error(f"No checkpoint to {purpose}: {e}") from None
+    except ValueError as e:
+        raise error(str(e)) from None
+    if why:
+        print(f"{program}: {str(path)!r} {why}; {doing} {chosen}", file=sys.stderr)
+    return chosen
 
 
 # -----------------------------------------------------------------------------

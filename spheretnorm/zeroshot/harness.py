@@ -17,7 +17,6 @@ is always taken in fp32. Single process only (no data parallelism).
 from __future__ import annotations
 
 import pickle
-import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from spheretnorm.runtime.device import autocast_context, get_device, resolve_dty
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding, tokenizer_of
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, resolve_checkpoint
+from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
@@ -53,15 +52,7 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
     """The checkpoint to evaluate (runtime.checkpoint.resolve_checkpoint: a file, a sharded folder,
     or a run folder's newer of ckpt.pt and ckpt.dcp, with a line on stderr saying which when both
     are there), or an EvalError saying why there is none."""
-    try:
-        chosen, why = resolve_checkpoint(path)
-    except FileNotFoundError as exc:
-        raise EvalError(f"No checkpoint to evaluate: {exc}") from None
-    except ValueError as exc:  # a ckpt.pt or ckpt.dcp whose iteration cannot be read
-        raise EvalError(str(exc)) from None
-    if why:
-        print(f"zero_shot: {str(path)!r} {why}; evaluating {chosen}", file=sys.stderr)
-    return chosen
+    return checkpoint_for(path, "zero_shot", "evaluate", "evaluating", EvalError)
 
 
 def check_gpt2_tokenizer(ckpt: dict[str, Any], source: str) -> None:
