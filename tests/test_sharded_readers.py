@@ -221,3 +221,25 @@ def test_a_config_json_names_the_run_beside_it(tmp_path: Path) -> None:
     (moved / "config.json").write_text(json.dumps({"method": "pre_ln", "out_dir": str(tmp_path / "where_it_was")}))
     assert parse_config([str(moved / "config.json")], world_size=1).train.out_dir == str(moved)
     assert parse_config([str(moved / "config.json"), "--out_dir=elsewhere"], world_size=1).train.out_dir == "elsewhere"
+
+
+def test_a_save_that_cannot_put_its_folder_in_place_is_one_oserror_and_keeps_the_previous(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Said by every rank alike (any_rank), not by rank 0 alone while the others die in a barrier."""
+    import spheretnorm.runtime.sharded_checkpoint as sharded
+
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+
+    replace = sharded.os.replace
+
+    def refuse(src: Path, dst: Path) -> None:  # the folder's renames only, not meta.pt's
+        if Path(src).is_dir():
+            raise OSError(13, "Permission denied")
+        replace(src, dst)
+
+    monkeypatch.setattr(sharded.os, "replace", refuse)
+    with pytest.raises(OSError, match=rf"could not put the new {out / 'ckpt.dcp'} in place \(Permission denied\)"):
+        save(out / "ckpt.dcp", 6)
+    monkeypatch.undo()
+    assert load_checkpoint(out / "ckpt.dcp")["iter_num"] == 4
+    assert sharded.settle_interrupted_save(out / "ckpt.dcp").endswith("kept iter 6 as ckpt.dcp, and removed the rest.")
