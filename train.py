@@ -60,7 +60,7 @@ from spheretnorm.runtime.device import (
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, read_sharded_meta
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import load_sharded, save_sharded, settle_interrupted_save, wait_for_settled
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, load_sharded, save_sharded, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
@@ -72,11 +72,9 @@ from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
-from spheretnorm.runtime.checkpoint import load_checkpoint, newest_run_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
-    CKPT_NAME,
-    SHARDED_CKPT_NAME,
     EXIT_CONFIG,
     EXIT_CRASH,
     EXIT_OK,
@@ -123,7 +121,7 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
     """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint, nor
     another run's files (run_folder.earlier_run; `wanted`: the new run's settings);
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
-    settle_leftovers(train)
+    settle_at_start(train)
     check_checkpoint_kind(train)
     exists = checkpoint_path(train).exists()
     if exists and (train.eval_only or train.init_from in ("resume", "auto")) and not train.init_from.startswith(HF_PREFIX):
@@ -145,45 +143,6 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
             "continue it with --init_from=resume (or auto), or start again with --overwrite=true."
         )
     return train
-
-
-def settle_leftovers(train: TrainConfig) -> None:
-    """What an interrupted sharded save left in out_dir (ckpt.dcp.tmp, .old) is settled by rank 0
-    (sharded_checkpoint.settle_interrupted_save) before any rank looks for the checkpoint; the
-    others wait for it, so that every rank sees the same folder."""
-    folder = Path(train.out_dir) / SHARDED_CKPT_NAME
-    if int(os.environ.get("RANK", "0")) != 0:
-        wait_for_settled(folder, train.dist_timeout)
-        return
-    try:
-        note = settle_interrupted_save(folder)
-    except OSError as e:
-        raise OutDirError(str(e)) from None
-    except ValueError as e:  # a CheckpointError: which folder to remove
-        raise ConfigError(str(e)) from None
-    if note:
-        print(note)
-
-
-def check_newest_is_own(train: TrainConfig) -> None:
-    """With both ckpt.pt and ckpt.dcp in out_dir (a run consolidated, then resumed under the other
-    mode), resume from this mode's only when it is the newer (checkpoint.newest_run_checkpoint, the
-    choice every reader makes), saying so; the other mode's newer state is refused, saying how on."""
-    own = checkpoint_path(train)
-    try:
-        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name)
-    except ValueError as e:  # a checkpoint whose iteration cannot be read
-        raise ConfigError(str(e)) from None
-    if not why:
-        return
-    if chosen is not None and chosen.name != own.name:
-        other = "fsdp" if own.name == CKPT_NAME else "ddp"
-        how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
-               if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
-        raise ConfigError(
-            f"out_dir {str(train.out_dir)!r} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}."
-        )
-    print0(f"NOTE: out_dir {str(train.out_dir)!r} {why}; {'evaluating' if train.eval_only else 'resuming from'} {own.name}.")
 
 
 def hf_folder_of(train: TrainConfig) -> str | None:

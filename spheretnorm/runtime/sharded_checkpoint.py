@@ -29,7 +29,7 @@ import torch
 import torch.distributed as torch_dist
 
 from spheretnorm.optim import Optimizers, build_optimizer
-from spheretnorm.runtime.config import optimizer_settings
+from spheretnorm.runtime.config import ConfigError, TrainConfig, optimizer_settings
 from spheretnorm.runtime.checkpoint import (
     DCP_METADATA,
     SHARD_SUFFIX,
@@ -43,6 +43,7 @@ from spheretnorm.runtime.checkpoint import (
     describe_error,
     file_records,
     load_model,
+    newest_run_checkpoint,
     one_process_dcp,
     read_sharded_meta,
     safe_dcp_planner,
@@ -50,8 +51,8 @@ from spheretnorm.runtime.checkpoint import (
     write_failure_reason,
 )
 from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.runtime.distributed import DistInfo, any_rank
-from spheretnorm.runtime.run_folder import CKPT_NAME
+from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
+from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, OutDirError, checkpoint_path
 
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
@@ -170,6 +171,45 @@ def settle_interrupted_save(folder: str | Path) -> str:
             _remove_leftover(path)
     kept = f"kept iter {held[best]} as {folder.name}" if best is not None else "none held a whole checkpoint"
     return f"NOTE: an interrupted save left {' and '.join(p.name for p in leftovers)} in {folder.parent}; {kept}, and removed the rest."
+
+
+def settle_at_start(train: TrainConfig) -> None:
+    """What an interrupted sharded save left in out_dir (ckpt.dcp.tmp, .old) is settled by rank 0
+    (settle_interrupted_save) before any rank looks for the checkpoint (train.py, before the process
+    group exists); the others wait for it, so that every rank sees the same folder."""
+    folder = Path(train.out_dir) / SHARDED_CKPT_NAME
+    if int(os.environ.get("RANK", "0")) != 0:
+        wait_for_settled(folder, train.dist_timeout)
+        return
+    try:
+        note = settle_interrupted_save(folder)
+    except OSError as e:
+        raise OutDirError(str(e)) from None
+    except ValueError as e:  # a CheckpointError: which folder to remove
+        raise ConfigError(str(e)) from None
+    if note:
+        print(note)
+
+
+def check_newest_is_own(train: TrainConfig) -> None:
+    """With both ckpt.pt and ckpt.dcp in out_dir (a run consolidated, then resumed under the other
+    mode), train.py resumes from this mode's only when it is the newer (checkpoint.newest_run_checkpoint,
+    the choice every reader makes), saying so; the other mode's newer state is refused, saying how on."""
+    own = checkpoint_path(train)
+    try:
+        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name)
+    except ValueError as e:  # a checkpoint whose iteration cannot be read
+        raise ConfigError(str(e)) from None
+    if not why:
+        return
+    if chosen is not None and chosen.name != own.name:
+        other = "fsdp" if own.name == CKPT_NAME else "ddp"
+        how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
+               if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
+        raise ConfigError(
+            f"out_dir {str(train.out_dir)!r} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}."
+        )
+    print0(f"NOTE: out_dir {str(train.out_dir)!r} {why}; {'evaluating' if train.eval_only else 'resuming from'} {own.name}.")
 
 
 def _whole_iter(path: Path) -> int | None:
