@@ -10,8 +10,9 @@ The tokenizer is the one the model was trained with: the dataset's meta.json, wh
 stores in the checkpoint (GPT-2 BPE, built offline if need be, or the character vocabulary of
 a char-level dataset). Older checkpoints without it fall back to the meta.json in the run's
 data_dir, or --meta. Each sample is printed (prompt, then continuation) followed by a line of
-dashes. An out_dir without ckpt.pt is sampled from its ckpt.safetensors (scripts/export_hf.py
---format safetensors), with a line on stderr saying so. --sphere_impl changes how the sphere
+dashes. An out_dir is sampled from the newer of its ckpt.pt and ckpt.dcp (a --parallel=fsdp run's
+folder, which may also be given itself), else from its ckpt.safetensors (scripts/export_hf.py
+--format safetensors), with a line on stderr saying which when that is not its only checkpoint. --sphere_impl changes how the sphere
 update runs, not the samples (default: the checkpoint's, usually auto; a checkpoint's triton on a
 machine without a GPU samples with auto, with a line on stderr saying so). A --meta must be the
 training data's: another tokenizer or character vocabulary than the one the checkpoint records,
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("checkpoint", nargs="?", default=None,
-                        help="a ckpt.pt (or .safetensors) file, or an out_dir that holds one (ckpt.pt first, else ckpt.safetensors)")
+                        help="a ckpt.pt (or .safetensors) file, a ckpt.dcp folder, or an out_dir that holds one "
+                        "(the newer of ckpt.pt and ckpt.dcp, else ckpt.safetensors)")
     parser.add_argument("--out_dir", default=None, help="nanoGPT-style alternative to the positional checkpoint")
     parser.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file (default: %(default)r)")
     parser.add_argument("--num_samples", type=int, default=3, help="number of samples to draw")

@@ -39,7 +39,6 @@ from spheretnorm.runtime.run_folder import (
     read_metrics,
     CKPT_NAME,
     CONFIG_NAME,
-    SHARDED_CKPT_NAME,
     EXIT_COLLAPSE,
     EXIT_CONFIG,
     EXIT_CRASH,

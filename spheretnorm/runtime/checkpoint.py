@@ -392,7 +392,8 @@ EXPORT_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format 
 def checkpoint_iter(path: str | Path) -> int:
     """The iteration a ckpt.pt or a sharded folder holds, read without its tensors (mapped, not read)."""
     path = Path(path)
-    meta = read_torch_file(path / SHARDED_META) if path.is_dir() else read_torch_file(path, mmap=True)
+    # A zip archive (what torch.save writes) is mapped, its tensors not read; an older file is read whole.
+    meta = read_torch_file(path / SHARDED_META) if path.is_dir() else read_torch_file(path, mmap=zipfile.is_zipfile(path))
     iteration = meta.get("iter_num") if isinstance(meta, dict) else None
     if not isinstance(iteration, int) or isinstance(iteration, bool):
         raise CheckpointError(f"Checkpoint {str(path)!r} records no iter_num, which train.py writes; it is damaged.")
