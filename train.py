@@ -111,7 +111,7 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
     try:  # a sharded folder: its tensors are read by every rank's own shards (Trainer._restore)
         if path.is_dir():
-            return read_sharded_meta(path, require=RESUME_KEYS)
+            return read_sharded_meta(path, require=RESUME_KEYS, digests=int(os.environ.get("RANK", "0")) == 0)
         return load_checkpoint(path, map_location="cpu", require=RESUME_KEYS)
     except ValueError as e:  # not a checkpoint of this project, or one with disallowed objects
         raise ConfigError(str(e)) from None

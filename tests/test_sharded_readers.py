@@ -72,6 +72,7 @@ def test_sample_zero_shot_and_export_read_a_folder_its_ckpt_dcp_and_its_consolid
     whole = tmp_path / "ckpt.pt"
     consolidate([str(run / "ckpt.dcp"), "--out", str(whole)])
     expected = greedy(whole)
+    assert len(load_checkpoint(whole)["optimizer"]["state"]) == len(list(GPT(CONFIG).parameters()))  # the optimizer, whole
     assert greedy(run) == greedy(run / "ckpt.dcp") == expected
     for given in (run, run / "ckpt.dcp"):
         model, ckpt = load_eval_model(given)  # was: "does not match this version of model.py"

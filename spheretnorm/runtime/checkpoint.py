@@ -550,10 +550,12 @@ def sharded_shapes(path: Path, where: str, prefix: str = "model.") -> dict[str, 
     }
 
 
-def read_sharded_meta(path: str | Path, require: tuple[str, ...] = ()) -> dict[str, Any]:
+def read_sharded_meta(path: str | Path, require: tuple[str, ...] = (), digests: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a sharded folder without its tensors (meta.pt), checked as
     check_checkpoint checks a file: the format tag, the config, the weights' names and shapes (from
-    the folder's index) and the keys in `require` (the optimizer's tensors count when present)."""
+    the folder's index) and the keys in `require` (the optimizer's tensors count when present); and
+    that its files are those of the save it records (check_save_files; digests=False: by their
+    sizes only, for the ranks of a resume other than rank 0, which reads every byte once for all)."""
     path = Path(path)
     where = f"Sharded checkpoint {str(path)!r}"
     if not (path / SHARDED_META).is_file():
@@ -566,7 +568,7 @@ def read_sharded_meta(path: str | Path, require: tuple[str, ...] = ()) -> dict[s
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise CheckpointError(f"{where} is not a spheretnorm sharded checkpoint (format {found!r}, expected {SHARDED_FORMAT!r}).")
     check_checkpoint({**meta, "format": CHECKPOINT_FORMAT, "model": sharded_shapes(path, where)}, where)
-    check_save_files(path, meta, where)  # after the index's own checks, which name a missing or cut file plainly
+    check_save_files(path, meta, where, digests)  # after the index's own checks, which name a missing or cut file plainly
     has_optimizer = bool(sharded_shapes(path, where, "optimizer."))
     missing = [key for key in require if key not in meta and not (key == "optimizer" and has_optimizer)]
     if missing:
@@ -586,7 +588,7 @@ def file_records(folder: Path, names: list[str]) -> dict[str, list]:
     return records
 
 
-def check_save_files(path: Path, meta: dict[str, Any], where: str) -> None:
+def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool = True) -> None:
     """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
     shard copied in from another save of the same shape would load without a word otherwise): each
     recorded file there with its size and digest, and no other shard. A folder written before saves
@@ -606,7 +608,7 @@ def check_save_files(path: Path, meta: dict[str, Any], where: str) -> None:
         size = (path / name).stat().st_size
         if size != record[0]:
             raise CheckpointError(f"{where} is damaged: its file {name} has {size} bytes where its {save} wrote {record[0]}.")
-        if file_records(path, [name])[name] != list(record):
+        if digests and file_records(path, [name])[name] != list(record):
             raise CheckpointError(
                 f"{where} holds a {name} that its {save} did not write (its digest differs): the file is from another save "
                 "or damaged; copy the whole folder of one save."

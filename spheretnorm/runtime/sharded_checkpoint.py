@@ -42,6 +42,7 @@ from spheretnorm.runtime.checkpoint import (
     dcp_errors,
     describe_error,
     file_records,
+    load_checkpoint,
     load_model,
     newest_run_checkpoint,
     one_process_dcp,
@@ -282,11 +283,11 @@ def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False) ->
     existing `out` is replaced only with overwrite (check_consolidate_out)."""
     folder, out = Path(folder), Path(out)
     check_consolidate_out(folder, out, overwrite)
-    meta = read_sharded_meta(folder, require=("optimizer", "train_config"))
-    model = load_model(folder)  # the whole weights, then the optimizer state by name into a whole optimizer
-    optimizer = build_optimizer(model, optimizer_settings(meta["train_config"]))
+    ckpt = load_checkpoint(folder, require=("optimizer", "train_config"))  # checked once, the whole weights read
+    model = load_model(ckpt)  # then the optimizer state by name into a whole optimizer
+    optimizer = build_optimizer(model, optimizer_settings(ckpt["train_config"]))
     load_sharded(folder, model, optimizer)
-    fields = {k: v for k, v in meta.items() if k not in ("format", "model_config")}
+    fields = {k: v for k, v in ckpt.items() if k not in ("format", "model_config", "model")}
     atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **fields}, out)
     return out
 
