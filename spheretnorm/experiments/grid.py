@@ -209,7 +209,10 @@ def stopped_row(out_dir: Path) -> dict[str, Any] | None:
 def checkpoint_path(out_dir: Path) -> Path:
     """The run's checkpoint as every reader takes it (runtime.checkpoint.newest_run_checkpoint: the
     newer of ckpt.pt and the sharded ckpt.dcp of a --parallel=fsdp run); ckpt.pt where neither is there."""
-    chosen, _ = newest_run_checkpoint(out_dir)
+    try:
+        chosen, _ = newest_run_checkpoint(out_dir)
+    except ValueError:  # one of the two cannot be read: the reader given the run folder says which, in one line
+        chosen = None
     return chosen if chosen is not None else Path(out_dir) / CKPT_NAME
 
 
