@@ -10,8 +10,9 @@ The tokenizer is the one the model was trained with: the dataset's meta.json, wh
 stores in the checkpoint (GPT-2 BPE, built offline if need be, or the character vocabulary of
 a char-level dataset). Older checkpoints without it fall back to the meta.json in the run's
 data_dir, or --meta. Each sample is printed (prompt, then continuation) followed by a line of
-dashes. An out_dir without ckpt.pt is sampled from its ckpt.safetensors (scripts/export_hf.py
---format safetensors), with a line on stderr saying so. --sphere_impl changes how the sphere
+dashes. An out_dir is sampled from the newer of its ckpt.pt and ckpt.dcp (a --parallel=fsdp run's
+folder, which may also be given itself), else from its ckpt.safetensors (scripts/export_hf.py
+--format safetensors), with a line on stderr saying which when that is not its only checkpoint. --sphere_impl changes how the sphere
 update runs, not the samples (default: the checkpoint's, usually auto; a checkpoint's triton on a
 machine without a GPU samples with auto, with a line on stderr saying so). A --meta must be the
 training data's: another tokenizer or character vocabulary than the one the checkpoint records,
@@ -40,11 +41,7 @@ from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, T
 from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import SAFETENSORS_SUFFIX, is_sharded_checkpoint, load_checkpoint, load_model
-from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME
-
-CKPT_NAME = "ckpt.pt"
-SAFETENSORS_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
+from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"
 
@@ -64,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("checkpoint", nargs="?", default=None,
-                        help="a ckpt.pt (or .safetensors) file, or an out_dir that holds one (ckpt.pt first, else ckpt.safetensors)")
+                        help="a ckpt.pt (or .safetensors) file, a ckpt.dcp folder, or an out_dir that holds one "
+                        "(the newer of ckpt.pt and ckpt.dcp, else ckpt.safetensors)")
     parser.add_argument("--out_dir", default=None, help="nanoGPT-style alternative to the positional checkpoint")
     parser.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file (default: %(default)r)")
     parser.add_argument("--num_samples", type=int, default=3, help="number of samples to draw")
@@ -151,34 +149,13 @@ def read_start(start: str) -> str:
 
 
 def checkpoint_file(path: Path) -> Path:
-    """The checkpoint file itself (or a sharded checkpoint folder), or the one inside an out_dir:
-    ckpt.pt, else ckpt.safetensors, else the sharded ckpt.dcp of a --parallel=fsdp run.
+    """The checkpoint file or sharded folder itself, or the one a run folder's samples come from
+    (runtime.checkpoint.resolve_checkpoint: the newer of ckpt.pt and ckpt.dcp, else ckpt.safetensors).
 
-    When the out_dir's file is not plainly its ckpt.pt (only a ckpt.safetensors, or both),
-    one line on stderr says which file the samples come from.
+    When the out_dir's choice is not its only checkpoint, or is the export, one line on stderr
+    says which one the samples come from.
     """
-    if is_sharded_checkpoint(path):
-        return path
-    if not path.is_dir():
-        if not path.is_file():
-            raise SampleError(
-                f"No checkpoint to sample from: {str(path)!r} does not exist; give a ckpt.pt file or an out_dir that holds one."
-            )
-        return path
-    pt, st = path / CKPT_NAME, path / SAFETENSORS_NAME
-    if pt.is_file():
-        if st.is_file():
-            print(f"sample.py: {str(path)!r} holds {CKPT_NAME} and {SAFETENSORS_NAME}; sampling from {pt}", file=sys.stderr)
-        return pt
-    if st.is_file():
-        print(f"sample.py: {str(path)!r} has no {CKPT_NAME}; sampling from {st}", file=sys.stderr)
-        return st
-    if is_sharded_checkpoint(path / SHARDED_CKPT_NAME):
-        return path / SHARDED_CKPT_NAME
-    raise SampleError(
-        f"No checkpoint to sample from: the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {SAFETENSORS_NAME}; "
-        "give a checkpoint or an out_dir that holds one."
-    )
+    return checkpoint_for(path, "sample.py", "sample from", "sampling from", SampleError)
 
 
 def with_sphere_impl(ckpt: dict[str, Any], impl: str | None, device_type: str) -> dict[str, Any]:

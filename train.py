@@ -60,7 +60,7 @@ from spheretnorm.runtime.device import (
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, read_sharded_meta
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import load_sharded, save_sharded
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, load_sharded, save_sharded, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
@@ -111,7 +111,7 @@ def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
     try:  # a sharded folder: its tensors are read by every rank's own shards (Trainer._restore)
         if path.is_dir():
-            return read_sharded_meta(path, require=RESUME_KEYS)
+            return read_sharded_meta(path, require=RESUME_KEYS, digests=int(os.environ.get("RANK", "0")) == 0)
         return load_checkpoint(path, map_location="cpu", require=RESUME_KEYS)
     except ValueError as e:  # not a checkpoint of this project, or one with disallowed objects
         raise ConfigError(str(e)) from None
@@ -121,8 +121,11 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
     """init_from=auto becomes resume or scratch; a new run never silently replaces a checkpoint, nor
     another run's files (run_folder.earlier_run; `wanted`: the new run's settings);
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
+    settle_at_start(train)
     check_checkpoint_kind(train)
     exists = checkpoint_path(train).exists()
+    if exists and (train.eval_only or train.init_from in ("resume", "auto")) and not train.init_from.startswith(HF_PREFIX):
+        check_newest_is_own(train)
     if train.eval_only and not train.init_from.startswith(HF_PREFIX):
         if not exists:
             raise ConfigError(

@@ -346,7 +346,7 @@ def write_bad_checkpoint(kind: str, tmp_path: Path) -> Path:
     "kind, message",
     [
         ("missing", "does not exist"),
-        ("directory", "is a directory"),
+        ("directory", "has no ckpt.pt, ckpt.dcp or ckpt.safetensors"),
         ("foreign", "not a spheretnorm checkpoint"),
         ("text", "not a PyTorch checkpoint"),
         ("char", "'char' tokenizer"),
@@ -434,7 +434,7 @@ def test_zero_shot_script_reports_bad_input_in_one_line_and_exits_2(tmp_path: Pa
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: Checkpoint") and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: No checkpoint to evaluate:") and "Traceback" not in proc.stderr
 
 
 # -----------------------------------------------------------------------------

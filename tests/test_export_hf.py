@@ -577,4 +577,6 @@ def test_cli_reports_a_bad_checkpoint_in_one_line(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: Checkpoint {str(tmp_path / 'nope.pt')!r} does not exist."]
+    assert result.stderr.strip().splitlines() == [
+        f"error: No checkpoint to export: {str(tmp_path / 'nope.pt')!r} does not exist; give a ckpt.pt file, a ckpt.dcp folder or an out_dir that holds one."
+    ]

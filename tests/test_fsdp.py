@@ -349,9 +349,7 @@ def test_sampling_and_zero_shot_take_the_sharded_folder(stopped: tuple[Path, dic
 
 
 def test_a_replacement_cut_between_its_renames_is_taken_back(stopped: tuple[Path, dict], data_dir: Path, tmp_path: Path) -> None:
-    from spheretnorm.runtime.run_folder import check_checkpoint_kind
-
     shutil.copytree(stopped[0] / "ckpt.dcp", tmp_path / "ckpt.dcp.old")  # the old one moved aside, the new not yet in
-    check_checkpoint_kind(parse_config(tiny_args(data_dir, tmp_path, "--parallel=fsdp", "--init_from=auto")).train)
+    train.resolve_init_from(parse_config(tiny_args(data_dir, tmp_path, "--parallel=fsdp", "--init_from=auto")).train)
     assert (tmp_path / "ckpt.dcp").is_dir() and not (tmp_path / "ckpt.dcp.old").exists()
     assert load_checkpoint(tmp_path / "ckpt.dcp")["iter_num"] >= 10

@@ -243,7 +243,7 @@ def test_cli_errors_are_one_line_and_exit_code_2(tmp_path: Path, capsys: pytest.
     missing = tmp_path / "missing"
     assert sample.cli([str(missing)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: No checkpoint to sample from: {str(missing)!r} does not exist; give a ckpt.pt file or an out_dir that holds one."
+        f"error: No checkpoint to sample from: {str(missing)!r} does not exist; give a ckpt.pt file, a ckpt.dcp folder or an out_dir that holds one."
     ]
 
 
@@ -283,7 +283,7 @@ def test_an_out_dir_with_only_ckpt_safetensors_is_sampled_from_it(char_run: Path
     expected = run(str(char_run), *args)
     assert capsys.readouterr().err == ""  # an out_dir with only ckpt.pt: nothing to say
     assert run(str(export), *args) == expected
-    assert capsys.readouterr().err.splitlines() == [f"sample.py: {str(export)!r} has no ckpt.pt; sampling from {export / 'ckpt.safetensors'}"]
+    assert capsys.readouterr().err.splitlines() == [f"sample.py: {str(export)!r} has no ckpt.pt or ckpt.dcp; sampling from {export / 'ckpt.safetensors'}"]
     both = tmp_path / "both"
     both.mkdir()
     (both / "ckpt.pt").write_bytes((char_run / "ckpt.pt").read_bytes())

@@ -487,7 +487,9 @@ def test_bench_reports_every_requested_connection(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("connection", ["pre_ln", "p_spheret"])
-def test_eval_only_with_the_runs_own_config_json(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, connection: str) -> None:
+def test_eval_only_with_the_runs_own_config_json(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, connection: str
+) -> None:
     """A run folder's config.json is a config file: `train.py RUN/config.json --eval_only=true`
     evaluates the run as it was trained (the keys it records besides the configs, such as method
     and num_params, are skipped, not refused), and gives the last evaluation's val loss again."""
@@ -505,6 +507,14 @@ def test_eval_only_with_the_runs_own_config_json(data_dir: Path, tmp_path: Path,
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"kind": "eval"')]
     assert rows and rows[-1]["val_loss"] == pytest.approx(want, abs=1e-6)
     assert read_metrics(out, "eval") == evals  # an evaluation writes nothing
+    if connection != "pre_ln":
+        return  # once is enough for what follows
+    # Moved, and read from another working folder: the config.json is the run beside it, not the one it records.
+    out.rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path)
+    train.main([str(Path("moved") / "config.json"), "--eval_only=true"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"kind": "eval"')]
+    assert rows and rows[-1]["val_loss"] == pytest.approx(want, abs=1e-6)
 
 
 def test_a_config_json_that_is_no_run_config_is_one_clear_error(tmp_path: Path) -> None:

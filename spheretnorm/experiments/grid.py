@@ -34,11 +34,11 @@ from spheretnorm.runtime.methods import PAPER_METHODS, display_name, method_keys
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPTConfig
+from spheretnorm.runtime.checkpoint import newest_run_checkpoint
 from spheretnorm.runtime.run_folder import (
     read_metrics,
     CKPT_NAME,
     CONFIG_NAME,
-    SHARDED_CKPT_NAME,
     EXIT_COLLAPSE,
     EXIT_CONFIG,
     EXIT_CRASH,
@@ -211,10 +211,13 @@ def stopped_row(out_dir: Path) -> dict[str, Any] | None:
 
 
 def checkpoint_path(out_dir: Path) -> Path:
-    """The run's checkpoint: ckpt.pt, or the sharded folder ckpt.dcp of a --parallel=fsdp run
-    (every reader takes either: runtime/checkpoint.load_model); ckpt.pt where neither is there."""
-    sharded = Path(out_dir) / SHARDED_CKPT_NAME
-    return sharded if sharded.is_dir() and not (Path(out_dir) / CKPT_NAME).is_file() else Path(out_dir) / CKPT_NAME
+    """The run's checkpoint as every reader takes it (runtime.checkpoint.newest_run_checkpoint: the
+    newer of ckpt.pt and the sharded ckpt.dcp of a --parallel=fsdp run); ckpt.pt where neither is there."""
+    try:
+        chosen, _ = newest_run_checkpoint(out_dir)
+    except ValueError:  # one of the two cannot be read: the reader given the run folder says which, in one line
+        chosen = None
+    return chosen if chosen is not None else Path(out_dir) / CKPT_NAME
 
 
 def has_checkpoint(out_dir: Path) -> bool:

@@ -82,7 +82,7 @@ from typing import Any
 
 from spheretnorm.runtime.run_folder import checkpoint_path as written_checkpoint  # the file or folder a run writes
 from spheretnorm.runtime.run_folder import (
-    CKPT_NAME, SLURM_JOBS_NAME, OutDirError, check_folder, earlier_run, slurm_lock_name, write_json_atomic,
+    SLURM_JOBS_NAME, OutDirError, check_folder, earlier_run, slurm_lock_name, write_json_atomic,
 )
 from spheretnorm.experiments.grid import (
     checkpoint_path,
@@ -318,7 +318,7 @@ def zero_shot_command(run: GridRun, eval_args: list[str]) -> list[str]:
     return [
         "python",
         "eval/zero_shot.py",
-        f"--ckpt={checkpoint_path(run.out_dir)}",
+        f"--ckpt={run.out_dir}",  # the run folder: eval/zero_shot.py takes its newest checkpoint when it starts
         "--tasks=paper",
         f"--out={run.out_dir / ZERO_SHOT_NAME}",
         *eval_args,
@@ -605,7 +605,7 @@ def plan(
             add_zero_shot(run, None)
             continue
         if run.finished:
-            skipped.append(f"{run.name}: finished (eval at iter {last_eval_iter(run.path)} >= max_iters {run.max_iters}, {CKPT_NAME} there) in {run.out_dir}")
+            skipped.append(f"{run.name}: finished (eval at iter {last_eval_iter(run.path)} >= max_iters {run.max_iters}, {checkpoint_path(run.path).name} there) in {run.out_dir}")
             if chain_zero_shot:
                 add_zero_shot(run, None)
             continue

@@ -27,6 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from spheretnorm.runtime.checkpoint import checkpoint_for
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.hf.release import FORMATS, export
@@ -35,12 +36,12 @@ from spheretnorm.hf.folder import HFFolderError
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--ckpt", required=True, help="a checkpoint written by train.py (ckpt.pt)")
+    parser.add_argument("--ckpt", required=True, help="a checkpoint written by train.py (ckpt.pt or ckpt.dcp), or its run folder (the newer of the two)")
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--format", default="hf", choices=FORMATS, help="hf: a transformers model folder; safetensors: weights and config only")
     args = parser.parse_args(argv)
     try:
-        written = export(Path(args.ckpt), Path(args.out), args.format)
+        written = export(checkpoint_for(args.ckpt, "export_hf", "export", "exporting", ValueError), Path(args.out), args.format)
     except (HFFolderError, EvalError, FileNotFoundError, ValueError) as e:  # EvalError: no GPT-2 BPE files
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

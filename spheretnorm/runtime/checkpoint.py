@@ -15,10 +15,12 @@ so every reader of ckpt.pt reads it too; runtime/sharded_checkpoint.py writes an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import pickle
 import re
+import sys
 import warnings
 import zipfile
 from dataclasses import asdict
@@ -32,12 +34,14 @@ from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.imports import import_recorded, recorded_imports
+from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
 SHARDED_FORMAT = "spheretnorm-dcp-v1"
 SHARDED_META = "meta.pt"  # a sharded folder's config, progress and RNG: everything but the tensors
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the folder's tensors
+SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files, __<rank>_<n>.distcp
 
 
 def atomic_torch_save(obj: object, path: str | Path) -> None:
@@ -160,8 +164,8 @@ def load_checkpoint(
     path = Path(path)
     if path.is_dir():  # a sharded checkpoint (train.py --parallel=fsdp), read whole
         ckpt = read_sharded_meta(path, require)
-        ckpt["model"] = read_sharded_weights(path)
-        return ckpt
+        # Whole in this process, it is a ckpt.pt's dict: load_model and the exports take it as one.
+        return {**ckpt, "format": CHECKPOINT_FORMAT, "model": read_sharded_weights(path)}
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
     if path.suffix == SAFETENSORS_SUFFIX:
@@ -380,6 +384,80 @@ def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.devi
 
 
 # -----------------------------------------------------------------------------
+# Which checkpoint of a run folder: the one decision every reader and resume calls
+
+EXPORT_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
+
+
+def checkpoint_iter(path: str | Path) -> int:
+    """The iteration a ckpt.pt or a sharded folder holds, read without its tensors (mapped, not read)."""
+    path = Path(path)
+    # A zip archive (what torch.save writes) is mapped, its tensors not read; an older file is read whole.
+    meta = read_torch_file(path / SHARDED_META) if path.is_dir() else read_torch_file(path, mmap=zipfile.is_zipfile(path))
+    iteration = meta.get("iter_num") if isinstance(meta, dict) else None
+    if not isinstance(iteration, int) or isinstance(iteration, bool):
+        raise CheckpointError(f"Checkpoint {str(path)!r} records no iter_num, which train.py writes; it is damaged.")
+    return iteration
+
+
+def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME) -> tuple[Path | None, str]:
+    """Of a run folder's ckpt.pt and ckpt.dcp, the one holding the later iteration (`prefer` when both
+    hold the same one), and, when both exist, a phrase that says so and which was taken; (None, '')
+    when neither exists. A run consolidated and then resumed under the other parallel mode leaves
+    both, the older one stale: taking the newer keeps every reader on the run's last state."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in (CKPT_NAME, SHARDED_CKPT_NAME) if (run_dir / name).exists()]
+    if len(found) < 2:
+        return (found[0] if found else None), ""
+    iters = {path: checkpoint_iter(path) for path in found}
+    chosen = max(found, key=lambda path: (iters[path], path.name == prefer))
+    both = " and ".join(f"{path.name} (iter {iters[path]})" for path in found)
+    which = f"; {chosen.name} is the newer" if len(set(iters.values())) > 1 else ", the same iteration"
+    return chosen, f"holds {both}{which}"
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """The checkpoint that `path` names for a reader (sample.py, zero-shot, the exports): a checkpoint
+    file or sharded folder itself; in a run folder the newer of ckpt.pt and ckpt.dcp
+    (newest_run_checkpoint), else its ckpt.safetensors export. The second value is '' or a phrase on
+    why that one, for the caller to print after the folder's name (another checkpoint is beside it,
+    or it is an export). Nothing there is a FileNotFoundError naming `path`, worded to follow
+"No checkpoint: " or the like."""
+    path = Path(path)
+    if not path.is_dir() or is_sharded_checkpoint(path):
+        if not path.exists():
+            raise FileNotFoundError(f"{str(path)!r} does not exist; give a ckpt.pt file, a ckpt.dcp folder or an out_dir that holds one.")
+        return path, ""
+    chosen, why = newest_run_checkpoint(path)
+    export = path / EXPORT_NAME
+    if chosen is None and export.is_file():
+        return export, f"has no {CKPT_NAME} or {SHARDED_CKPT_NAME}"
+    if chosen is None:
+        raise FileNotFoundError(
+            f"the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {EXPORT_NAME}; give a checkpoint or an out_dir that holds one."
+        )
+    if not why and export.is_file():
+        why = f"holds {chosen.name} and {EXPORT_NAME}"
+    return chosen, why
+
+
+def checkpoint_for(path: str | Path, program: str, purpose: str, doing: str, error: type[Exception]) -> Path:
+    """resolve_checkpoint for a command that reads one (sample.py, zero-shot, the export): why that
+    one, when there is a why, is a line on stderr ('sample.py: 'out/RUN' holds ...; sampling from
+    out/RUN/ckpt.dcp'), and no checkpoint, or one whose iteration cannot be read, is `error` of
+    one sentence ('No checkpoint to sample from: ...')."""
+    try:
+        chosen, why = resolve_checkpoint(path)
+    except FileNotFoundError as e:
+        raise error(f"No checkpoint to {purpose}: {e}") from None
+    except ValueError as e:
+        raise error(str(e)) from None
+    if why:
+        print(f"{program}: {str(path)!r} {why}; {doing} {chosen}", file=sys.stderr)
+    return chosen
+
+
+# -----------------------------------------------------------------------------
 # Sharded checkpoints (folders), read into one process
 
 
@@ -472,10 +550,12 @@ def sharded_shapes(path: Path, where: str, prefix: str = "model.") -> dict[str, 
     }
 
 
-def read_sharded_meta(path: str | Path, require: tuple[str, ...] = ()) -> dict[str, Any]:
+def read_sharded_meta(path: str | Path, require: tuple[str, ...] = (), digests: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a sharded folder without its tensors (meta.pt), checked as
     check_checkpoint checks a file: the format tag, the config, the weights' names and shapes (from
-    the folder's index) and the keys in `require` (the optimizer's tensors count when present)."""
+    the folder's index) and the keys in `require` (the optimizer's tensors count when present); and
+    that its files are those of the save it records (check_save_files; digests=False: by their
+    sizes only, for the ranks of a resume other than rank 0, which reads every byte once for all)."""
     path = Path(path)
     where = f"Sharded checkpoint {str(path)!r}"
     if not (path / SHARDED_META).is_file():
@@ -488,11 +568,51 @@ def read_sharded_meta(path: str | Path, require: tuple[str, ...] = ()) -> dict[s
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise CheckpointError(f"{where} is not a spheretnorm sharded checkpoint (format {found!r}, expected {SHARDED_FORMAT!r}).")
     check_checkpoint({**meta, "format": CHECKPOINT_FORMAT, "model": sharded_shapes(path, where)}, where)
+    check_save_files(path, meta, where, digests)  # after the index's own checks, which name a missing or cut file plainly
     has_optimizer = bool(sharded_shapes(path, where, "optimizer."))
     missing = [key for key in require if key not in meta and not (key == "optimizer" and has_optimizer)]
     if missing:
         raise CheckpointError(f"{where} lacks {', '.join(missing)}, which train.py writes and this use of it needs; it is damaged.")
     return meta
+
+
+def file_records(folder: Path, names: list[str]) -> dict[str, list]:
+    """[size, sha256] of each named file of `folder`, as a save records them in its meta.pt."""
+    records = {}
+    for name in names:
+        digest = hashlib.sha256()
+        with open(folder / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        records[name] = [(folder / name).stat().st_size, digest.hexdigest()]
+    return records
+
+
+def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool = True) -> None:
+    """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
+    shard copied in from another save of the same shape would load without a word otherwise): each
+    recorded file there with its size and digest, and no other shard. A folder written before saves
+    recorded them (no files key) has nothing to check against and is taken as it is."""
+    recorded = meta.get("files")
+    if recorded is None:
+        return
+    save = f"save {meta.get('save_id')!r}"
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{where} has a {SHARDED_META} whose record of its files is damaged; its {save} cannot be checked.")
+    for name in sorted(p.name for p in path.glob(f"*{SHARD_SUFFIX}")):
+        if name not in recorded:
+            raise CheckpointError(f"{where} holds {name}, which its {save} did not write; remove that file, or copy the whole folder of one save.")
+    for name, record in sorted(recorded.items()):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{where} is damaged: its shard file {name} is missing.")
+        size = (path / name).stat().st_size
+        if size != record[0]:
+            raise CheckpointError(f"{where} is damaged: its file {name} has {size} bytes where its {save} wrote {record[0]}.")
+        if digests and file_records(path, [name])[name] != list(record):
+            raise CheckpointError(
+                f"{where} holds a {name} that its {save} did not write (its digest differs): the file is from another save "
+                "or damaged; copy the whole folder of one save."
+            )
 
 
 def dcp_errors() -> tuple[type[BaseException], ...]:

@@ -384,7 +384,9 @@ CONFIG_SUFFIXES = (".py", ".json")
 def read_run_config(path: str) -> dict[str, Any]:
     """The config keys of a run folder's config.json (train.py writes it): both configs, with the
     connection's parameters as keys of their own; what it records besides (RUN_RECORD_KEYS) is left
-    out, so that `train.py out/RUN/config.json --eval_only=true` evaluates the run as it was trained."""
+    out, so that `train.py out/RUN/config.json --eval_only=true` evaluates the run as it was trained.
+    Its out_dir is the folder holding it, not the one it records: a run folder moved (or read from
+    another working folder) is still the run evaluated, never another that took its old place."""
     values = read_json_object(path, ConfigError, "give the config.json that train.py wrote into a run folder.")
     nested = {}
     for holder in ("connection_params", "optimizer_params"):
@@ -392,6 +394,8 @@ def read_run_config(path: str) -> dict[str, Any]:
         if not isinstance(params, dict):
             raise ConfigError(f"{path!r} has {holder}={params!r:.60}, where an object of keys belongs.")
         nested.update(params)
+    if "out_dir" in values:  # the run is the folder this config.json is in, wherever that folder has moved
+        values["out_dir"] = str(Path(path).parent)
     return {**{k: v for k, v in values.items() if k not in RUN_RECORD_KEYS}, **nested}
 
 

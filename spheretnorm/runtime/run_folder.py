@@ -89,14 +89,10 @@ def checkpoint_path(train: TrainConfig) -> Path:
 
 
 def check_checkpoint_kind(train: TrainConfig) -> None:
-    """Take back a sharded folder whose replacement stopped between its two renames (ckpt.dcp.old,
-    see sharded_checkpoint.save_sharded), and refuse a resume that would miss the checkpoint the
-    other parallel mode wrote (a new run over it is refused as any other run's files are)."""
+    """Refuse a resume that would miss the checkpoint the other parallel mode wrote (a new run over
+    it is refused as any other run's files are). What an interrupted sharded save left is settled
+    before (sharded_checkpoint.settle_interrupted_save)."""
     folder = Path(train.out_dir) / SHARDED_CKPT_NAME
-    old = folder.with_name(folder.name + ".old")
-    if not folder.exists() and old.is_dir():
-        with contextlib.suppress(FileNotFoundError):  # another rank took it back first
-            os.replace(old, folder)
     own = checkpoint_path(train)
     other, mode = (Path(train.out_dir) / CKPT_NAME, "ddp") if train.parallel == "fsdp" else (folder, "fsdp")
     if own.exists() or not other.exists() or not (train.init_from in ("resume", "auto") or train.eval_only):

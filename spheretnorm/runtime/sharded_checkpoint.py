@@ -2,21 +2,26 @@
 
 The folder (out_dir/ckpt.dcp) is a torch.distributed.checkpoint folder of the model's and the
 optimizer's state by parameter name (so a resume on another number of ranks reshards it), plus
-meta.pt (runtime/checkpoint.py's SHARDED_META: config, progress, RNG). It is written as
+meta.pt (runtime/checkpoint.py's SHARDED_META: config, progress, RNG, and the save's id with the
+size and digest of each of its files, so that a file of another save is refused). It is written as
 ckpt.dcp.tmp and renamed when whole, so a crash or a full disk mid-write leaves the previous
-checkpoint as it was; between the two renames of a replacement the previous one is ckpt.dcp.old,
-which a resume takes back when ckpt.dcp is missing (run_folder.check_checkpoint_kind).
+checkpoint as it was; between the two renames of a replacement the previous one is ckpt.dcp.old.
+The next start settles whatever an interrupted save left (settle_interrupted_save: the newest whole
+checkpoint is kept), and a save removes a leftover ckpt.dcp.old that would block its renames.
 
-    python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt]
+    python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt] [--overwrite]
 
 turns a folder into one ckpt.pt of the usual format (consolidate), in one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +29,10 @@ import torch
 import torch.distributed as torch_dist
 
 from spheretnorm.optim import Optimizers, build_optimizer
-from spheretnorm.runtime.config import optimizer_settings
+from spheretnorm.runtime.config import ConfigError, TrainConfig, optimizer_settings
 from spheretnorm.runtime.checkpoint import (
+    DCP_METADATA,
+    SHARD_SUFFIX,
     SHARDED_FORMAT,
     SHARDED_META,
     CheckpointError,
@@ -34,7 +41,10 @@ from spheretnorm.runtime.checkpoint import (
     dcp_cause,
     dcp_errors,
     describe_error,
+    file_records,
+    load_checkpoint,
     load_model,
+    newest_run_checkpoint,
     one_process_dcp,
     read_sharded_meta,
     safe_dcp_planner,
@@ -42,7 +52,8 @@ from spheretnorm.runtime.checkpoint import (
     write_failure_reason,
 )
 from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.runtime.distributed import DistInfo, any_rank
+from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
+from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, OutDirError, checkpoint_path
 
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
@@ -62,9 +73,11 @@ def _state(model: torch.nn.Module, optimizer: Optimizers | None) -> dict[str, An
 def save_sharded(
     path: str | Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], dist: DistInfo, device: str
 ) -> None:
-    """Every rank writes its shards into path.tmp, rank 0 adds meta.pt (`extra`, less the tensors),
-    then the folder replaces `path`. A write that fails on any rank fails on all of them, with an
-    OSError naming the folder, and leaves `path` as it was (its temporary folder removed)."""
+    """Every rank writes its shards into path.tmp and digests them, rank 0 adds meta.pt (`extra`,
+    less the tensors, with the save's id and every file's size and digest: save_record), then the
+    folder replaces `path`. A write or a replacement that fails on any rank fails on all of them,
+    with an OSError naming the folder, and leaves `path` as it was (a failed write's temporary
+    folder removed; a failed replacement's whole one kept for the next start, settle_interrupted_save)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
@@ -73,12 +86,19 @@ def save_sharded(
         shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier write
     _barrier()
     failure: BaseException | None = None
+    digests: dict[str, list] = {}
     try:
-        dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
-        if dist.is_master:
-            atomic_torch_save({**extra, "format": SHARDED_FORMAT}, tmp / SHARDED_META)
+        with contextlib.nullcontext() if torch_dist.is_initialized() else one_process_dcp():
+            dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
+        digests = file_records(tmp, sorted(p.name for p in tmp.glob(f"__{dist.rank}_*{SHARD_SUFFIX}")))
     except dcp_errors() as e:  # any failure here must reach every rank, or the others wait for it
         failure = dcp_cause(e)
+    digests = _gathered(digests, dist)  # every rank, even one that failed: a collective
+    if dist.is_master and failure is None:
+        try:
+            atomic_torch_save({**extra, "format": SHARDED_FORMAT, **save_record(tmp, digests)}, tmp / SHARDED_META)
+        except dcp_errors() as e:
+            failure = e
     if any_rank(failure is not None, dist, device):
         if dist.is_master:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -86,12 +106,139 @@ def save_sharded(
             raise failure  # no file system's doing: a bug, with its traceback
         reason = write_failure_reason(failure) if failure is not None else "another rank could not write its shard"
         raise OSError(getattr(failure, "errno", None) or errno.EIO, f"could not write {path} ({reason})") from None
-    if dist.is_master:
+    failure = _put_in_place(tmp, path, old) if dist.is_master else None
+    if any_rank(failure is not None, dist, device):  # rank 0's failure, said by every rank (not a dead peer)
+        reason = write_failure_reason(failure) if failure is not None else "rank 0 could not rename it"
+        raise OSError(getattr(failure, "errno", None) or errno.EIO, f"could not put the new {path} in place ({reason})") from None
+    _barrier()
+
+
+def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
+    """Replace `path` by the whole folder `tmp`, the previous one moved to `old` in between (a
+    leftover `old` of an interrupted save is removed first: it would block the rename); the
+    OSError of a failure, None when done. Removing `old` last is best effort: the next save or
+    start removes what stays."""
+    try:
+        if old.exists():
+            shutil.rmtree(old)
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    except OSError as e:
+        return e
+    shutil.rmtree(old, ignore_errors=True)
+    return None
+
+
+def _gathered(digests: dict[str, list], dist: DistInfo) -> dict[str, list]:
+    """Every rank's records of its own shard files, merged (rank 0 needs them all for meta.pt)."""
+    if not (torch_dist.is_initialized() and torch_dist.get_world_size() > 1):
+        return digests
+    parts: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(parts, digests)
+    return {name: record for part in parts for name, record in (part or {}).items()}
+
+
+def save_record(folder: Path, digests: dict[str, list]) -> dict[str, Any]:
+    """What ties a save's files together in its meta.pt: a new id, and the size and digest of each
+    file (the shards the ranks digested, the index and any shard left to rank 0 here)."""
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(SHARD_SUFFIX) or p.name == DCP_METADATA)
+    return {"save_id": uuid.uuid4().hex, "files": {**file_records(folder, [n for n in names if n not in digests]), **digests}}
+
+
+def settle_interrupted_save(folder: str | Path) -> str:
+    """Resolve what an interrupted save_sharded left beside `folder` (ckpt.dcp.tmp, ckpt.dcp.old or
+    both: a kill between its renames, or during or instead of its last cleanup) by what each
+    holds: the newest whole checkpoint among them and `folder` becomes `folder`, the rest is
+    removed. Returns a line saying what was done ('' when nothing was left). A leftover holding a
+    newer whole checkpoint than a `folder` that cannot be read is not chosen for the user: a
+    CheckpointError names the folder to remove. Run by one process (rank 0, before any other
+    reads the folder: wait_for_settled)."""
+    folder = Path(folder)
+    leftovers = [p for p in (Path(str(folder) + TMP_SUFFIX), Path(str(folder) + OLD_SUFFIX)) if p.exists()]
+    if not leftovers:
+        return ""
+    held = {p: _whole_iter(p) for p in (folder, *leftovers) if p.exists()}
+    whole = [p for p, it in held.items() if it is not None]  # in preference order on a tie: folder, .tmp, .old
+    best = max(whole, key=lambda p: held[p], default=None)  # max keeps the first of equals
+    if best is not None and best != folder:
+        if folder.exists() and held[folder] is None:
+            raise CheckpointError(
+                f"{folder} cannot be read, and {best.name}, left by an interrupted save, holds iter {held[best]}; "
+                f"remove {folder} to resume from that one, or remove {best} to keep {folder.name}."
+            )
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(folder)  # a whole but older state: the leftover's is newer
+        os.replace(best, folder)
+    for path in leftovers:
+        if path.exists():
+            _remove_leftover(path)
+    kept = f"kept iter {held[best]} as {folder.name}" if best is not None else "none held a whole checkpoint"
+    return f"NOTE: an interrupted save left {' and '.join(p.name for p in leftovers)} in {folder.parent}; {kept}, and removed the rest."
+
+
+def settle_at_start(train: TrainConfig) -> None:
+    """What an interrupted sharded save left in out_dir (ckpt.dcp.tmp, .old) is settled by rank 0
+    (settle_interrupted_save) before any rank looks for the checkpoint (train.py, before the process
+    group exists); the others wait for it, so that every rank sees the same folder."""
+    folder = Path(train.out_dir) / SHARDED_CKPT_NAME
+    if int(os.environ.get("RANK", "0")) != 0:
+        wait_for_settled(folder, train.dist_timeout)
+        return
+    try:
+        note = settle_interrupted_save(folder)
+    except OSError as e:
+        raise OutDirError(str(e)) from None
+    except ValueError as e:  # a CheckpointError: which folder to remove
+        raise ConfigError(str(e)) from None
+    if note:
+        print(note)
+
+
+def check_newest_is_own(train: TrainConfig) -> None:
+    """With both ckpt.pt and ckpt.dcp in out_dir (a run consolidated, then resumed under the other
+    mode), train.py resumes from this mode's only when it is the newer (checkpoint.newest_run_checkpoint,
+    the choice every reader makes), saying so; the other mode's newer state is refused, saying how on."""
+    own = checkpoint_path(train)
+    try:
+        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name)
+    except ValueError as e:  # a checkpoint whose iteration cannot be read
+        raise ConfigError(str(e)) from None
+    if not why:
+        return
+    if chosen is not None and chosen.name != own.name:
+        other = "fsdp" if own.name == CKPT_NAME else "ddp"
+        how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
+               if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
+        raise ConfigError(
+            f"out_dir {str(train.out_dir)!r} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}."
+        )
+    print0(f"NOTE: out_dir {str(train.out_dir)!r} {why}; {'evaluating' if train.eval_only else 'resuming from'} {own.name}.")
+
+
+def _whole_iter(path: Path) -> int | None:
+    """The iteration of a whole, readable sharded folder (read_sharded_meta's checks, the files'
+    digests included), None for one that is not: its writing never finished, or it is damaged."""
+    try:
+        return read_sharded_meta(path).get("iter_num")
+    except (CheckpointError, OSError):
+        return None
+
+
+def _remove_leftover(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError as e:
+        raise OSError(e.errno or errno.EIO, f"could not remove {path}, left by an interrupted save ({e.strerror or e}); remove it by hand") from None
+
+
+def wait_for_settled(folder: str | Path, timeout_s: float) -> None:
+    """On a rank other than 0: wait until rank 0 has settled the folder's leftovers (settle_interrupted_save),
+    before reading it; if rank 0 refuses them, torchrun ends this rank with it."""
+    leftovers = (Path(str(folder) + TMP_SUFFIX), Path(str(folder) + OLD_SUFFIX))
+    deadline = time.monotonic() + timeout_s
+    while any(p.exists() for p in leftovers) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers | None) -> None:
@@ -124,23 +271,35 @@ def _barrier() -> None:
         torch_dist.barrier()
 
 
-def consolidate(folder: str | Path, out: str | Path) -> Path:
-    """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
-    in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it."""
-    folder, out = Path(folder), Path(out)
+def check_consolidate_out(folder: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an output that is a folder, lies inside the folder being read (a file there is not one
+    of its shards, and would be taken for damage), or exists (another checkpoint of the run, say)
+    without overwrite."""
     if out.resolve() == folder.resolve() or out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.parent / 'ckpt.pt'}.")
-    meta = read_sharded_meta(folder, require=("optimizer", "train_config"))
-    model = load_model(folder)  # the whole weights, then the optimizer state by name into a whole optimizer
-    optimizer = build_optimizer(model, optimizer_settings(meta["train_config"]))
+        raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.resolve().parent / 'ckpt.pt'}.")
+    if folder.resolve() in out.resolve().parents:
+        raise ValueError(f"--out {str(out)!r} is inside the sharded folder {str(folder)!r} being read; write it beside the folder, e.g. {folder.resolve().parent / 'ckpt.pt'}.")
+    if out.exists() and not overwrite:
+        raise ValueError(f"{str(out)!r} already exists; pass --overwrite to replace it, or give another --out.")
+
+
+def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+    """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
+    in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it. An
+    existing `out` is replaced only with overwrite (check_consolidate_out)."""
+    folder, out = Path(folder), Path(out)
+    check_consolidate_out(folder, out, overwrite)
+    ckpt = load_checkpoint(folder, require=("optimizer", "train_config"))  # checked once, the whole weights read
+    model = load_model(ckpt)  # then the optimizer state by name into a whole optimizer
+    optimizer = build_optimizer(model, optimizer_settings(ckpt["train_config"]))
     load_sharded(folder, model, optimizer)
-    fields = {k: v for k, v in meta.items() if k not in ("format", "model_config")}
+    fields = {k: v for k, v in ckpt.items() if k not in ("format", "model_config", "model")}
     atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **fields}, out)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    """scripts/consolidate.py: FOLDER [--out FILE], FILE by default beside FOLDER as ckpt.pt."""
+    """scripts/consolidate.py: FOLDER [--out FILE] [--overwrite], FILE by default beside FOLDER as ckpt.pt."""
     import argparse
     import sys
 
@@ -150,13 +309,15 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("folder", help="the sharded checkpoint, e.g. out/RUN/ckpt.dcp")
-    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder)")
+    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder), never inside the folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     try:
         if not folder.is_dir():
             raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
-        written = consolidate(folder, Path(args.out) if args.out else folder.parent / "ckpt.pt")
+        # resolve(): the folder's parent, also for `consolidate.py .` run inside it
+        written = consolidate(folder, Path(args.out) if args.out else folder.resolve().parent / CKPT_NAME, args.overwrite)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -442,7 +442,7 @@ def log_to_wandb(results: dict[str, Any], label: str, args: argparse.Namespace) 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint file written by train.py")
+    p.add_argument("--ckpt", required=True, help="a checkpoint written by train.py (ckpt.pt, or the ckpt.dcp folder of --parallel=fsdp), or its run folder (the newer of the two)")
     p.add_argument("--tasks", default="paper", help="'paper' (the 11 benchmarks of Tables 4-5) or comma-separated lm-eval tasks")
     p.add_argument("--limit", type=float, default=None, help="at most N examples per task (a fraction if < 1); quick looks only: written to <out stem>_limit<N>.json and marked limited")
     p.add_argument("--batch_size", type=int, default=16, help="requests per forward pass")

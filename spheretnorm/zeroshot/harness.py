@@ -33,7 +33,7 @@ from spheretnorm.runtime.device import autocast_context, get_device, resolve_dty
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding, tokenizer_of
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import is_sharded_checkpoint, load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
@@ -49,18 +49,10 @@ TokenRequest = tuple[Any, list[int], list[int]]
 
 
 def resolve_checkpoint_path(path: str | Path) -> Path:
-    """The checkpoint file, or an EvalError saying why `path` is not one."""
-    path = Path(path)
-    if is_sharded_checkpoint(path):  # train.py --parallel=fsdp's folder, read whole by load_checkpoint
-        return path
-    if path.is_dir():
-        raise EvalError(
-            f"Checkpoint {str(path)!r} is a directory; pass the checkpoint file itself (e.g. out/ckpt.pt) or a sharded "
-            "checkpoint folder (out/ckpt.dcp)."
-        )
-    if not path.is_file():
-        raise EvalError(f"Checkpoint {str(path)!r} does not exist.")
-    return path
+    """The checkpoint to evaluate (runtime.checkpoint.resolve_checkpoint: a file, a sharded folder,
+    or a run folder's newer of ckpt.pt and ckpt.dcp, with a line on stderr saying which when both
+    are there), or an EvalError saying why there is none."""
+    return checkpoint_for(path, "zero_shot", "evaluate", "evaluating", EvalError)
 
 
 def check_gpt2_tokenizer(ckpt: dict[str, Any], source: str) -> None:
