@@ -34,7 +34,6 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 from spheretnorm.runtime.cli import explain_missing_packages
@@ -60,13 +59,13 @@ from spheretnorm.runtime.device import (
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, read_sharded_meta
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, load_sharded, save_sharded, settle_at_start
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, restore_weights, save_sharded, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
 )
 from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_paths, resolve_wandb_names, run_neutral_keys, run_suffix
-from spheretnorm.optim import Optimizers, build_optimizer
+from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
@@ -269,17 +268,7 @@ class Trainer:
         self.outputs = RunLog(self.cfg, dist.is_master, self.progress)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        # fresh_optimizer: the weights and progress only; the optimizer starts anew (it may be another one).
-        optimizer = None if self.cfg.fresh_optimizer else self.optimizer
-        if self.cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
-            load_sharded(checkpoint_path(self.cfg), self.raw_model, optimizer)
-        else:
-            self.raw_model.load_state_dict(ckpt["model"])
-            if optimizer is not None:
-                load_optimizer_state(optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
-        if optimizer is None:
-            was = ckpt["train_config"].get("optimizer", "adamw")
-            print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {self.cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")
+        restore_weights(self.cfg, ckpt, self.raw_model, self.optimizer)  # sharded_checkpoint.py
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)
@@ -495,14 +484,6 @@ def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improv
     final = progress.iter_num >= cfg.max_iters
     wanted = cfg.always_save_checkpoint or improved or (final and progress.saved_iter < 0)
     return progress.iter_num > 0 and (final or not suspect) and wanted
-
-
-def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
-    """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
 
 
 def summary_line(t: Trainer) -> str:

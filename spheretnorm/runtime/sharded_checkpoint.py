@@ -241,6 +241,29 @@ def wait_for_settled(folder: str | Path, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
+def restore_weights(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers) -> None:
+    """The checkpoint's weights and optimizer state; with fresh_optimizer the weights only (the
+    optimizer, perhaps another one, starts anew)."""
+    keep = None if cfg.fresh_optimizer else optimizer
+    if cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
+        load_sharded(checkpoint_path(cfg), model, keep)
+    else:
+        model.load_state_dict(ckpt["model"])
+        if keep is not None:
+            load_optimizer_state(keep, ckpt["optimizer"], checkpoint_path(cfg))
+    if keep is None:
+        was = ckpt["train_config"].get("optimizer", "adamw")
+        print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")
+
+
+def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
+    """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
+
+
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers | None) -> None:
     """Fill the model and the optimizer (sharded or whole; None: the model alone) from a folder
     written by any number of ranks; a damaged one is a CheckpointError (read_sharded_meta checks first)."""
