@@ -303,7 +303,8 @@ def plot_coord_check(results: dict[str, Any], n_layer: int, title: str, out: Pat
         ax.set_xlabel("width n_embd")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
+    # Leave the suptitle its own band (about half an inch) above the top row's panel titles.
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     return save_figure(fig, out)
 
 
