@@ -208,3 +208,12 @@ def test_an_optimizer_key_may_not_shadow_another_key() -> None:
         with pytest.raises(ValueError, match=rf"optimizer 'shadow' declares \['{key}'\], already keys of {owner}"):
             register_optimizer("shadow")(type("Shadow", (OptimizerRecipe,), {"params": (MethodParam(key, 0.1, "x"),)}))
     assert "shadow" not in OPTIMIZERS
+
+
+def test_a_studys_train_overrides_take_every_optimizers_keys() -> None:
+    """The studies pass --key=value on to train.py: an optimizer's key (a shipped one, and one
+    registered from this test module) is a train.py key there too."""
+    overrides = ["--optimizer=toy_sgd", "--toy_momentum=0.5", "--hyperball_radius=1"]
+    assert grid.check_overrides(overrides, {}) == overrides
+    with pytest.raises(Exception, match="--toy_momentu is neither"):
+        grid.check_overrides(["--toy_momentu=0.5"], {})

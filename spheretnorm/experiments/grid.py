@@ -46,13 +46,11 @@ from spheretnorm.runtime.run_folder import (
     METRICS_NAME,
 )
 from spheretnorm.runtime.config import (
-    MODEL_KEYS,
     ConfigError,
     RUN_NEUTRAL_KEYS,
     RUN_RECORD_KEYS,
-    TRAIN_KEYS,
     ParsedConfig,
-    param_keys,
+    config_keys,
     run_conflicts,
     run_settings,
     saved_settings,
@@ -138,7 +136,7 @@ def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[s
     --imports=... among them are imported first: they may declare the methods and keys named.
     """
     import_modules(imports_of_overrides(overrides), "--imports")
-    valid = set(MODEL_KEYS) | set(TRAIN_KEYS) | set(param_keys())
+    valid = config_keys()
     reserved = {**{k: "--methods (e.g. p_spheret:0.25)" for k in method_keys_neutral()}, "connection": "--methods", **reserved}
     for arg in overrides:
         key, eq, _ = arg.removeprefix("--").partition("=")

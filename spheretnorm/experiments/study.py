@@ -50,7 +50,7 @@ from spheretnorm.experiments.grid import (
     unigram_loss,
 )
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
-from spheretnorm.runtime.config import MODEL_KEYS, TRAIN_KEYS, ConfigError, ParsedConfig, param_keys, parse_config
+from spheretnorm.runtime.config import ConfigError, ParsedConfig, config_keys, parse_config
 from spheretnorm.runtime.methods import method_args
 from spheretnorm.runtime.run_folder import OutDirError, check_folder
 
@@ -76,7 +76,6 @@ CPU_MODEL: dict[str, Any] = {
     "compile": False,
     "wandb_log": False,
 }
-CONFIG_KEYS = frozenset({*MODEL_KEYS, *TRAIN_KEYS, *param_keys()})  # train.py's keys
 # Keys the studies set per run, and the option to use instead (the method's keys: check_overrides).
 RESERVED = {
     "dataset": "--data_dir (this study trains on shakespeare_char)",
@@ -546,7 +545,7 @@ def method_settings(key: str) -> dict[str, Any]:
 
 def run_settings(sweep: Sweep, p: Point) -> dict[str, Any]:
     """The train.py settings of one point (see Sweep), --config_name included."""
-    own = {k: v for k, v in p.pairs if k in CONFIG_KEYS}
+    own = {k: v for k, v in p.pairs if k in config_keys()}
     method = method_settings(p["method"]) if "method" in p.values else {}
     return {"config_name": sweep.name, **sweep.base, **method, **own, **sweep.settings(p)}
 
@@ -861,7 +860,7 @@ def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", basel
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         started = time.perf_counter()
-        check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in CONFIG_KEYS}})
+        check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in config_keys()}})
         chosen = narrowed(sweep, args.axis)
         rows, place, unigram = start_study(chosen, args, overrides)
         text = runs_text(chosen, rows, baseline_title)

@@ -228,6 +228,12 @@ def param_keys() -> tuple[str, ...]:
     return tuple(declared_params())
 
 
+def config_keys() -> frozenset[str]:
+    """Every key train.py takes: the model's and training fields, the connections' and the
+    optimizers' declared keys (read at call time, so an entry registered after import counts)."""
+    return frozenset({*MODEL_KEYS, *TRAIN_KEYS, *param_keys(), *optimizer_params()})
+
+
 def param_type(param: MethodParam) -> Any:
     """A declared parameter's type as a field's hint: float | None for keel_alpha (default None)."""
     kind = param.kind or type(param.default)
