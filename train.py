@@ -37,7 +37,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.runtime.cli import explain_missing_packages
+from spheretnorm.runtime.cli import explain_missing_packages, survive_closed_console
 
 explain_missing_packages(__file__)  # before torch: a missing package is one line, not a traceback
 
@@ -81,10 +81,15 @@ from spheretnorm.runtime.run_folder import (
     NonFiniteLossError,
     OutDirError,
     RunStopped,
+    WriteFailed,
     check_no_earlier_run,
     check_out_dir,
     checkpoint_path,
     check_checkpoint_kind,
+    has_checkpoint,
+    remove_stop_checkpoint,
+    resume_checkpoint,
+    stop_checkpoint_path,
     evaluated_at,
     machine_failure,
 )
@@ -100,8 +105,8 @@ from spheretnorm.runtime.tracking import Progress, RunLog, check_wandb
 RESUME_KEYS = ("optimizer", "rng", "train_config", "iter_num", "best_val_loss", "recent_losses", "elapsed_s")
 
 
-def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
-    path = checkpoint_path(train)
+def load_resume_checkpoint(train: TrainConfig, path: Path) -> dict[str, Any]:
+    """The checkpoint at `path` (resume_checkpoint's choice), with what a resume reads besides the model."""
     if not path.exists():
         raise ConfigError(
             f"init_from=resume but there is no checkpoint at {path}; check out_dir (the "
@@ -122,7 +127,7 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
     another run's files (run_folder.earlier_run; `wanted`: the new run's settings);
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
     check_checkpoint_kind(train)
-    exists = checkpoint_path(train).exists()
+    exists = has_checkpoint(train)  # a stop's checkpoint too: a pre-empted run resumes from it
     if train.eval_only and not train.init_from.startswith(HF_PREFIX):
         if not exists:
             raise ConfigError(
@@ -235,7 +240,9 @@ class Trainer:
         self.dtype = resolve_dtype(train.dtype, self.device_type)
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)
-        ckpt = load_resume_checkpoint(train) if train.init_from == "resume" else None
+        # The checkpoint a resume starts from: the latest, and a line saying why when it is a stop's.
+        self.resume_from, self.resume_note = resume_checkpoint(train)
+        ckpt = load_resume_checkpoint(train, self.resume_from) if train.init_from == "resume" else None
         if ckpt is not None:
             check_resume_keys(train, ckpt["train_config"])
         self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
@@ -248,6 +255,8 @@ class Trainer:
         prepare = (lambda model: load_folder_weights(model, hf_folder)) if hf_folder is not None else None
         self.raw_model = build_model(self.model_cfg, self.cfg, dist, device, self.dtype, prepare)
         self.progress = Progress(checkpoint_path(self.cfg), self.tokens_per_step)
+        if ckpt is not None and self.resume_from != self.progress.checkpoint:
+            self.progress.latest = self.resume_from
         try:  # an optimizer that cannot train this model (a resumed μP model under Muon) refuses it
             self.optimizer = build_optimizer(self.raw_model, self.cfg, self.device_type)
         except ValueError as e:
@@ -267,10 +276,10 @@ class Trainer:
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         if self.cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
-            load_sharded(checkpoint_path(self.cfg), self.raw_model, self.optimizer)
+            load_sharded(self.resume_from, self.raw_model, self.optimizer)
         else:
             self.raw_model.load_state_dict(ckpt["model"])
-            load_optimizer_state(self.optimizer, ckpt["optimizer"], checkpoint_path(self.cfg))
+            load_optimizer_state(self.optimizer, ckpt["optimizer"], self.resume_from)
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)
@@ -302,8 +311,9 @@ class Trainer:
 
     # -- one optimizer step ------------------------------------------------------
 
-    def train_step(self, step: int, stop: StopSignal) -> tuple[float, float, bool]:
-        """Run optimizer step `step`; returns (mean loss, grad norm, stop requested on any rank)."""
+    def train_step(self, step: int, stop: StopSignal) -> tuple[float, float, bool, bool]:
+        """Run optimizer step `step`; returns (mean loss, grad norm, stop requested on any rank,
+        metrics write failed on any rank)."""
         cfg = self.cfg
         lr = learning_rate_at(step, cfg)
         for group in self.optimizer.param_groups:
@@ -332,10 +342,11 @@ class Trainer:
             loss_sum += loss.detach().float()
         self.scaler.unscale_(self.optimizer)
         grad_norm = clip_grad_norm(self.raw_model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        # One all-reduce for the three things every rank must agree on.
+        # One all-reduce for the four things every rank must agree on.
         flag = torch.tensor(float(stop.requested), device=self.device)
-        stats = all_reduce_sum(torch.stack([loss_sum, grad_norm.float(), flag]), self.dist)
-        loss_val, norm_val, stop_val = (v / self.dist.world_size for v in stats.tolist())
+        failed = torch.tensor(float(self.outputs.write_error is not None), device=self.device)
+        stats = all_reduce_sum(torch.stack([loss_sum, grad_norm.float(), flag, failed]), self.dist)
+        loss_val, norm_val, stop_val, failed_val = (v / self.dist.world_size for v in stats.tolist())
         # fp16's GradScaler skips steps with inf gradients by design; elsewhere they are fatal.
         if not math.isfinite(loss_val):
             raise NonFiniteLossError.at("loss", loss_val, step + 1, self.progress.kept_checkpoint_text())
@@ -346,13 +357,19 @@ class Trainer:
         self.raw_model.after_optimizer_step()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_val, norm_val, stop_val > 0
+        return loss_val, norm_val, stop_val > 0, failed_val > 0
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def save_checkpoint(self) -> None:
-        """All ranks call this (their RNG states are gathered); rank 0 writes."""
+    def save_checkpoint(self, stop_state: bool = False) -> None:
+        """All ranks call this (their RNG states are gathered); rank 0 writes.
+
+        stop_state: the state of a stop during a collapse-alarm streak, written beside the last
+        healthy checkpoint (run_folder.stop_checkpoint_path), which stays as it was; a healthy
+        save removes such a stop's checkpoint, now older than it.
+        """
         progress = self.progress
+        path = stop_checkpoint_path(self.cfg) if stop_state else progress.checkpoint
         rng = [rng_state()]
         if self.dist.enabled:
             rng = [None] * self.dist.world_size
@@ -367,11 +384,14 @@ class Trainer:
         }
         if self.cfg.parallel == "fsdp":  # every rank writes its shards
             model_cfg = checkpoint_state(self.raw_model, weights=False)
-            save_sharded(progress.checkpoint, self.raw_model, self.optimizer, {**model_cfg, **extra}, self.dist, self.device)
+            save_sharded(path, self.raw_model, self.optimizer, {**model_cfg, **extra}, self.dist, self.device)
         elif self.dist.is_master:
             state = {**checkpoint_state(self.raw_model), "optimizer": self.optimizer.state_dict(), **extra}
-            atomic_torch_save(state, progress.checkpoint)
+            atomic_torch_save(state, path)
+        if not stop_state and self.dist.is_master:
+            remove_stop_checkpoint(self.cfg)
         progress.saved_iter = progress.iter_num
+        progress.latest = path if stop_state else None
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -398,7 +418,7 @@ class Trainer:
             try:
                 self._run(stop)
             except (OSError, RuntimeError) as e:  # a full disk, a stopped peer: one line, resumable
-                failure = machine_failure(e, self.cfg.dist_timeout, self.progress.kept_checkpoint_text())
+                failure = machine_failure(e, self.cfg.dist_timeout, self.progress.kept_checkpoint_text(), self.dist.rank, self.dist.world_size)
                 if failure is None:
                     raise
                 raise failure from None
@@ -418,7 +438,9 @@ class Trainer:
         progress.start()
         print0(summary_line(self))
         if resumed and not cfg.eval_only:
-            print0(f"resumed from iter {progress.iter_num} ({progress.checkpoint})")
+            print0(f"resumed from iter {progress.iter_num} ({progress.latest or progress.checkpoint})")
+            if self.resume_note:
+                print0(self.resume_note)
         if cfg.eval_only:
             try:
                 row = self.evaluator.evaluate()
@@ -435,14 +457,20 @@ class Trainer:
             self.stop_for_signal(stop)
 
     def stop_for_signal(self, stop: StopSignal) -> None:
-        """Write a checkpoint of the current iteration (if a step ran since the last one), then stop."""
+        """Write a checkpoint of the current iteration (if a step ran since the last one), then stop.
+
+        During a collapse-alarm streak (the last evaluation above collapse_cosine, as healthy runs
+        are briefly early on) the state goes beside the last healthy checkpoint, not over it: a
+        pre-empted job resumes from it, and the healthy one is still there if it collapses.
+        """
         progress = self.progress
-        if progress.iter_num > 0 and progress.saved_iter != progress.iter_num and not progress.collapse_streak:
-            self.save_checkpoint()
+        streak = bool(progress.collapse_streak)
+        if progress.iter_num > 0 and progress.saved_iter != progress.iter_num:
+            self.save_checkpoint(stop_state=streak)
         if self.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
             torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
         saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
-        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (f"checkpoint saved to {progress.checkpoint}." if saved else f"{progress.kept_checkpoint_text()}.")
+        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (saved_text(progress) if saved else f"{progress.kept_checkpoint_text()}.")
         self.outputs.log_stop("signal", message, EXIT_OK)
         print0(message)
 
@@ -453,7 +481,7 @@ class Trainer:
         window_time, window_steps = 0.0, 0
         while progress.iter_num < cfg.max_iters:
             t0 = time.time()
-            loss, grad_norm, stop_now = self.train_step(progress.iter_num, stop)
+            loss, grad_norm, stop_now, log_failed = self.train_step(progress.iter_num, stop)
             window_time += time.time() - t0
             window_steps += 1
             lr = learning_rate_at(progress.iter_num, cfg)
@@ -466,10 +494,27 @@ class Trainer:
                 self.eval_and_maybe_save()
             elif cfg.checkpoint_interval and progress.iter_num % cfg.checkpoint_interval == 0 and not progress.collapse_streak:
                 self.save_checkpoint()
+            if log_failed:
+                self.stop_for_log_failure()
             if stop_now:
                 self.stop_for_signal(stop)
                 return
+        if any_rank(self.outputs.write_error is not None, self.dist, self.device):  # at the final row
+            self.stop_for_log_failure()
         print0(done_line(self))
+
+    def stop_for_log_failure(self) -> None:
+        """metrics.jsonl could not take a row (a full disk): checkpoint the current state where the
+        disk still allows (all ranks together), then stop with one line naming the file."""
+        progress = self.progress
+        error = self.outputs.write_error
+        what = f"{error.strerror or error}: {error.filename}" if error is not None else "rank 0 could not write its metrics rows"
+        with contextlib.suppress(OSError):  # a checkpoint that does not fit either keeps the last one
+            if progress.iter_num > 0 and progress.saved_iter != progress.iter_num:
+                self.save_checkpoint(stop_state=bool(progress.collapse_streak))
+        saved = progress.saved_iter == progress.iter_num
+        kept = saved_text(progress).rstrip(".") if saved else progress.kept_checkpoint_text()
+        raise WriteFailed(f"{what} (its rows end whole, at the last one that fitted); {kept}.")
 
     def close(self) -> None:
         self.outputs.close()
@@ -486,6 +531,17 @@ def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improv
     final = progress.iter_num >= cfg.max_iters
     wanted = cfg.always_save_checkpoint or improved or (final and progress.saved_iter < 0)
     return progress.iter_num > 0 and (final or not suspect) and wanted
+
+
+def saved_text(progress: Progress) -> str:
+    """How a stop message names the checkpoint it has just written."""
+    if progress.latest is None:
+        return f"checkpoint saved to {progress.checkpoint}."
+    kept = f"the last healthy checkpoint {progress.checkpoint} is kept as it was" if progress.checkpoint.exists() else "no healthy checkpoint had been written"
+    return (
+        f"checkpoint saved to {progress.latest}, beside the healthy one: the last evaluation was above collapse_cosine; "
+        f"{kept}. --init_from=auto resumes from the latest."
+    )
 
 
 def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
@@ -530,6 +586,7 @@ def pick_device(train: TrainConfig, dist: DistInfo) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Train as the command line says; raises ConfigError before any work on a bad config."""
     argv = sys.argv[1:] if argv is None else argv
+    survive_closed_console()  # a console reader that goes away (| tee, Ctrl-C) never ends a run
     if wants_help(argv):
         print(config_help(), end="")
         return

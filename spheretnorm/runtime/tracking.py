@@ -173,6 +173,9 @@ class Progress:
 
     checkpoint: Path  # where this run's checkpoint is (or would be) written
     tokens_per_step: int
+    # The checkpoint a resume starts from when it is not `checkpoint`: a stop's during a
+    # collapse-alarm streak (run_folder.resume_checkpoint); saved_iter is its iteration then.
+    latest: Path | None = None
     iter_num: int = 0
     best_val_loss: float = math.inf
     collapse_streak: int = 0  # evaluations in a row with final_cosine above collapse_cosine
@@ -268,8 +271,10 @@ class Progress:
 
     def kept_checkpoint_text(self) -> str:
         """How a stop message names the checkpoint a resume would start from."""
+        at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
+        if self.latest is not None and self.latest.exists():
+            return f"the latest checkpoint {self.latest}{at} is untouched, beside the last healthy one"
         if self.checkpoint.exists():  # a file, or a sharded folder
-            at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
             return f"the last good checkpoint {self.checkpoint}{at} is untouched"
         return "no checkpoint had been written"
 
@@ -286,6 +291,9 @@ class RunLog:
         self.progress = progress
         self.metrics: MetricsLog | None = None
         self.wandb: Any = None
+        # The first metrics row that could not be written (a full disk): the log then stops, and
+        # the loop stops the run at the next point where every rank can checkpoint together.
+        self.write_error: OSError | None = None
 
     def open(self, run_config: dict[str, Any], resumed: bool) -> None:
         """config.json, metrics.jsonl (a resume keeps its rows up to the checkpoint) and W&B."""
@@ -314,7 +322,12 @@ class RunLog:
         if not self.is_master:
             return
         if self.metrics is not None:
-            self.metrics.write(row)
+            try:
+                self.metrics.write(row)
+            except OSError as e:  # the row is not in the file (whole lines only), nor any after it
+                self.write_error = e
+                self.metrics.close()
+                self.metrics = None
         if self.wandb is not None:
             self.wandb.log(wandb_payload(row), step=row["iter"])
 
