@@ -207,6 +207,12 @@ def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, An
         derived = {}
         if data.meta.get("tokenizer") != "gpt2" and "vocab_size" in data.meta:
             derived["vocab_size"] = int(data.meta["vocab_size"])  # gpt2 keeps the padded 50304
+        elif data.meta.get("tokenizer") == "char" and "vocab_size" not in parsed.model_keys:
+            # A character vocabulary is the dataset's own: GPT-2's padded 50304 would be taken silently.
+            raise ConfigError(
+                f"{data.data_dir / 'meta.json'} has no vocab_size, which a char dataset needs to size the model; "
+                "re-run data/prepare.py, or give --vocab_size."
+            )
         model_cfg = parsed.model_config(**derived)
     if int(data.meta.get("vocab_size", 0)) > model_cfg.vocab_size:
         raise ConfigError(
