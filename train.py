@@ -412,11 +412,15 @@ class Trainer:
             self.save_checkpoint()
         self.evaluator.stop_if_collapsed()  # an alarm at the final evaluation: after the save
 
-    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float) -> None:
+    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, row: bool = True) -> None:
+        """The train row and its console line; row=False: the console line only (a session's first step)."""
         mfu = None
         if self.peak_flops:
             mfu = estimate_mfu(self.raw_model, self.cfg.batch_size * self.accum, step_time, self.peak_flops)
-        self.outputs.log_train(loss, grad_norm, lr, step_time, mfu)
+        if row:
+            self.outputs.log_train(loss, grad_norm, lr, step_time, mfu)
+        else:
+            self.outputs.show_first_step(loss, grad_norm, lr, step_time, mfu)
 
     def run(self, stop: StopSignal) -> None:
         """The training loop, with a stop row for every way it can end early."""
@@ -496,6 +500,8 @@ class Trainer:
             if progress.iter_num % cfg.log_interval == 0 or progress.iter_num == cfg.max_iters:
                 self.log_train(loss, grad_norm, lr, window_time / window_steps)
                 window_time, window_steps = 0.0, 0
+            elif progress.iter_num == progress.start_iter + 1:  # seen at once, not after log_interval steps
+                self.log_train(loss, grad_norm, lr, window_time / window_steps, row=False)
             if progress.iter_num % cfg.eval_interval == 0 or progress.iter_num == cfg.max_iters:
                 self.eval_and_maybe_save()
             elif cfg.checkpoint_interval and progress.iter_num % cfg.checkpoint_interval == 0 and not progress.collapse_streak:

@@ -342,8 +342,19 @@ class RunLog:
 
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
         """The row of the step just done; step_time is the mean over the steps since the last row."""
+        self.progress.note_steps(step_time)
+        row = self.train_row(loss, grad_norm, lr, step_time, mfu)
+        self.print_train(row, step_time)
+        self.log(row)
+
+    def show_first_step(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
+        """The console line of a session's first step, at once rather than after log_interval
+        steps; no metrics row (the file keeps its rows every log_interval) and no pace for the ETA."""
+        self.print_train(self.train_row(loss, grad_norm, lr, step_time, mfu), step_time)
+
+    def train_row(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> dict[str, Any]:
+        """The metrics row of the step just done."""
         progress = self.progress
-        progress.note_steps(step_time)
         tokens_per_s = progress.tokens_per_step / step_time
         row = {
             "kind": "train",
@@ -357,15 +368,20 @@ class RunLog:
             "mfu": mfu,
             "elapsed_s": round(progress.elapsed(), 3),
         }
-        if self.is_master:
-            mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-            print(
-                f"iter {progress.iter_num}/{self.cfg.max_iters} | loss {loss:.4f} | avg{AVG_WINDOW} "
-                f"{row['train_loss_avg200']:.4f} | lr {lr:.1e} | grad {grad_norm:.2f} | "
-                f"{tokens_per_s:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {progress.eta(self.cfg.max_iters, self.cfg.eval_interval)}",
-                flush=True,
-            )
-        self.log(row)
+        return row
+
+    def print_train(self, row: dict[str, Any], step_time: float) -> None:
+        """The console line of a train row (rank 0)."""
+        if not self.is_master:
+            return
+        mfu = row["mfu"]
+        mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+        print(
+            f"iter {row['iter']}/{self.cfg.max_iters} | loss {row['train_loss']:.4f} | avg{AVG_WINDOW} "
+            f"{row['train_loss_avg200']:.4f} | lr {row['lr']:.1e} | grad {row['grad_norm']:.2f} | "
+            f"{row['tokens_per_s']:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {self.progress.eta(self.cfg.max_iters, self.cfg.eval_interval)}",
+            flush=True,
+        )
 
     def log_stop(self, reason: str, message: str, exit_code: int) -> None:
         """The metrics row that says why a run ended before max_iters (spheretnorm/runs.py reads it)."""
