@@ -14,7 +14,8 @@ processes, and the sequences of step k are a function of (seed, k) only (spheret
 so neither the GPU count nor a resume changes the optimisation.
 
 Outputs in out_dir: ckpt.pt (written atomically; under fsdp the sharded folder ckpt.dcp),
-metrics.jsonl (one JSON object per line, see README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0.
+metrics.jsonl (one JSON object per line, see README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0
+(during a collapse-alarm streak to ckpt.stop.pt / ckpt.stop.dcp, beside the healthy one, which auto resumes from).
 Exit status: 0 done or signalled, 1 crash, 2 bad config, 3 collapse (final_cosine above
 collapse_cosine for collapse_evals evaluations in a row), 4 non-finite loss; every early end
 also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
