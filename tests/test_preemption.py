@@ -276,10 +276,13 @@ def signal_at(step: int, monkeypatch: pytest.MonkeyPatch, console: ReaderGone | 
     monkeypatch.setattr(train.Trainer, "train_step", train_step)
 
 
-def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    args = tiny_args(data_dir, tmp_path, "--eval_interval=2")
+@pytest.mark.parametrize("parallel, healthy_name, stop_name", [("ddp", "ckpt.pt", "ckpt.stop.pt"), ("fsdp", "ckpt.dcp", "ckpt.stop.dcp")])
+def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, parallel: str, healthy_name: str, stop_name: str
+) -> None:
+    args = tiny_args(data_dir, tmp_path, "--eval_interval=2", f"--parallel={parallel}", "--backend=gloo")
     train.main([*args, "--max_iters=2"])  # the healthy checkpoint, iter 2
-    healthy = (tmp_path / "ckpt.pt").read_bytes()
+    healthy = load_checkpoint(tmp_path / healthy_name)["iter_num"]
     # Every evaluation now raises the alarm (a streak, never long enough to stop); SIGTERM at step 5
     # with stdout's reader gone: the stop is a stop all the same, its state beside the healthy one.
     console = ReaderGone()
@@ -289,15 +292,15 @@ def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(dat
         train.main([*args, "--max_iters=8", "--init_from=auto", "--collapse_cosine=1e-6", "--collapse_evals=100"])
     stop = read_metrics(tmp_path, "stop")[-1]
     assert stop["reason"] == "signal" and stop["checkpoint_iter"] == 5, stop
-    assert "checkpoint saved to" in stop["message"] and "ckpt.stop.pt" in stop["message"]
-    assert (tmp_path / "ckpt.pt").read_bytes() == healthy
-    assert load_checkpoint(tmp_path / "ckpt.stop.pt")["iter_num"] == 5
+    assert "checkpoint saved to" in stop["message"] and stop_name in stop["message"]
+    assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == healthy == 2
+    assert load_checkpoint(tmp_path / stop_name)["iter_num"] == 5
     # The resume starts from the latest state and says so; its healthy save replaces both.
     capsys.readouterr()
     train.main([*args, "--max_iters=6", "--init_from=auto"])
     out = capsys.readouterr().out
-    assert "resumed from iter 5" in out and "NOTE: resuming from" in out and "Delete ckpt.stop.pt to resume from ckpt.pt" in out, out
-    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 6 and not (tmp_path / "ckpt.stop.pt").exists()
+    assert "resumed from iter 5" in out and "NOTE: resuming from" in out and f"Delete {stop_name} to resume from {healthy_name}" in out, out
+    assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == 6 and not (tmp_path / stop_name).exists()
 
 
 class FillsUp:
