@@ -6,6 +6,7 @@ All in-process and cheap: a refusal happens before any model is built or any fil
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -86,3 +87,15 @@ def test_wandb_modes_follow_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
     assert wandb_mode(TrainConfig(wandb_log=False)) == "online"  # W&B is off: not this run's setting
     with pytest.raises(ConfigError, match=r"WANDB_MODE='bogus' is not valid; choose one of: online, offline, disabled, dryrun \(= offline\)"):
         wandb_mode(TrainConfig(wandb_log=True))
+
+
+def test_a_full_disk_during_zero_shot_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cache = tmp_path / "cache" / "data.arrow"
+
+    def fills_the_disk(args: object, hub_off: object) -> None:  # lm-eval's or datasets' own writes
+        raise OSError(errno.ENOSPC, "No space left on device", str(cache))
+
+    monkeypatch.setattr(driver, "evaluate_checkpoint", fills_the_disk)
+    assert driver.main(["--ckpt", str(tmp_path / "ckpt.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: Cannot write {str(cache)!r} (No space left on device); the disk (or the file size limit) is full: free space and run again."]

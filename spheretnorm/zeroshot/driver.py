@@ -42,6 +42,7 @@ from pathlib import Path
 import argparse
 import contextlib
 import difflib
+import errno
 import json
 import math
 import tempfile
@@ -536,7 +537,27 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, hub_off)
 
 
+def full_disk_error(exc: OSError) -> EvalError | None:
+    """A full disk (or quota, or file-size limit) met anywhere in an evaluation, as one sentence
+    naming the file: lm-eval and datasets write caches of their own besides the results file."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None
+    where = f" {str(exc.filename)!r}" if exc.filename else " a file"
+    return EvalError(f"Cannot write{where} ({exc.strerror or exc}); the disk (or the file size limit) is full: free space and run again.")
+
+
 def _run(args: argparse.Namespace, hub_off: str | None) -> int:
+    try:
+        return _evaluate_and_write(args, hub_off)
+    except OSError as exc:
+        error = full_disk_error(exc)
+        if error is None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _evaluate_and_write(args: argparse.Namespace, hub_off: str | None) -> int:
     try:
         results, label = evaluate_checkpoint(args, hub_off)
     except EvalError as exc:
