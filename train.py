@@ -521,10 +521,12 @@ class Trainer:
         disk still allows (all ranks together), then stop with one line naming the file."""
         progress = self.progress
         error = self.outputs.write_error
-        what = f"{error.strerror or error}: {error.filename}" if error is not None else "rank 0 could not write its metrics rows"
         with contextlib.suppress(OSError):  # a checkpoint that does not fit either keeps the last one
             if progress.iter_num > 0 and progress.saved_iter != progress.iter_num:
                 self.save_checkpoint(stop_state=bool(progress.collapse_streak))
+        if error is None:  # another rank's file (rank 0 writes them all, and knows whether its save fitted)
+            raise WriteFailed("rank 0 could not write its metrics rows (a full disk); its line says which checkpoint a resume starts from.")
+        what = f"{error.strerror or error}: {error.filename}"
         saved = progress.saved_iter == progress.iter_num
         kept = saved_text(progress).rstrip(".") if saved else progress.kept_checkpoint_text()
         raise WriteFailed(f"{what} (its rows end whole, at the last one that fitted); {kept}.")
