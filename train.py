@@ -15,7 +15,7 @@ so neither the GPU count nor a resume changes the optimisation.
 
 Outputs in out_dir: ckpt.pt (written atomically; under fsdp the sharded folder ckpt.dcp),
 metrics.jsonl (one JSON object per line, see README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0
-(during a collapse-alarm streak to ckpt.stop.pt / ckpt.stop.dcp, beside the healthy one, which auto resumes from).
+(in a collapse-alarm streak: ckpt.stop.pt/.dcp beside the healthy one; auto resumes from it).
 Exit status: 0 done or signalled, 1 crash, 2 bad config, 3 collapse (final_cosine above
 collapse_cosine for collapse_evals evaluations in a row), 4 non-finite loss; every early end
 also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
@@ -55,13 +55,13 @@ from spheretnorm.runtime.device import (
     get_device,
     peak_flops_for,
     resolve_dtype,
-    rng_state,
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, read_sharded_meta
+from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta
+from spheretnorm.runtime.run_checkpoint import write_run_checkpoint
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import load_sharded, save_sharded
+from spheretnorm.runtime.sharded_checkpoint import load_sharded
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
@@ -73,26 +73,10 @@ from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
-from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
-    EXIT_CONFIG,
-    EXIT_CRASH,
-    EXIT_OK,
-    NonFiniteLossError,
-    OutDirError,
-    RunStopped,
-    WriteFailed,
-    check_no_earlier_run,
-    check_out_dir,
-    checkpoint_path,
-    check_checkpoint_kind,
-    has_checkpoint,
-    remove_stop_checkpoint,
-    resume_checkpoint,
-    stop_checkpoint_path,
-    evaluated_at,
-    machine_failure,
+    EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
+    check_checkpoint_kind, has_checkpoint, remove_stop_checkpoint, resume_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
 )
 from spheretnorm.runtime.token_files import SPLITS
 from spheretnorm.runtime.imports import keep_recorded_imports
@@ -303,19 +287,6 @@ class Trainer:
         if ckpt.get("data_meta") and ckpt["data_meta"].get("tokenizer") != self.data.meta.get("tokenizer"):
             print0("WARNING: the dataset's tokenizer differs from the one the checkpoint was trained on.")
 
-    def run_config(self) -> dict[str, Any]:
-        """What W&B and config.json record: both configs, the paper's method name, the layout."""
-        return {
-            **asdict(self.cfg),
-            **asdict(self.model_cfg),
-            "method": method_key(self.model_cfg),
-            "world_size": self.dist.world_size,
-            "grad_accum_steps": self.accum,
-            "tokens_per_step": self.tokens_per_step,
-            "num_params": self.raw_model.get_num_params(),
-            "resolved_dtype": self.dtype,
-        }
-
     # -- one optimizer step ------------------------------------------------------
 
     def train_step(self, step: int, stop: StopSignal) -> tuple[float, float, bool, bool]:
@@ -369,36 +340,20 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------
 
     def save_checkpoint(self, stop_state: bool = False) -> None:
-        """All ranks call this (their RNG states are gathered); rank 0 writes.
-
-        stop_state: the state of a stop during a collapse-alarm streak, written beside the last
-        healthy checkpoint (run_folder.stop_checkpoint_path), which stays as it was; a healthy
-        save removes such a stop's checkpoint, now older than it.
-        """
+        """All ranks call this. stop_state: a stop's state during a collapse-alarm streak, written
+        beside the last healthy checkpoint (which stays as it was); a healthy save removes it."""
         progress = self.progress
         path = stop_checkpoint_path(self.cfg) if stop_state else progress.checkpoint
-        rng = [rng_state()]
-        if self.dist.enabled:
-            rng = [None] * self.dist.world_size
-            torch_dist.all_gather_object(rng, rng_state())
         extra = {
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "train_config": asdict(self.cfg),
             **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
-            "rng": rng,
-            "world_size": self.dist.world_size,
             "data_meta": self.data.meta,
         }
-        if self.cfg.parallel == "fsdp":  # every rank writes its shards
-            model_cfg = checkpoint_state(self.raw_model, weights=False)
-            save_sharded(path, self.raw_model, self.optimizer, {**model_cfg, **extra}, self.dist, self.device)
-        elif self.dist.is_master:
-            state = {**checkpoint_state(self.raw_model), "optimizer": self.optimizer.state_dict(), **extra}
-            atomic_torch_save(state, path)
+        write_run_checkpoint(path, self.raw_model, self.optimizer, extra, self.cfg.parallel == "fsdp", self.dist, self.device)
         if not stop_state and self.dist.is_master:
             remove_stop_checkpoint(self.cfg)
-        progress.saved_iter = progress.iter_num
-        progress.latest = path if stop_state else None
+        progress.saved_iter, progress.latest = progress.iter_num, (path if stop_state else None)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -418,10 +373,7 @@ class Trainer:
         mfu = None
         if self.peak_flops:
             mfu = estimate_mfu(self.raw_model, self.cfg.batch_size * self.accum, step_time, self.peak_flops)
-        if row:
-            self.outputs.log_train(loss, grad_norm, lr, step_time, mfu)
-        else:
-            self.outputs.show_first_step(loss, grad_norm, lr, step_time, mfu)
+        (self.outputs.log_train if row else self.outputs.show_first_step)(loss, grad_norm, lr, step_time, mfu)
 
     def run(self, stop: StopSignal) -> None:
         """The training loop, with a stop row for every way it can end early."""
@@ -461,29 +413,11 @@ class Trainer:
             if self.dist.is_master:
                 print(json.dumps(row))
             return
-        self.outputs.open(self.run_config(), resumed)
+        self.outputs.open(run_config(self), resumed)
         try:
             self._train(stop, resumed)
         except EvalAbandoned:  # the stop waits for no evaluation: the weights are this iteration's
-            self.stop_for_signal(stop)
-
-    def stop_for_signal(self, stop: StopSignal) -> None:
-        """Write a checkpoint of the current iteration (if a step ran since the last one), then stop.
-
-        During a collapse-alarm streak (the last evaluation above collapse_cosine, as healthy runs
-        are briefly early on) the state goes beside the last healthy checkpoint, not over it: a
-        pre-empted job resumes from it, and the healthy one is still there if it collapses.
-        """
-        progress = self.progress
-        streak = bool(progress.collapse_streak)
-        if progress.iter_num > 0 and progress.saved_iter != progress.iter_num:
-            self.save_checkpoint(stop_state=streak)
-        if self.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
-            torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
-        saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
-        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (saved_text(progress) if saved else f"{progress.kept_checkpoint_text()}.")
-        self.outputs.log_stop("signal", message, EXIT_OK)
-        print0(message)
+            stop_for_signal(self, stop)
 
     def _train(self, stop: StopSignal, resumed: bool) -> None:
         cfg, progress = self.cfg, self.progress
@@ -510,26 +444,22 @@ class Trainer:
             if log_failed:
                 self.stop_for_log_failure()
             if stop_now:
-                self.stop_for_signal(stop)
+                stop_for_signal(self, stop)
                 return
         if any_rank(self.outputs.write_error is not None, self.dist, self.device):  # at the final row
             self.stop_for_log_failure()
         print0(done_line(self))
 
+    def save_unsaved_state(self) -> None:
+        """Checkpoint the current iteration if a step ran since the last save (in a collapse-alarm streak, beside the healthy one)."""
+        if self.progress.iter_num > 0 and self.progress.saved_iter != self.progress.iter_num:
+            self.save_checkpoint(stop_state=bool(self.progress.collapse_streak))
+
     def stop_for_log_failure(self) -> None:
-        """metrics.jsonl could not take a row (a full disk): checkpoint the current state where the
-        disk still allows (all ranks together), then stop with one line naming the file."""
-        progress = self.progress
-        error = self.outputs.write_error
+        """metrics.jsonl could not take a row (a full disk): checkpoint where the disk still allows, then stop in one line."""
         with contextlib.suppress(OSError):  # a checkpoint that does not fit either keeps the last one
-            if progress.iter_num > 0 and progress.saved_iter != progress.iter_num:
-                self.save_checkpoint(stop_state=bool(progress.collapse_streak))
-        if error is None:  # another rank's file (rank 0 writes them all, and knows whether its save fitted)
-            raise WriteFailed("rank 0 could not write its metrics rows (a full disk); its line says which checkpoint a resume starts from.")
-        what = f"{error.strerror or error}: {error.filename}"
-        saved = progress.saved_iter == progress.iter_num
-        kept = saved_text(progress).rstrip(".") if saved else progress.kept_checkpoint_text()
-        raise WriteFailed(f"{what} (its rows end whole, at the last one that fitted); {kept}.")
+            self.save_unsaved_state()
+        raise self.outputs.write_failure()
 
     def close(self) -> None:
         self.outputs.close()
@@ -548,23 +478,21 @@ def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improv
     return progress.iter_num > 0 and (final or not suspect) and wanted
 
 
-def saved_text(progress: Progress) -> str:
-    """How a stop message names the checkpoint it has just written."""
-    if progress.latest is None:
-        return f"checkpoint saved to {progress.checkpoint}."
-    kept = f"the last healthy checkpoint {progress.checkpoint} is kept as it was" if progress.checkpoint.exists() else "no healthy checkpoint had been written"
-    return (
-        f"checkpoint saved to {progress.latest}, beside the healthy one: the last evaluation was above collapse_cosine; "
-        f"{kept}. --init_from=auto resumes from the latest."
-    )
-
-
 def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
     """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
+
+
+def run_config(t: Trainer) -> dict[str, Any]:
+    """What W&B and config.json record: both configs, the paper's method name, the layout."""
+    return {
+        **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
+        "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
+        "resolved_dtype": t.dtype,
+    }
 
 
 def summary_line(t: Trainer) -> str:
@@ -577,15 +505,27 @@ def summary_line(t: Trainer) -> str:
     )
 
 
+def stop_for_signal(t: Trainer, stop: StopSignal) -> None:
+    """Write a checkpoint of the current iteration (if a step ran since the last one), then stop."""
+    progress = t.progress
+    t.save_unsaved_state()
+    if t.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
+        torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
+    saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
+    message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (f"{progress.saved_text()}." if saved else f"{progress.kept_checkpoint_text()}.")
+    t.outputs.log_stop("signal", message, EXIT_OK)
+    print0(message)
+
+
 def done_line(t: Trainer) -> str:
     """The last line of a run that reached max_iters: its checkpoint, and a warning when its
     final state was suspect (saved all the same: the collapse alarm only stops runs)."""
-    progress, cfg = t.progress, t.cfg
+    progress = t.progress
     saved = f"checkpoint {progress.checkpoint} (iter {progress.saved_iter})" if progress.saved_iter >= 0 else "no checkpoint"
     line = f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}; {saved}."
     if t.evaluator.final_suspect:
         line += (
-            f" Its final_cosine is above collapse_cosine={cfg.collapse_cosine}: the final state is saved all the "
+            f" Its final_cosine is above collapse_cosine={t.cfg.collapse_cosine}: the final state is saved all the "
             "same (a run that reaches max_iters always saves it); check it for collapse before using it."
         )
     return line

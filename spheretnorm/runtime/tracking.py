@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from spheretnorm.runtime.config import ConfigError, TrainConfig, wandb_mode
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic
-from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run, write_json_atomic
+from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, WriteFailed, remove_run, write_json_atomic
 
 
 def format_duration(seconds: float) -> str:
@@ -278,6 +278,16 @@ class Progress:
             return f"the last good checkpoint {self.checkpoint}{at} is untouched"
         return "no checkpoint had been written"
 
+    def saved_text(self) -> str:
+        """How a stop message names the checkpoint it has just written."""
+        if self.latest is None:
+            return f"checkpoint saved to {self.checkpoint}"
+        kept = f"the last healthy checkpoint {self.checkpoint} is kept as it was" if self.checkpoint.exists() else "no healthy checkpoint had been written"
+        return (
+            f"checkpoint saved to {self.latest}, beside the healthy one: the last evaluation was above collapse_cosine; "
+            f"{kept}. --init_from=auto resumes from the latest"
+        )
+
 
 class RunLog:
     """The rows of a run: metrics.jsonl, W&B when asked, and their console lines.
@@ -330,6 +340,15 @@ class RunLog:
                 self.metrics = None
         if self.wandb is not None:
             self.wandb.log(wandb_payload(row), step=row["iter"])
+
+    def write_failure(self) -> WriteFailed:
+        """The stop of a run whose metrics.jsonl could not take a row: one line naming the file and
+        the checkpoint a resume starts from (on ranks other than 0, which writes the file, a pointer to its line)."""
+        error, progress = self.write_error, self.progress
+        if error is None:
+            return WriteFailed("rank 0 could not write its metrics rows (a full disk); its line says which checkpoint a resume starts from.")
+        kept = progress.saved_text() if progress.saved_iter == progress.iter_num else progress.kept_checkpoint_text()
+        return WriteFailed(f"{error.strerror or error}: {error.filename} (its rows end whole, at the last one that fitted); {kept}.")
 
     def log_eval(self, row: dict[str, Any]) -> None:
         if self.progress is not None:  # the ETA leaves evaluation time out of the step rate
