@@ -146,7 +146,7 @@ def check_checkpoint_kind(train: TrainConfig) -> None:
             os.replace(old, folder)
     own = checkpoint_path(train)
     other, mode = (Path(train.out_dir) / CKPT_NAME, "ddp") if train.parallel == "fsdp" else (folder, "fsdp")
-    if own.exists() or not other.exists() or not (train.init_from in ("resume", "auto") or train.eval_only):
+    if own.exists() or stop_checkpoint_path(train).exists() or not other.exists() or not (train.init_from in ("resume", "auto") or train.eval_only):
         return
     hint = f", or turn it into a {CKPT_NAME} with `python scripts/consolidate.py {other}`" if mode == "fsdp" else ""
     raise OutDirError(
