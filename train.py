@@ -14,7 +14,8 @@ processes, and the sequences of step k are a function of (seed, k) only (spheret
 so neither the GPU count nor a resume changes the optimisation.
 
 Outputs in out_dir: ckpt.pt (written atomically; under fsdp the sharded folder ckpt.dcp),
-metrics.jsonl (one JSON object per line, see README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0.
+metrics.jsonl (one JSON object per line, see README), config.json. SIGTERM or SIGUSR1 saves a checkpoint at the next step and exits 0
+(in a collapse-alarm streak: ckpt.stop.pt/.dcp beside the healthy one; auto resumes from it).
 Exit status: 0 done or signalled, 1 crash, 2 bad config, 3 collapse (final_cosine above
 collapse_cosine for collapse_evals evaluations in a row), 4 non-finite loss; every early end
 also writes a {"kind": "stop", "reason": ...} row to metrics.jsonl.
@@ -34,9 +35,10 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
-from spheretnorm.runtime.cli import explain_missing_packages
+from spheretnorm.runtime.cli import explain_missing_packages, survive_closed_console
 
 explain_missing_packages(__file__)  # before torch: a missing package is one line, not a traceback
 
@@ -53,13 +55,13 @@ from spheretnorm.runtime.device import (
     get_device,
     peak_flops_for,
     resolve_dtype,
-    rng_state,
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state, read_sharded_meta
+from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta
+from spheretnorm.runtime.run_checkpoint import write_run_checkpoint
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, restore_weights, save_sharded, settle_at_start
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, restore_weights, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
@@ -71,21 +73,10 @@ from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import impl_unavailable
-from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
-    EXIT_CONFIG,
-    EXIT_CRASH,
-    EXIT_OK,
-    NonFiniteLossError,
-    OutDirError,
-    RunStopped,
-    check_no_earlier_run,
-    check_out_dir,
-    checkpoint_path,
-    check_checkpoint_kind,
-    evaluated_at,
-    machine_failure,
+    EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
+    check_checkpoint_kind, has_checkpoint, remove_stop_checkpoint, resume_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
 )
 from spheretnorm.runtime.token_files import SPLITS
 from spheretnorm.runtime.imports import keep_recorded_imports
@@ -99,8 +90,8 @@ from spheretnorm.runtime.tracking import Progress, RunLog, check_wandb
 RESUME_KEYS = ("optimizer", "rng", "train_config", "iter_num", "best_val_loss", "recent_losses", "elapsed_s")
 
 
-def load_resume_checkpoint(train: TrainConfig) -> dict[str, Any]:
-    path = checkpoint_path(train)
+def load_resume_checkpoint(train: TrainConfig, path: Path) -> dict[str, Any]:
+    """The checkpoint at `path` (resume_checkpoint's choice), with what a resume reads besides the model."""
     if not path.exists():
         raise ConfigError(
             f"init_from=resume but there is no checkpoint at {path}; check out_dir (the "
@@ -122,9 +113,9 @@ def resolve_init_from(train: TrainConfig, wanted: dict[str, Any] | None = None) 
     eval_only evaluates the checkpoint in out_dir (or a hf:DIR folder), never fresh weights."""
     settle_at_start(train)
     check_checkpoint_kind(train)
-    exists = checkpoint_path(train).exists()
-    if exists and (train.eval_only or train.init_from in ("resume", "auto")) and not train.init_from.startswith(HF_PREFIX):
+    if checkpoint_path(train).exists() and (train.eval_only or train.init_from in ("resume", "auto")) and not train.init_from.startswith(HF_PREFIX):
         check_newest_is_own(train)
+    exists = has_checkpoint(train)  # a stop's checkpoint too: a pre-empted run resumes from it
     if train.eval_only and not train.init_from.startswith(HF_PREFIX):
         if not exists:
             raise ConfigError(
@@ -204,6 +195,12 @@ def build_model_config(parsed: ParsedConfig, data: TokenData, ckpt: dict[str, An
         derived = {}
         if data.meta.get("tokenizer") != "gpt2" and "vocab_size" in data.meta:
             derived["vocab_size"] = int(data.meta["vocab_size"])  # gpt2 keeps the padded 50304
+        elif data.meta.get("tokenizer") == "char" and "vocab_size" not in parsed.model_keys:
+            # A character vocabulary is the dataset's own: GPT-2's padded 50304 would be taken silently.
+            raise ConfigError(
+                f"{data.data_dir / 'meta.json'} has no vocab_size, which a char dataset needs to size the model; "
+                "re-run data/prepare.py, or give --vocab_size."
+            )
         model_cfg = parsed.model_config(**derived)
     if int(data.meta.get("vocab_size", 0)) > model_cfg.vocab_size:
         raise ConfigError(
@@ -237,7 +234,9 @@ class Trainer:
         self.dtype = resolve_dtype(train.dtype, self.device_type)
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)
-        ckpt = load_resume_checkpoint(train) if train.init_from == "resume" else None
+        # The checkpoint a resume starts from: the latest, and a line saying why when it is a stop's.
+        self.resume_from, self.resume_note = resume_checkpoint(train)
+        ckpt = load_resume_checkpoint(train, self.resume_from) if train.init_from == "resume" else None
         if ckpt is not None:
             check_resume_keys(train, ckpt["train_config"])
         self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
@@ -250,6 +249,8 @@ class Trainer:
         prepare = (lambda model: load_folder_weights(model, hf_folder)) if hf_folder is not None else None
         self.raw_model = build_model(self.model_cfg, self.cfg, dist, device, self.dtype, prepare)
         self.progress = Progress(checkpoint_path(self.cfg), self.tokens_per_step)
+        if ckpt is not None and self.resume_from != self.progress.checkpoint:
+            self.progress.latest = self.resume_from
         try:  # an optimizer that cannot train this model (a resumed μP model under Muon) refuses it
             self.optimizer = build_optimizer(self.raw_model, self.cfg, self.device_type)
         except ValueError as e:
@@ -268,7 +269,7 @@ class Trainer:
         self.outputs = RunLog(self.cfg, dist.is_master, self.progress)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        restore_weights(self.cfg, ckpt, self.raw_model, self.optimizer)  # sharded_checkpoint.py
+        restore_weights(self.cfg, ckpt, self.raw_model, self.optimizer, self.resume_from)  # sharded_checkpoint.py
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)
@@ -285,23 +286,11 @@ class Trainer:
         if ckpt.get("data_meta") and ckpt["data_meta"].get("tokenizer") != self.data.meta.get("tokenizer"):
             print0("WARNING: the dataset's tokenizer differs from the one the checkpoint was trained on.")
 
-    def run_config(self) -> dict[str, Any]:
-        """What W&B and config.json record: both configs, the paper's method name, the layout."""
-        return {
-            **asdict(self.cfg),
-            **asdict(self.model_cfg),
-            "method": method_key(self.model_cfg),
-            "world_size": self.dist.world_size,
-            "grad_accum_steps": self.accum,
-            "tokens_per_step": self.tokens_per_step,
-            "num_params": self.raw_model.get_num_params(),
-            "resolved_dtype": self.dtype,
-        }
-
     # -- one optimizer step ------------------------------------------------------
 
-    def train_step(self, step: int, stop: StopSignal) -> tuple[float, float, bool]:
-        """Run optimizer step `step`; returns (mean loss, grad norm, stop requested on any rank)."""
+    def train_step(self, step: int, stop: StopSignal) -> tuple[float, float, bool, bool]:
+        """Run optimizer step `step`; returns (mean loss, grad norm, stop requested on any rank,
+        metrics write failed on any rank)."""
         cfg = self.cfg
         lr = learning_rate_at(step, cfg)
         for group in self.optimizer.param_groups:
@@ -330,10 +319,11 @@ class Trainer:
             loss_sum += loss.detach().float()
         self.scaler.unscale_(self.optimizer)
         grad_norm = clip_grad_norm(self.raw_model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        # One all-reduce for the three things every rank must agree on.
+        # One all-reduce for the four things every rank must agree on.
         flag = torch.tensor(float(stop.requested), device=self.device)
-        stats = all_reduce_sum(torch.stack([loss_sum, grad_norm.float(), flag]), self.dist)
-        loss_val, norm_val, stop_val = (v / self.dist.world_size for v in stats.tolist())
+        failed = torch.tensor(float(self.outputs.write_error is not None), device=self.device)
+        stats = all_reduce_sum(torch.stack([loss_sum, grad_norm.float(), flag, failed]), self.dist)
+        loss_val, norm_val, stop_val, failed_val = (v / self.dist.world_size for v in stats.tolist())
         # fp16's GradScaler skips steps with inf gradients by design; elsewhere they are fatal.
         if not math.isfinite(loss_val):
             raise NonFiniteLossError.at("loss", loss_val, step + 1, self.progress.kept_checkpoint_text())
@@ -344,32 +334,25 @@ class Trainer:
         self.raw_model.after_optimizer_step()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_val, norm_val, stop_val > 0
+        return loss_val, norm_val, stop_val > 0, failed_val > 0
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def save_checkpoint(self) -> None:
-        """All ranks call this (their RNG states are gathered); rank 0 writes."""
+    def save_checkpoint(self, stop_state: bool = False) -> None:
+        """All ranks call this. stop_state: a stop's state during a collapse-alarm streak, written
+        beside the last healthy checkpoint (which stays as it was); a healthy save removes it."""
         progress = self.progress
-        rng = [rng_state()]
-        if self.dist.enabled:
-            rng = [None] * self.dist.world_size
-            torch_dist.all_gather_object(rng, rng_state())
+        path = stop_checkpoint_path(self.cfg) if stop_state else progress.checkpoint
         extra = {
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "train_config": asdict(self.cfg),
             **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
-            "rng": rng,
-            "world_size": self.dist.world_size,
             "data_meta": self.data.meta,
         }
-        if self.cfg.parallel == "fsdp":  # every rank writes its shards
-            model_cfg = checkpoint_state(self.raw_model, weights=False)
-            save_sharded(progress.checkpoint, self.raw_model, self.optimizer, {**model_cfg, **extra}, self.dist, self.device)
-        elif self.dist.is_master:
-            state = {**checkpoint_state(self.raw_model), "optimizer": self.optimizer.state_dict(), **extra}
-            atomic_torch_save(state, progress.checkpoint)
-        progress.saved_iter = progress.iter_num
+        write_run_checkpoint(path, self.raw_model, self.optimizer, extra, self.cfg.parallel == "fsdp", self.dist, self.device)
+        if not stop_state and self.dist.is_master:
+            remove_stop_checkpoint(self.cfg)
+        progress.saved_iter, progress.latest = progress.iter_num, (path if stop_state else None)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -384,11 +367,12 @@ class Trainer:
             self.save_checkpoint()
         self.evaluator.stop_if_collapsed()  # an alarm at the final evaluation: after the save
 
-    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float) -> None:
+    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, row: bool = True) -> None:
+        """The train row and its console line; row=False: the console line only (a session's first step)."""
         mfu = None
         if self.peak_flops:
             mfu = estimate_mfu(self.raw_model, self.cfg.batch_size * self.accum, step_time, self.peak_flops)
-        self.outputs.log_train(loss, grad_norm, lr, step_time, mfu)
+        (self.outputs.log_train if row else self.outputs.show_first_step)(loss, grad_norm, lr, step_time, mfu)
 
     def run(self, stop: StopSignal) -> None:
         """The training loop, with a stop row for every way it can end early."""
@@ -396,7 +380,7 @@ class Trainer:
             try:
                 self._run(stop)
             except (OSError, RuntimeError) as e:  # a full disk, a stopped peer: one line, resumable
-                failure = machine_failure(e, self.cfg.dist_timeout, self.progress.kept_checkpoint_text())
+                failure = machine_failure(e, self.cfg.dist_timeout, self.progress.kept_checkpoint_text(), self.dist.rank, self.dist.world_size)
                 if failure is None:
                     raise
                 raise failure from None
@@ -416,7 +400,9 @@ class Trainer:
         progress.start()
         print0(summary_line(self))
         if resumed and not cfg.eval_only:
-            print0(f"resumed from iter {progress.iter_num} ({progress.checkpoint})")
+            print0(f"resumed from iter {progress.iter_num} ({progress.latest or progress.checkpoint})")
+            if self.resume_note:
+                print0(self.resume_note)
         if cfg.eval_only:
             try:
                 row = self.evaluator.evaluate()
@@ -426,23 +412,11 @@ class Trainer:
             if self.dist.is_master:
                 print(json.dumps(row))
             return
-        self.outputs.open(self.run_config(), resumed)
+        self.outputs.open(run_config(self), resumed)
         try:
             self._train(stop, resumed)
         except EvalAbandoned:  # the stop waits for no evaluation: the weights are this iteration's
-            self.stop_for_signal(stop)
-
-    def stop_for_signal(self, stop: StopSignal) -> None:
-        """Write a checkpoint of the current iteration (if a step ran since the last one), then stop."""
-        progress = self.progress
-        if progress.iter_num > 0 and progress.saved_iter != progress.iter_num and not progress.collapse_streak:
-            self.save_checkpoint()
-        if self.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
-            torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
-        saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
-        message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (f"checkpoint saved to {progress.checkpoint}." if saved else f"{progress.kept_checkpoint_text()}.")
-        self.outputs.log_stop("signal", message, EXIT_OK)
-        print0(message)
+            stop_for_signal(self, stop)
 
     def _train(self, stop: StopSignal, resumed: bool) -> None:
         cfg, progress = self.cfg, self.progress
@@ -451,7 +425,7 @@ class Trainer:
         window_time, window_steps = 0.0, 0
         while progress.iter_num < cfg.max_iters:
             t0 = time.time()
-            loss, grad_norm, stop_now = self.train_step(progress.iter_num, stop)
+            loss, grad_norm, stop_now, log_failed = self.train_step(progress.iter_num, stop)
             window_time += time.time() - t0
             window_steps += 1
             lr = learning_rate_at(progress.iter_num, cfg)
@@ -460,14 +434,31 @@ class Trainer:
             if progress.iter_num % cfg.log_interval == 0 or progress.iter_num == cfg.max_iters:
                 self.log_train(loss, grad_norm, lr, window_time / window_steps)
                 window_time, window_steps = 0.0, 0
+            elif progress.iter_num == progress.start_iter + 1:  # seen at once, not after log_interval steps
+                self.log_train(loss, grad_norm, lr, window_time / window_steps, row=False)
             if progress.iter_num % cfg.eval_interval == 0 or progress.iter_num == cfg.max_iters:
                 self.eval_and_maybe_save()
             elif cfg.checkpoint_interval and progress.iter_num % cfg.checkpoint_interval == 0 and not progress.collapse_streak:
                 self.save_checkpoint()
+            if log_failed:
+                self.stop_for_log_failure()
             if stop_now:
-                self.stop_for_signal(stop)
+                stop_for_signal(self, stop)
                 return
+        if any_rank(self.outputs.write_error is not None, self.dist, self.device):  # at the final row
+            self.stop_for_log_failure()
         print0(done_line(self))
+
+    def save_unsaved_state(self) -> None:
+        """Checkpoint the current iteration if a step ran since the last save (in a collapse-alarm streak, beside the healthy one)."""
+        if self.progress.iter_num > 0 and self.progress.saved_iter != self.progress.iter_num:
+            self.save_checkpoint(stop_state=bool(self.progress.collapse_streak))
+
+    def stop_for_log_failure(self) -> None:
+        """metrics.jsonl could not take a row (a full disk): checkpoint where the disk still allows, then stop in one line."""
+        with contextlib.suppress(OSError):  # a checkpoint that does not fit either keeps the last one
+            self.save_unsaved_state()
+        raise self.outputs.write_failure()
 
     def close(self) -> None:
         self.outputs.close()
@@ -486,6 +477,15 @@ def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improv
     return progress.iter_num > 0 and (final or not suspect) and wanted
 
 
+def run_config(t: Trainer) -> dict[str, Any]:
+    """What W&B and config.json record: both configs, the paper's method name, the layout."""
+    return {
+        **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
+        "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
+        "resolved_dtype": t.dtype,
+    }
+
+
 def summary_line(t: Trainer) -> str:
     """The run at a glance, printed when training starts."""
     return (
@@ -496,15 +496,27 @@ def summary_line(t: Trainer) -> str:
     )
 
 
+def stop_for_signal(t: Trainer, stop: StopSignal) -> None:
+    """Write a checkpoint of the current iteration (if a step ran since the last one), then stop."""
+    progress = t.progress
+    t.save_unsaved_state()
+    if t.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
+        torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
+    saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
+    message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (f"{progress.saved_text()}." if saved else f"{progress.kept_checkpoint_text()}.")
+    t.outputs.log_stop("signal", message, EXIT_OK)
+    print0(message)
+
+
 def done_line(t: Trainer) -> str:
     """The last line of a run that reached max_iters: its checkpoint, and a warning when its
     final state was suspect (saved all the same: the collapse alarm only stops runs)."""
-    progress, cfg = t.progress, t.cfg
+    progress = t.progress
     saved = f"checkpoint {progress.checkpoint} (iter {progress.saved_iter})" if progress.saved_iter >= 0 else "no checkpoint"
     line = f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}; {saved}."
     if t.evaluator.final_suspect:
         line += (
-            f" Its final_cosine is above collapse_cosine={cfg.collapse_cosine}: the final state is saved all the "
+            f" Its final_cosine is above collapse_cosine={t.cfg.collapse_cosine}: the final state is saved all the "
             "same (a run that reaches max_iters always saves it); check it for collapse before using it."
         )
     return line
@@ -520,6 +532,7 @@ def pick_device(train: TrainConfig, dist: DistInfo) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Train as the command line says; raises ConfigError before any work on a bad config."""
     argv = sys.argv[1:] if argv is None else argv
+    survive_closed_console()  # a console reader that goes away (| tee, Ctrl-C) never ends a run
     if wants_help(argv):
         print(config_help(), end="")
         return

@@ -49,6 +49,11 @@ RESTART_FREE = {"run": "restart_free"}  # computes, but a restart or an extensio
 RESUME_FIXED = {"run": "resume_fixed"}  # computes, and a resume may not change it (the state would not fit)
 
 
+# The widest MLP a key may ask for: 2^20, twenty times the widest of any released model (LLaMA 3
+# 405B: 53,248); past it a typo would be a many-terabyte allocation.
+MAX_MLP_WIDTH = 1 << 20
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -108,8 +113,8 @@ class GPTConfig:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}.")
         if self.mup_base_width < 0:
             raise ValueError(f"mup_base_width must be 0 (μP off) or a positive base width, got {self.mup_base_width}.")
-        if self.mlp_width < 0:
-            raise ValueError(f"mlp_width must be 0 (the block's own width) or a positive width, got {self.mlp_width}.")
+        if not 0 <= self.mlp_width <= MAX_MLP_WIDTH:  # bounded: a typo must not be an allocator's traceback
+            raise ValueError(f"mlp_width must be 0 (the block's own width) or a positive width up to {MAX_MLP_WIDTH}, got {self.mlp_width}.")
         self._check_sphere_keys()
 
     def _check_sphere_keys(self) -> None:

@@ -104,7 +104,8 @@ def main(data_dir: str, out_dir: str) -> None:
         args = tiny(data_dir, out / key.replace("-", ""), f"--connection={connection}", f"--block={block}", *extra)
         runs = {}
         for parallel in ("ddp", "fsdp"):
-            t = trainer([*args, f"--parallel={parallel}", "--fsdp_init=full"], dist)
+            start = ["--fsdp_init=full"] if parallel == "fsdp" else []  # DDP's initial weights, sharded (ddp refuses the key)
+            t = trainer([*args, f"--parallel={parallel}", *start], dist)
             initial = full_weights(t.raw_model)
             runs[parallel] = (t, initial, losses(t, STEPS))
         (ddp, ddp_init, ddp_losses), (fsdp, fsdp_init, fsdp_losses) = runs["ddp"], runs["fsdp"]

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import train
+from spheretnorm.runtime import validation
 from spheretnorm.runtime.validation import EvalProgress
 from spheretnorm.runtime.tracking import check_wandb, format_duration, wandb_key_source
 from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
@@ -201,6 +202,8 @@ def test_help_lists_keys_with_defaults(entry: str, expected: list[str]) -> None:
 def test_console_shows_progress_eta_and_eval_batches(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     train.main(tiny_args(data_dir, tmp_path, "--max_iters=4", "--eval_interval=4", "--log_interval=2"))
     out = capsys.readouterr().out
+    assert re.search(r"^iter 1/4 \| loss .* \| ETA \?$", out, re.M), out  # the first step at once, before log_interval
+    assert [row["iter"] for row in read_metrics(tmp_path, "train")] == [2, 4]  # its row still every log_interval
     assert re.search(r"^iter 2/4 \| loss .* tok/s .* \| ETA \d+s$", out, re.M), out
     assert re.search(r"^iter 4/4 \| .* \| ETA 0s$", out, re.M), out
     for split in ("train", "val"):
@@ -227,6 +230,17 @@ def test_eval_progress_updates_one_line_on_a_terminal() -> None:
     quiet = FakeTerminal()
     EvalProgress(enabled=False, stream=quiet).finish()  # ranks other than 0 print nothing
     assert quiet.getvalue() == ""
+
+
+def test_a_long_evaluation_in_a_log_file_says_how_far_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = io.StringIO()
+    progress = EvalProgress(enabled=True, stream=log)
+    progress.start("train", 200)
+    progress.update(1)  # at once: nothing yet
+    monkeypatch.setattr(validation.time, "time", lambda: progress.started + validation.EVAL_PROGRESS_EVERY_S)
+    progress.update(7)
+    progress.update(8)  # within the next interval: no second line
+    assert log.getvalue() == f"eval train 7/200 batches, {validation.EVAL_PROGRESS_EVERY_S:.0f} s so far\n"
 
 
 def test_format_duration() -> None:

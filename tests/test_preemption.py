@@ -9,6 +9,7 @@ continues exactly as an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import resource
@@ -17,10 +18,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import train
+from spheretnorm.runtime import run_folder
 from spheretnorm.runtime.config import ConfigError
 from spheretnorm.runtime.checkpoint import load_checkpoint
 from test_train import REPO, SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_losses  # noqa: F401 (data_dir: a fixture)
@@ -137,6 +140,7 @@ def test_a_stopped_peer_ends_the_job_within_dist_timeout(data_dir: Path, tmp_pat
     wait_all_gone(workers, 30)
     assert proc.returncode != 0
     assert f"a collective waited longer than dist_timeout={timeout_s} s" in out, out[-3000:]
+    assert "pair.cc" not in out, out[-3000:]  # the frozen rank, woken to a gone peer: one line too, no gloo traceback
     stop = read_metrics(tmp_path, "stop")[-1]
     assert stop["reason"] == "peer_timeout" and stop["exit_code"] == 1
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == stop["checkpoint_iter"] >= 20
@@ -234,3 +238,125 @@ def test_a_broken_config_file_is_one_line(tmp_path: Path) -> None:
     raising.write_text("import os\nn_layer = int(os.environ['NO_SUCH_VARIABLE'])\n")
     result = subprocess.run([sys.executable, "train.py", str(raising)], cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "failed when run (KeyError" in result.stderr
+
+
+class ReaderGone:
+    """A console pipe whose reader (tee) goes away when `gone` is set: every write then fails."""
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        if self.gone:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.gone:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def signal_at(step: int, monkeypatch: pytest.MonkeyPatch, console: ReaderGone | None = None) -> None:
+    """SIGTERM arrives during optimizer step `step` (and the console's reader goes, as Ctrl-C to
+    `train.py | tee` ends tee): set as the handler would, without a real signal's timing."""
+    original = train.Trainer.train_step
+
+    def train_step(self: train.Trainer, at: int, stop: train.StopSignal) -> tuple:
+        if at == step:
+            stop.signum = signal.SIGTERM
+            if console is not None:
+                console.gone = True
+        return original(self, at, stop)
+
+    monkeypatch.setattr(train.Trainer, "train_step", train_step)
+
+
+@pytest.mark.parametrize("parallel, healthy_name, stop_name", [("ddp", "ckpt.pt", "ckpt.stop.pt"), ("fsdp", "ckpt.dcp", "ckpt.stop.dcp")])
+def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, parallel: str, healthy_name: str, stop_name: str
+) -> None:
+    args = tiny_args(data_dir, tmp_path, "--eval_interval=2", f"--parallel={parallel}", "--backend=gloo")
+    train.main([*args, "--max_iters=2"])  # the healthy checkpoint, iter 2
+    healthy = load_checkpoint(tmp_path / healthy_name)["iter_num"]
+    # Every evaluation now raises the alarm (a streak, never long enough to stop); SIGTERM at step 5
+    # with stdout's reader gone: the stop is a stop all the same, its state beside the healthy one.
+    console = ReaderGone()
+    with monkeypatch.context() as patch:
+        signal_at(4, patch, console)
+        patch.setattr(sys, "stdout", console)
+        train.main([*args, "--max_iters=8", "--init_from=auto", "--collapse_cosine=1e-6", "--collapse_evals=100"])
+    stop = read_metrics(tmp_path, "stop")[-1]
+    assert stop["reason"] == "signal" and stop["checkpoint_iter"] == 5, stop
+    assert "checkpoint saved to" in stop["message"] and stop_name in stop["message"]
+    assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == healthy == 2
+    assert load_checkpoint(tmp_path / stop_name)["iter_num"] == 5
+    # The resume starts from the latest state and says so; its healthy save replaces both.
+    capsys.readouterr()
+    train.main([*args, "--max_iters=6", "--init_from=auto"])
+    out = capsys.readouterr().out
+    assert "resumed from iter 5" in out and "NOTE: resuming from" in out and f"Delete {stop_name} to resume from {healthy_name}" in out, out
+    assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == 6 and not (tmp_path / stop_name).exists()
+
+
+class FillsUp:
+    """metrics.jsonl's file on a disk with `room` bytes left: a write past it puts part of its
+    data down, then fails as a full disk does."""
+
+    def __init__(self, file: Any, room: int) -> None:
+        self.file, self.room = file, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.file.write(data[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+
+def test_a_full_disk_at_the_metrics_log_is_one_line_with_whole_rows(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened = run_folder.MetricsLog.__init__
+
+    def on_a_full_disk(self: run_folder.MetricsLog, path: Path, resume_iter: int | None) -> None:
+        opened(self, path, resume_iter)
+        self._file = FillsUp(self._file, 3000)  # the iter-0 eval row and a few train rows fit
+
+    monkeypatch.setattr(run_folder.MetricsLog, "__init__", on_a_full_disk)
+    with pytest.raises(run_folder.WriteFailed) as stopped:
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=10"))
+    message = str(stopped.value)
+    assert message.startswith("No space left on device: " + str(tmp_path / "metrics.jsonl")) and "\n" not in message, message
+    text = (tmp_path / "metrics.jsonl").read_text()
+    assert text.endswith("\n") and all(json.loads(line) for line in text.splitlines())  # whole rows only
+    last = json.loads(text.splitlines()[-1])["iter"]
+    saved = load_checkpoint(tmp_path / "ckpt.pt")["iter_num"]
+    assert saved == last + 2 and f"checkpoint saved to {tmp_path / 'ckpt.pt'}" in message  # the row after the last fails, the next step stops
+
+
+GLOO_PEER_KILLED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:11394: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application."
+)
+
+
+def test_a_lost_peer_is_one_line_naming_the_rank(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo's error when the other rank was SIGKILLed (or ended while this one was stopped), as train.py raises it."""
+    assert "rank 1 lost its connection to rank 0" in str(run_folder.machine_failure(RuntimeError(GLOO_PEER_KILLED), 5, "kept", rank=1, world_size=2))
+    assert "to another rank (at [127.0.0.1]:11394)" in str(run_folder.machine_failure(RuntimeError(GLOO_PEER_KILLED), 5, "kept", rank=0, world_size=4))
+
+    def lost(self: train.Trainer, at: int, stop: train.StopSignal) -> tuple:
+        raise RuntimeError(GLOO_PEER_KILLED)
+
+    monkeypatch.setattr(train.Trainer, "train_step", lost)
+    with pytest.raises(run_folder.PeerLost) as stopped:
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=4"))
+    assert str(stopped.value).startswith("rank 0 lost its connection to another rank (at [127.0.0.1]:11394)")
+    assert read_metrics(tmp_path, "stop")[-1]["reason"] == "peer_lost"

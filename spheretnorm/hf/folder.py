@@ -468,6 +468,32 @@ def check_llama_features(hf: dict[str, Any], cfg: GPTConfig) -> None:
             raise HFFolderError(f"The Llama config.json has {key}={found!r}; this project's LLaMA block computes {key}={ours!r} only ({what}).")
 
 
+def weight_dtypes(path: Path) -> dict[str, str]:
+    """Each tensor's dtype in a weights file, by its own names, read from the header alone
+    (safetensors: 'F32', 'BF16', 'I64'; a pickle, memory-mapped: 'float32', 'int64')."""
+    if path.name == WEIGHTS_FILE:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    state = read_torch_file(path, "cpu", mmap=zipfile.is_zipfile(path))
+    return {k: str(v.dtype).removeprefix("torch.") for k, v in state.items()}
+
+
+def is_float_dtype(name: str) -> bool:
+    """Whether a weight_dtypes name is a floating-point type (F32, BF16, F8_E4M3, float16, ...)."""
+    return name.startswith(("F", "BF", "float", "bfloat"))
+
+
+def check_float_weights(path: Path) -> None:
+    """Weights are floating point: integer tensors (a quantised or damaged file) would be cast and
+    trained on as if they were weights."""
+    wrong = [f"{name} is {dtype}" for name, dtype in weight_dtypes(path).items() if not is_float_dtype(dtype)]
+    if wrong:
+        more = f", and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise HFFolderError(f"{str(path)!r} holds weights that are not floating point ({'; '.join(wrong[:3])}{more}); it is damaged or quantised.")
+
+
 def folder_model_config(folder: str | Path) -> dict[str, Any]:
     """The GPTConfig keys of an exported folder or a GPT-2 folder, whose weights fit them.
 
@@ -498,6 +524,7 @@ def folder_model_config(folder: str | Path) -> dict[str, Any]:
         check_llama_features(hf, cfg)
     weights_path, shapes = folder_weights(folder, shapes_only=True)
     check_weights(shapes, cfg, repr(str(weights_path)), repr(str(config_path)))
+    check_float_weights(weights_path)
     # A GPT-2 or Llama folder gives the keys it sets (the rest are GPTConfig's defaults), an exported one all of them.
     return keys if model_type != REMOTE_MODEL_TYPE else {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_KEYS}
 

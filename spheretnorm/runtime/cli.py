@@ -7,6 +7,7 @@ can be reported by it (docs/ARCHITECTURE.md, "The commands")."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -63,3 +64,50 @@ def explain_missing_packages(command_file: str) -> None:
         raise SystemExit(MISSING_PACKAGE_EXIT)  # from an excepthook, Python exits with this status
 
     sys.excepthook = hook
+
+
+class SurvivingStream:
+    """A console stream that outlives its reader: `train.py | tee log`, and Ctrl-C to the whole
+    group ends tee first, so every later print would fail (EPIPE) and turn a stop that is writing
+    its checkpoint into a crash. A failed write silences the stream instead: its descriptor is
+    pointed at /dev/null, so the rest of the buffer and Python's own flush at exit go nowhere."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+        self.dead = False
+
+    def write(self, text: str) -> int:
+        if not self.dead:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError):  # ValueError: the stream was closed
+                self._silence()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.dead:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._silence()
+
+    def _silence(self) -> None:
+        self.dead = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's stream): writes are dropped above
+            pass
+
+    def __getattr__(self, name: str) -> object:  # encoding, fileno, isatty, ...: the stream's own
+        return getattr(self._stream, name)
+
+
+def survive_closed_console() -> None:
+    """Make sys.stdout and sys.stderr SurvivingStreams (once): a reader that goes away costs the
+    console lines, never the run."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, SurvivingStream):
+            setattr(sys, name, SurvivingStream(stream))

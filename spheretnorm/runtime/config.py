@@ -168,6 +168,8 @@ class TrainConfig:
         for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {getattr(self, name)}.")
+        if self.fsdp_init != "auto" and self.parallel != "fsdp":  # it would be ignored without a word
+            raise ConfigError(f"fsdp_init={self.fsdp_init} applies to --parallel=fsdp only, and this run has parallel={self.parallel}; drop it or add --parallel=fsdp.")
         if not (math.isfinite(self.dist_timeout) and self.dist_timeout > 0):
             raise ConfigError(f"dist_timeout must be a positive number of seconds, got {self.dist_timeout}.")
         if not 0 < self.collapse_cosine <= 1:
@@ -535,12 +537,24 @@ WANDB_DEFAULT_PROJECT = "spheretnorm"
 WANDB_DEFAULT_MODE = "online"
 
 
+# wandb's older names, which wandb itself still takes from WANDB_MODE.
+WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
 def wandb_mode(train: TrainConfig) -> str:
-    """The W&B mode a run uses: its key, else $WANDB_MODE, else online."""
+    """The W&B mode a run uses: its key, else $WANDB_MODE (wandb's older names too), else online.
+
+    A $WANDB_MODE that is no mode is refused only when W&B logs: with wandb_log=false it is not
+    this run's setting.
+    """
     mode = train.wandb_mode or os.environ.get("WANDB_MODE", "") or WANDB_DEFAULT_MODE
-    if mode not in WANDB_MODES:
-        raise ConfigError(f"WANDB_MODE={mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}.")
-    return mode
+    mode = WANDB_MODE_ALIASES.get(mode, mode)
+    if mode in WANDB_MODES:
+        return mode
+    if not train.wandb_log:
+        return WANDB_DEFAULT_MODE
+    names = ", ".join([*WANDB_MODES, *(f"{old} (= {new})" for old, new in WANDB_MODE_ALIASES.items())])
+    raise ConfigError(f"WANDB_MODE={mode!r} is not valid; choose one of: {names}.")
 
 
 def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any], source: str = "checkpoint") -> list[str]:

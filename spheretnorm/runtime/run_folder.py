@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 CKPT_NAME = "ckpt.pt"
 SHARDED_CKPT_NAME = "ckpt.dcp"  # --parallel=fsdp's checkpoint, a folder (runtime/sharded_checkpoint.py)
+# What a stop signal writes while the collapse alarm is counting (the last evaluation above
+# collapse_cosine): the current state, beside the last healthy checkpoint, which stays as it was.
+STOP_CKPT_NAME = "ckpt.stop.pt"
+SHARDED_STOP_CKPT_NAME = "ckpt.stop.dcp"
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "config.json"
 AVG_WINDOW = 200  # the paper reports the train loss averaged over the last 200 iterations
@@ -63,6 +67,12 @@ class PeerTimeout(RunStopped):
     reason = "peer_timeout"
 
 
+class PeerLost(RunStopped):
+    """A collective found another process gone (killed, or ended while this one was stopped)."""
+
+    reason = "peer_lost"
+
+
 class NonFiniteLossError(RunStopped):
     """The loss (or gradient norm) became nan/inf; the run stops without saving."""
 
@@ -88,6 +98,43 @@ def checkpoint_path(train: TrainConfig) -> Path:
     return Path(train.out_dir) / (SHARDED_CKPT_NAME if train.parallel == "fsdp" else CKPT_NAME)
 
 
+def stop_checkpoint_path(train: TrainConfig) -> Path:
+    """out_dir/ckpt.stop.pt (under fsdp the folder ckpt.stop.dcp): a stop's state during a collapse-alarm streak."""
+    return Path(train.out_dir) / (SHARDED_STOP_CKPT_NAME if train.parallel == "fsdp" else STOP_CKPT_NAME)
+
+
+def has_checkpoint(train: TrainConfig) -> bool:
+    """Whether out_dir holds a checkpoint of this parallel mode to resume: a healthy one or a stop's."""
+    return checkpoint_path(train).exists() or stop_checkpoint_path(train).exists()
+
+
+def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
+    """The checkpoint a resume starts from, and the line that says why when it is not the usual one.
+
+    The latest state: a stop's checkpoint (written by a signal while the collapse alarm was
+    counting) is always newer than the healthy one beside it, because every healthy save removes
+    it (remove_stop_checkpoint). Deleting it makes the resume start from the healthy one.
+    """
+    healthy, stopped = checkpoint_path(train), stop_checkpoint_path(train)
+    if not stopped.exists():
+        return healthy, None
+    beside = f"newer than the last healthy checkpoint {healthy.name}, kept beside it" if healthy.exists() else "no healthy checkpoint was written before it"
+    return stopped, (
+        f"NOTE: resuming from {stopped}, the latest state: a stop signal wrote it while the collapse alarm was "
+        f"counting (its last evaluation was above collapse_cosine); {beside}. Delete {stopped.name} to resume from {healthy.name} instead."
+    )
+
+
+def remove_stop_checkpoint(train: TrainConfig) -> None:
+    """A healthy save makes a stop's checkpoint stale: removed, so that a resume takes the newer one."""
+    stopped = stop_checkpoint_path(train)
+    if stopped.is_dir():
+        shutil.rmtree(stopped, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            stopped.unlink()
+
+
 def check_checkpoint_kind(train: TrainConfig) -> None:
     """Refuse a resume that would miss the checkpoint the other parallel mode wrote (a new run over
     it is refused as any other run's files are). What an interrupted sharded save left is settled
@@ -95,7 +142,7 @@ def check_checkpoint_kind(train: TrainConfig) -> None:
     folder = Path(train.out_dir) / SHARDED_CKPT_NAME
     own = checkpoint_path(train)
     other, mode = (Path(train.out_dir) / CKPT_NAME, "ddp") if train.parallel == "fsdp" else (folder, "fsdp")
-    if own.exists() or not other.exists() or not (train.init_from in ("resume", "auto") or train.eval_only):
+    if own.exists() or stop_checkpoint_path(train).exists() or not other.exists() or not (train.init_from in ("resume", "auto") or train.eval_only):
         return
     hint = f", or turn it into a {CKPT_NAME} with `python scripts/consolidate.py {other}`" if mode == "fsdp" else ""
     raise OutDirError(
@@ -120,7 +167,9 @@ class MetricsLog:
             replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), temp=path.with_name(path.name + ".tmp"))
         except OSError as e:  # one line, as a failed checkpoint write: machine_failure
             raise OSError(e.errno or 0, f"could not rewrite {path} ({e.strerror or e}); it is as it was") from None
-        self._file = open(path, "a", encoding="utf-8")
+        # Unbuffered bytes: each row reaches the file in write(), so close() has nothing left to
+        # flush (a full disk cannot fail there), and a row that does not fit can be cut back out.
+        self._file = open(path, "ab", buffering=0)
 
     def _rows_up_to(self, last_iter: int) -> list[dict[str, Any]]:
         if not self.path.is_file():
@@ -136,16 +185,27 @@ class MetricsLog:
         return rows
 
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        """Append one row, whole or not at all: a write that fails (a full disk) takes back the
+        part of the line it wrote and raises an OSError naming the file."""
+        data = (json.dumps(row) + "\n").encode("utf-8")
+        end = os.fstat(self._file.fileno()).st_size
+        try:
+            written = 0
+            while written < len(data):  # a raw write may take only part of the line
+                written += self._file.write(data[written:]) or 0
+        except OSError as e:
+            with contextlib.suppress(OSError):  # shrinking a file needs no free space
+                os.ftruncate(self._file.fileno(), end)
+            raise OSError(e.errno or 0, e.strerror or str(e), str(self.path)) from None
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):  # nothing is buffered: there is nothing to lose here
+            self._file.close()
 
 
 # What a run folder holds besides user files: removed together when a run is replaced.
-RUN_FILES = (CKPT_NAME, CKPT_NAME + ".tmp", METRICS_NAME, METRICS_NAME + ".tmp", CONFIG_NAME)
-RUN_FOLDERS = tuple(SHARDED_CKPT_NAME + suffix for suffix in ("", ".tmp", ".old"))
+RUN_FILES = (CKPT_NAME, CKPT_NAME + ".tmp", STOP_CKPT_NAME, STOP_CKPT_NAME + ".tmp", METRICS_NAME, METRICS_NAME + ".tmp", CONFIG_NAME)
+RUN_FOLDERS = tuple(name + suffix for name in (SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME) for suffix in ("", ".tmp", ".old"))
 
 
 def remove_run(out_dir: Path) -> list[str]:
@@ -269,18 +329,45 @@ def collective_timed_out(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and (isinstance(error, dist_error) or "timed out" in str(error).lower())
 
 
-def machine_failure(error: BaseException, dist_timeout: float, kept: str) -> RunStopped | None:
+# What gloo and NCCL say when the process at the other end of a connection is gone (killed, or
+# ended by torchrun while this one was stopped): "Read error [10.0.0.2]:4242: Connection reset by
+# peer", "Connection closed by peer [10.0.0.2]:4242", "Application timeout caused pair closure".
+LOST_PEER_PHRASES = ("closed by peer", "reset by peer", "broken pipe", "pair closure", "remote process exited", "communicator was aborted")
+
+
+def collective_lost_peer(error: BaseException) -> bool:
+    """Whether `error` is a collective that found its peer process gone (a plain RuntimeError under gloo)."""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(phrase in text for phrase in LOST_PEER_PHRASES)
+
+
+def lost_rank_text(rank: int, world_size: int, error: BaseException) -> str:
+    """Which rank a lost connection was to: of two processes the other one; of more, the
+    connection's address only (gloo's message names no rank)."""
+    if world_size == 2:
+        return f"rank {1 - rank}"
+    address = re.search(r"\[[0-9a-fA-F.:]+\]:\d+", str(error))
+    return f"another rank{f' (at {address.group(0)})' if address else ''}"
+
+
+def machine_failure(error: BaseException, dist_timeout: float, kept: str, rank: int = 0, world_size: int = 1) -> RunStopped | None:
     """The one-line stop for a failure of the machine around a run, None for anything else.
 
     A file that could not be written (a full disk, a quota, a read-only file system) is
-    WriteFailed; a collective that gave up waiting for a stopped or dead peer is PeerTimeout.
-    kept says which checkpoint a resume would start from.
+    WriteFailed; a collective that gave up waiting for a stopped or dead peer is PeerTimeout;
+    one that found its peer gone is PeerLost. kept says which checkpoint a resume would start
+    from; rank and world_size are this process's, to name the rank that was lost.
     """
     if isinstance(error, RunStopped):
         return None
     if isinstance(error, OSError):
         text = error.strerror or str(error)
         return WriteFailed(f"{text}{f': {error.filename}' if error.filename else ''}; {kept}.")
+    if collective_lost_peer(error):
+        return PeerLost(
+            f"rank {rank} lost its connection to {lost_rank_text(rank, world_size, error)} (the process was killed or "
+            f"ended while this one waited); {kept}; resume with --init_from=auto."
+        )
     if collective_timed_out(error):
         detail = re.sub(r"^\[[^]]*\]\s*", "", str(error).splitlines()[0])[:200]  # no C++ source location
         return PeerTimeout(

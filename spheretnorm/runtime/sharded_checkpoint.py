@@ -241,16 +241,16 @@ def wait_for_settled(folder: str | Path, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def restore_weights(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers) -> None:
-    """The checkpoint's weights and optimizer state; with fresh_optimizer the weights only (the
-    optimizer, perhaps another one, starts anew)."""
+def restore_weights(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
+    """The weights and optimizer state of the checkpoint read from `path`; with fresh_optimizer the
+    weights only (the optimizer, perhaps another one, starts anew)."""
     keep = None if cfg.fresh_optimizer else optimizer
     if cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
-        load_sharded(checkpoint_path(cfg), model, keep)
+        load_sharded(path, model, keep)
     else:
         model.load_state_dict(ckpt["model"])
         if keep is not None:
-            load_optimizer_state(keep, ckpt["optimizer"], checkpoint_path(cfg))
+            load_optimizer_state(keep, ckpt["optimizer"], path)
     if keep is None:
         was = ckpt["train_config"].get("optimizer", "adamw")
         print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")

@@ -14,6 +14,7 @@ import numpy as np
 
 
 TOKEN_DTYPE = np.uint16
+MAX_VOCAB_SIZE = int(np.iinfo(TOKEN_DTYPE).max) + 1  # every id a token file can hold
 
 
 
@@ -84,6 +85,13 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         value = meta.get(key)
         if key in meta and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise PrepareError(f"{str(path)!r} has {key}={value!r:.40}, which must be an integer >= 0; re-run data/prepare.py.")
+    # The bins hold uint16 ids: a larger vocabulary cannot be a dataset's, and a model of it would
+    # be an allocation the machine refuses with a traceback.
+    if meta.get("vocab_size", 0) > MAX_VOCAB_SIZE:
+        raise PrepareError(
+            f"{str(path)!r} has vocab_size={meta['vocab_size']}, more than the {MAX_VOCAB_SIZE} ids its "
+            f"{np.dtype(TOKEN_DTYPE).name} token files can hold; re-run data/prepare.py."
+        )
     return meta
 
 
@@ -111,7 +119,13 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | N
         raise PrepareError(f"{Path(data_dir) / META_FILE} has no {split}_tokens count; re-run data/prepare.py for {data_dir}.")
     expected = meta[f"{split}_tokens"]
     stat = path.stat() if path.is_file() else None
-    actual = stat.st_size // np.dtype(TOKEN_DTYPE).itemsize if stat is not None else None
+    itemsize = np.dtype(TOKEN_DTYPE).itemsize
+    if stat is not None and stat.st_size % itemsize:  # numpy's memmap would refuse it with a traceback
+        raise PrepareError(
+            f"{path} is {stat.st_size} bytes, not a whole number of {itemsize}-byte token ids: it is damaged "
+            f"(cut or appended to); re-run data/prepare.py for {data_dir}."
+        )
+    actual = stat.st_size // itemsize if stat is not None else None
     if actual != expected:
         raise PrepareError(
             f"{path} holds {actual} tokens but {META_FILE} says {expected}; re-run data/prepare.py for {data_dir}."

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from spheretnorm.runtime.config import ConfigError, TrainConfig, wandb_mode
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic
-from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, remove_run, write_json_atomic
+from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, WriteFailed, remove_run, write_json_atomic
 
 
 def format_duration(seconds: float) -> str:
@@ -173,6 +173,9 @@ class Progress:
 
     checkpoint: Path  # where this run's checkpoint is (or would be) written
     tokens_per_step: int
+    # The checkpoint a resume starts from when it is not `checkpoint`: a stop's during a
+    # collapse-alarm streak (run_folder.resume_checkpoint); saved_iter is its iteration then.
+    latest: Path | None = None
     iter_num: int = 0
     best_val_loss: float = math.inf
     collapse_streak: int = 0  # evaluations in a row with final_cosine above collapse_cosine
@@ -268,10 +271,22 @@ class Progress:
 
     def kept_checkpoint_text(self) -> str:
         """How a stop message names the checkpoint a resume would start from."""
+        at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
+        if self.latest is not None and self.latest.exists():
+            return f"the latest checkpoint {self.latest}{at} is untouched, beside the last healthy one"
         if self.checkpoint.exists():  # a file, or a sharded folder
-            at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
             return f"the last good checkpoint {self.checkpoint}{at} is untouched"
         return "no checkpoint had been written"
+
+    def saved_text(self) -> str:
+        """How a stop message names the checkpoint it has just written."""
+        if self.latest is None:
+            return f"checkpoint saved to {self.checkpoint}"
+        kept = f"the last healthy checkpoint {self.checkpoint} is kept as it was" if self.checkpoint.exists() else "no healthy checkpoint had been written"
+        return (
+            f"checkpoint saved to {self.latest}, beside the healthy one: the last evaluation was above collapse_cosine; "
+            f"{kept}. --init_from=auto resumes from the latest"
+        )
 
 
 class RunLog:
@@ -286,6 +301,9 @@ class RunLog:
         self.progress = progress
         self.metrics: MetricsLog | None = None
         self.wandb: Any = None
+        # The first metrics row that could not be written (a full disk): the log then stops, and
+        # the loop stops the run at the next point where every rank can checkpoint together.
+        self.write_error: OSError | None = None
 
     def open(self, run_config: dict[str, Any], resumed: bool) -> None:
         """config.json, metrics.jsonl (a resume keeps its rows up to the checkpoint) and W&B."""
@@ -314,9 +332,23 @@ class RunLog:
         if not self.is_master:
             return
         if self.metrics is not None:
-            self.metrics.write(row)
+            try:
+                self.metrics.write(row)
+            except OSError as e:  # the row is not in the file (whole lines only), nor any after it
+                self.write_error = e
+                self.metrics.close()
+                self.metrics = None
         if self.wandb is not None:
             self.wandb.log(wandb_payload(row), step=row["iter"])
+
+    def write_failure(self) -> WriteFailed:
+        """The stop of a run whose metrics.jsonl could not take a row: one line naming the file and
+        the checkpoint a resume starts from (on ranks other than 0, which writes the file, a pointer to its line)."""
+        error, progress = self.write_error, self.progress
+        if error is None:
+            return WriteFailed("rank 0 could not write its metrics rows (a full disk); its line says which checkpoint a resume starts from.")
+        kept = progress.saved_text() if progress.saved_iter == progress.iter_num else progress.kept_checkpoint_text()
+        return WriteFailed(f"{error.strerror or error}: {error.filename} (its rows end whole, at the last one that fitted); {kept}.")
 
     def log_eval(self, row: dict[str, Any]) -> None:
         if self.progress is not None:  # the ETA leaves evaluation time out of the step rate
@@ -329,8 +361,19 @@ class RunLog:
 
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
         """The row of the step just done; step_time is the mean over the steps since the last row."""
+        self.progress.note_steps(step_time)
+        row = self.train_row(loss, grad_norm, lr, step_time, mfu)
+        self.print_train(row, step_time)
+        self.log(row)
+
+    def show_first_step(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
+        """The console line of a session's first step, at once rather than after log_interval
+        steps; no metrics row (the file keeps its rows every log_interval) and no pace for the ETA."""
+        self.print_train(self.train_row(loss, grad_norm, lr, step_time, mfu), step_time)
+
+    def train_row(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> dict[str, Any]:
+        """The metrics row of the step just done."""
         progress = self.progress
-        progress.note_steps(step_time)
         tokens_per_s = progress.tokens_per_step / step_time
         row = {
             "kind": "train",
@@ -344,15 +387,20 @@ class RunLog:
             "mfu": mfu,
             "elapsed_s": round(progress.elapsed(), 3),
         }
-        if self.is_master:
-            mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-            print(
-                f"iter {progress.iter_num}/{self.cfg.max_iters} | loss {loss:.4f} | avg{AVG_WINDOW} "
-                f"{row['train_loss_avg200']:.4f} | lr {lr:.1e} | grad {grad_norm:.2f} | "
-                f"{tokens_per_s:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {progress.eta(self.cfg.max_iters, self.cfg.eval_interval)}",
-                flush=True,
-            )
-        self.log(row)
+        return row
+
+    def print_train(self, row: dict[str, Any], step_time: float) -> None:
+        """The console line of a train row (rank 0)."""
+        if not self.is_master:
+            return
+        mfu = row["mfu"]
+        mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+        print(
+            f"iter {row['iter']}/{self.cfg.max_iters} | loss {row['train_loss']:.4f} | avg{AVG_WINDOW} "
+            f"{row['train_loss_avg200']:.4f} | lr {row['lr']:.1e} | grad {row['grad_norm']:.2f} | "
+            f"{row['tokens_per_s']:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {self.progress.eta(self.cfg.max_iters, self.cfg.eval_interval)}",
+            flush=True,
+        )
 
     def log_stop(self, reason: str, message: str, exit_code: int) -> None:
         """The metrics row that says why a run ended before max_iters (spheretnorm/runs.py reads it)."""

@@ -28,6 +28,9 @@ from spheretnorm.runtime.tracking import Progress
 
 
 STOP_CHECK_ROUNDS = 8  # an evaluation checks for a stop request once per this many batches a rank
+# Off a terminal, an evaluation still under way says how far it is at most this often: the first
+# one of a session (compiling, on a loaded machine) can otherwise be a minute of silence.
+EVAL_PROGRESS_EVERY_S = 10.0
 
 
 class EvalAbandoned(Exception):
@@ -39,22 +42,28 @@ class EvalProgress:
 
     On a terminal one line updates in place ("eval val 3/20 batches"); either way each split
     ends with one line that gives its time. Cluster logs are files, where an updating line
-    would pile up, so there only the per-split lines appear.
+    would pile up, so there a split that takes longer than EVAL_PROGRESS_EVERY_S adds a line
+    at most that often, and the per-split lines.
     """
 
     def __init__(self, enabled: bool, stream: TextIO | None = None):
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stdout
         self.tty = enabled and self.stream.isatty()
-        self.split, self.total, self.started = "", 0, 0.0
+        self.split, self.total, self.started, self.said = "", 0, 0.0, 0.0
 
     def start(self, split: str, total: int) -> None:
         self.split, self.total, self.started = split, total, time.time()
+        self.said = self.started
         self.update(0)
 
     def update(self, done: int) -> None:
         if self.tty and done < self.total:
             self.stream.write(f"\reval {self.split} {done}/{self.total} batches")
+            self.stream.flush()
+        elif self.enabled and not self.tty and done < self.total and time.time() - self.said >= EVAL_PROGRESS_EVERY_S:
+            self.said = time.time()
+            self.stream.write(f"eval {self.split} {done}/{self.total} batches, {self.said - self.started:.0f} s so far\n")
             self.stream.flush()
 
     def finish(self) -> None:

@@ -42,7 +42,9 @@ from pathlib import Path
 import argparse
 import contextlib
 import difflib
+import errno
 import json
+import math
 import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -459,6 +461,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_limit(limit: float | None) -> None:
+    """--limit is a count (>= 1) or a fraction in (0, 1); lm-eval would fail on anything else with a traceback."""
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise EvalError(f"--limit {limit:g} is not valid; give a number of examples per task (>= 1) or a fraction between 0 and 1.")
+
+
+def check_device(device: str) -> None:
+    """A device name get_device knows (tpu is not one), checked before the slow task index; a CUDA
+    device is left to the harness, which falls back to the CPU on a machine without CUDA."""
+    from spheretnorm.runtime.device import DeviceError, get_device
+
+    if device.startswith("cuda"):
+        return
+    try:
+        get_device(device)
+    except DeviceError as exc:  # its message is already the sentence: the device and the valid ones
+        raise EvalError(str(exc)) from None
+
+
 def _limit(value: float | None) -> int | float | None:
     """lm-eval reads an int as a count and a float below 1 as a fraction."""
     return int(value) if value is not None and value >= 1 else value
@@ -470,9 +491,12 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     hub_off says why the hub is off (offline.hub_off_reason; the caller has entered
     offline.offline_mode), None when it is on.
     """
+    from spheretnorm.runtime.device import DeviceError
     from spheretnorm.zeroshot.harness import NanoGPTLM, resolve_checkpoint_path
     from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
+    check_limit(args.limit)
+    check_device(args.device)
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before the slow task index
     tasks = split_task_list(args.tasks)
     for path in args.include_path:
@@ -492,7 +516,10 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
         check_user_task_yamls(tasks, task_manager, list(args.include_path))
         if hub_off:
             check_hub_free([t for t in tasks if t not in local], task_manager, hub_off)
-        lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
+        try:
+            lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
+        except DeviceError as exc:  # its message is already the sentence: the device and the valid ones
+            raise EvalError(str(exc)) from None
         limit = _limit(args.limit)
         results = run_lm_eval(lm, tasks, task_manager, source_note, hub_off, limit=limit, bootstrap_iters=args.bootstrap_iters)
     results["paper_table"] = paper_row(results)
@@ -510,7 +537,27 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, hub_off)
 
 
+def full_disk_error(exc: OSError) -> EvalError | None:
+    """A full disk (or quota, or file-size limit) met anywhere in an evaluation, as one sentence
+    naming the file: lm-eval and datasets write caches of their own besides the results file."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None
+    where = f" {str(exc.filename)!r}" if exc.filename else " a file"
+    return EvalError(f"Cannot write{where} ({exc.strerror or exc}); the disk (or the file size limit) is full: free space and run again.")
+
+
 def _run(args: argparse.Namespace, hub_off: str | None) -> int:
+    try:
+        return _evaluate_and_write(args, hub_off)
+    except OSError as exc:
+        error = full_disk_error(exc)
+        if error is None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _evaluate_and_write(args: argparse.Namespace, hub_off: str | None) -> int:
     try:
         results, label = evaluate_checkpoint(args, hub_off)
     except EvalError as exc:
