@@ -295,6 +295,11 @@ def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(
     assert "checkpoint saved to" in stop["message"] and stop_name in stop["message"]
     assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == healthy == 2
     assert load_checkpoint(tmp_path / stop_name)["iter_num"] == 5
+    # A reader given the run folder (sample.py, zero-shot, export) takes the newer state too.
+    from spheretnorm.runtime.checkpoint import resolve_checkpoint
+
+    chosen, why = resolve_checkpoint(tmp_path)
+    assert chosen.name == stop_name and f"{stop_name} is the newer" in why, why
     # The resume starts from the latest state and says so; its healthy save replaces both.
     capsys.readouterr()
     train.main([*args, "--max_iters=6", "--init_from=auto"])

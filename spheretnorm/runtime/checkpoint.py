@@ -34,7 +34,7 @@ from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.imports import import_recorded, recorded_imports
-from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME
+from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
@@ -401,12 +401,15 @@ def checkpoint_iter(path: str | Path) -> int:
 
 
 def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME) -> tuple[Path | None, str]:
-    """Of a run folder's ckpt.pt and ckpt.dcp, the one holding the later iteration (`prefer` when both
-    hold the same one), and, when both exist, a phrase that says so and which was taken; (None, '')
-    when neither exists. A run consolidated and then resumed under the other parallel mode leaves
-    both, the older one stale: taking the newer keeps every reader on the run's last state."""
+    """Of a run folder's ckpt.pt and ckpt.dcp (and a stop's ckpt.stop.pt or ckpt.stop.dcp, the state
+    a signal saved during a collapse-alarm streak), the one holding the later iteration (`prefer`
+    when several hold the same one), and, when more than one exists, a phrase that says so and which
+    was taken; (None, '') when none exists. A run consolidated and then resumed under the other
+    parallel mode leaves both, the older one stale: taking the newer keeps every reader on the
+    run's last state."""
     run_dir = Path(run_dir)
-    found = [run_dir / name for name in (CKPT_NAME, SHARDED_CKPT_NAME) if (run_dir / name).exists()]
+    names = (CKPT_NAME, SHARDED_CKPT_NAME, STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME)
+    found = [run_dir / name for name in names if (run_dir / name).exists()]
     if len(found) < 2:
         return (found[0] if found else None), ""
     iters = {path: checkpoint_iter(path) for path in found}

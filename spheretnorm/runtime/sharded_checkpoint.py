@@ -53,7 +53,7 @@ from spheretnorm.runtime.checkpoint import (
 )
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
-from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, OutDirError, checkpoint_path
+from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, OutDirError, checkpoint_path, stop_checkpoint_path
 
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
@@ -206,7 +206,7 @@ def check_newest_is_own(train: TrainConfig) -> None:
         raise ConfigError(str(e)) from None
     if not why:
         return
-    if chosen is not None and chosen.name != own.name:
+    if chosen is not None and chosen.name not in (own.name, stop_checkpoint_path(train).name):  # a stop's state of this mode is its own
         other = "fsdp" if own.name == CKPT_NAME else "ddp"
         how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
                if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
