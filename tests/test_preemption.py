@@ -111,6 +111,8 @@ def test_a_signal_to_torchrun_stops_every_worker_with_a_checkpoint(sig: signal.S
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     stop = read_metrics(tmp_path, "stop")[-1]
     assert stop["reason"] == "signal" and stop["exit_code"] == 0 and stop["checkpoint_iter"] == ckpt["iter_num"] >= 20
+    if sig != signal.SIGTERM:
+        return  # the checkpoint is a signal's like SIGTERM's: one resume (6 s of torchrun) shows it continues the run
     # The resume continues exactly where the uninterrupted run went.
     result = subprocess.run(torchrun_cmd(data_dir, tmp_path, "--max_iters=60", "--init_from=auto"), cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
