@@ -182,21 +182,26 @@ OPENED_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("a
 SPHERE_KEY_DEFAULTS = {k: v for k, v in OPENED_DEFAULTS.items() if k != "mlp_width"}  # read by the sphere connections only
 
 
-def _params_as_keywords(init: Callable[..., None]) -> Callable[..., None]:
-    """GPTConfig(connection="p_spheret", spheret_p=0.25): a declared parameter given as a keyword (as
-    configs saved up to commit 3ab3f93 hold it) joins connection_params, winning over a value there."""
+def declared_keys_as_keywords(holder: str, declared: Callable[[], dict[str, Any]]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A dataclass __init__ wrapper: a key that `declared()` names, given as a keyword, joins the
+    dict field `holder`, winning over a value there. GPTConfig(connection="p_spheret", spheret_p=0.25)
+    (as configs saved up to commit 3ab3f93 hold it) and TrainConfig(optimizer="muon", muon_lr=0.01)."""
 
-    @functools.wraps(init)
-    def __init__(self: GPTConfig, *args: Any, **keys: Any) -> None:
-        params = {k: keys.pop(k) for k in [k for k in keys if k in declared_params()]}  # never a field (register_connection)
-        if params:
-            keys["connection_params"] = {**keys.get("connection_params", {}), **params}
-        init(self, *args, **keys)
+    def wrap(init: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **keys: Any) -> None:
+            names = declared()  # read at call time: an entry registered later counts (never a field)
+            params = {k: keys.pop(k) for k in [k for k in keys if k in names]}
+            if params:
+                keys[holder] = {**keys.get(holder, {}), **params}
+            init(self, *args, **keys)
 
-    return __init__
+        return __init__
+
+    return wrap
 
 
-GPTConfig.__init__ = _params_as_keywords(GPTConfig.__init__)
+GPTConfig.__init__ = declared_keys_as_keywords("connection_params", lambda: declared_params())(GPTConfig.__init__)  # defined below
 
 
 # -----------------------------------------------------------------------------

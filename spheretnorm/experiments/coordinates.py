@@ -83,10 +83,9 @@ class Setup:
 
     def train_config(self, optimizer: str) -> TrainConfig:
         """The optimizer's keys: --lr constant (min_lr 0 is never reached: no schedule runs here), its own rate."""
-        rate_key = OPTIMIZERS[optimizer].rate_key
-        own = {rate_key: dict(self.rates)[optimizer]} if optimizer in dict(self.rates) and rate_key != "learning_rate" else {}
-        lr = dict(self.rates).get(optimizer, self.lr) if rate_key == "learning_rate" else self.lr
-        return TrainConfig(optimizer=optimizer, learning_rate=lr, min_lr=0.0, weight_decay=self.weight_decay, **own)
+        rate = dict(self.rates).get(optimizer)
+        keys = {"learning_rate": self.lr, **({OPTIMIZERS[optimizer].rate_key: rate} if rate is not None else {})}
+        return TrainConfig(optimizer=optimizer, min_lr=0.0, weight_decay=self.weight_decay, **keys)
 
     def rate_text(self, optimizer: str) -> str:
         train = self.train_config(optimizer)

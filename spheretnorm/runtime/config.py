@@ -21,7 +21,6 @@ CUDA, no torch.compile; GPTConfig adds block 1024, vocab 50304, bias on, dropout
 from __future__ import annotations
 
 import difflib
-import functools
 import inspect
 import io
 import json
@@ -34,13 +33,13 @@ import tokenize
 import types
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from spheretnorm.runtime.imports import OWN_CONNECTION_HINT, comma_list, import_modules
 from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import (
     ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, RESTART_FREE,
-    RESUME_FIXED, GPTConfig, MethodParam, declared_params,
+    RESUME_FIXED, GPTConfig, MethodParam, declared_keys_as_keywords, declared_params,
 )
 from spheretnorm.optim import OPTIMIZERS, optimizer_params, resolve_optimizer_params
 
@@ -199,21 +198,8 @@ class TrainConfig:
         raise AttributeError(f"TrainConfig has no key {name!r} (its optimizer's keys: {', '.join(params) or 'none'})")
 
 
-def _optimizer_keys_as_keywords(init: Callable[..., None]) -> Callable[..., None]:
-    """TrainConfig(optimizer="muon", muon_lr=0.01): a declared optimizer key given as a keyword
-    joins optimizer_params, as a connection's parameter joins GPTConfig.connection_params."""
-
-    @functools.wraps(init)
-    def __init__(self: TrainConfig, *args: Any, **keys: Any) -> None:
-        params = {k: keys.pop(k) for k in [k for k in keys if k in optimizer_params()]}
-        if params:
-            keys["optimizer_params"] = {**keys.get("optimizer_params", {}), **params}
-        init(self, *args, **keys)
-
-    return __init__
-
-
-TrainConfig.__init__ = _optimizer_keys_as_keywords(TrainConfig.__init__)
+# TrainConfig(optimizer="muon", muon_lr=0.01): an optimizer's key joins optimizer_params.
+TrainConfig.__init__ = declared_keys_as_keywords("optimizer_params", optimizer_params)(TrainConfig.__init__)
 
 
 # connection_params and optimizer_params are set through the keys they hold (--muon_lr=0.01), never as a whole.
