@@ -263,7 +263,8 @@ def step_sizes(model: torch.nn.Module) -> list[float]:
 
 def step_pinned(model: torch.nn.Module) -> list[float]:
     """1.0 for every sublayer whose softplus(a) is at or above its cap alpha_cap (alpha is then
-    alpha_cap * lambda_l, and a gets no gradient once above), else 0.0; empty without a cap."""
+    alpha_cap * lambda_l, and under alpha_cap_grad=stop a gets no gradient once above), else 0.0;
+    empty without a cap. 1 minus their mean is the share of sublayers whose step is below lambda_l."""
     return [
         float(F.softplus(conn.a.detach().float()).item() >= conn.alpha_cap)
         for conn in _sphere_connections(model)

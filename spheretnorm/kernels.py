@@ -434,13 +434,15 @@ def sphere_update(
     angle_max: float = math.pi / 4,
     impl: str = "fused",
     cap: float | None = 1.0,
+    cap_grad: str = "stop",
 ) -> torch.Tensor:
     """Move h (..., d) along its sphere towards the tangent part of f = F(h).
 
     kind is 'geo', 'proj', 'cay' or 'p' (p used only by 'p'). The step size is
     alpha = min(softplus(a), cap) * decay, from the 0-dim step parameter a and the depth
-    decay lambda_l (retractions.step_size); the Triton kernels compute it themselves at the
-    paper's cap 1, with no launches of its own.
+    decay lambda_l (retractions.step_size, whose cap_grad says how a learns above the cap); the
+    Triton kernels compute it themselves at the paper's cap 1 and gradient, with no launches of
+    their own.
     """
     get_retraction(kind)  # an unknown name is one clear error here, not a failure deep in a kernel
     train_only = compiles_for_training_only(impl, h.device.type)
@@ -454,6 +456,6 @@ def sphere_update(
             raise RuntimeError(problem)
         from . import triton_kernels  # imported late: triton is an optional dependency
 
-        return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t, cap)
-    alpha = step_size(a, decay, cap)
+        return triton_kernels.sphere_update_triton(h, f, a, decay, kind, p_t, am_t, cap, cap_grad)
+    alpha = step_size(a, decay, cap, cap_grad)
     return SphereUpdate.apply(h, f, alpha, p_t, am_t, kind, train_only)

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 # lines import the copies beside them.
 from .kernels import SPHERE_IMPLS, compute_dtype, ngpt_update, resolve_impl, scale_to_radius, sphere_update
 from .mup import init_scale, output_multiplier, param_kind, width_ratio
-from .retractions import EPS, get_retraction, step_size
+from .retractions import ALPHA_CAP_GRADS, EPS, get_retraction, step_size
 
 ALPHA_DECAYS = ("sqrt", "harmonic", "linear", "none")
 ALPHA_INDICES = ("block", "sublayer")
@@ -71,9 +71,10 @@ class GPTConfig:
     angle_max: float = math.pi / 4  # largest rotation of one sphere update (paper 4.2)
     alpha_decay: str = "sqrt"  # depth decay lambda_l of the sphere step size
     alpha_index: str = "block"  # l counts blocks (1..L) or sublayers (1..2L)
-    # Three choices the paper fixes, opened up (docs/CONNECTIONS.md, "Not in the paper"); the
+    # The choices the paper fixes, opened up (docs/CONNECTIONS.md, "Not in the paper"); the
     # defaults are the paper's model. The sphere connections read them, the others refuse them.
     alpha_cap: float | None = 1.0  # the cap on softplus(a) in the sphere step size; None: uncapped
+    alpha_cap_grad: str = "stop"  # a's gradient above the cap: stop (none, the paper's) or straight_through
     radius_cap: float | None = 1.0  # ScaleNorm's largest radius in units of sqrt(d); None: uncapped
     sphere_input_gain: bool = False  # a learnable per-channel gain g on what each sphere sublayer reads
     mlp_width: int = 0  # the MLP's hidden width; 0: the block's own (mlp_hidden)
@@ -106,7 +107,8 @@ class GPTConfig:
             )
         if not 0 < self.angle_max <= math.pi:
             raise ValueError(f"angle_max must lie in (0, pi], got {self.angle_max}.")
-        for name, valid in (("alpha_decay", ALPHA_DECAYS), ("sphere_impl", SPHERE_IMPLS), ("alpha_index", ALPHA_INDICES)):
+        for name, valid in (("alpha_decay", ALPHA_DECAYS), ("sphere_impl", SPHERE_IMPLS), ("alpha_index", ALPHA_INDICES),
+                            ("alpha_cap_grad", ALPHA_CAP_GRADS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"Unknown {name} {getattr(self, name)!r}; valid values are: {', '.join(valid)}.")
         if not 0.0 <= self.dropout < 1.0:
@@ -121,6 +123,9 @@ class GPTConfig:
         """The keys only the sphere connections read: valid values, and their defaults elsewhere."""
         if self.alpha_cap is not None and not self.alpha_cap > 0:
             raise ValueError(f"alpha_cap must be > 0 (or None for no cap), got {self.alpha_cap}.")
+        if self.alpha_cap is None and self.alpha_cap_grad != "stop":
+            raise ValueError(f"alpha_cap_grad={self.alpha_cap_grad!r} says how a learns above the cap, but alpha_cap is None "
+                             "(no cap); set a cap or leave alpha_cap_grad at 'stop'.")
         if self.radius_cap is not None and not self.radius_cap * math.sqrt(self.n_embd) >= 1.0:
             raise ValueError(
                 f"radius_cap must be at least 1 / sqrt(n_embd) = {1 / math.sqrt(self.n_embd):.4g} (the radius floor is 1), "
@@ -178,7 +183,7 @@ MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
 EXECUTION_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata == NEUTRAL)
 # The keys that open a choice the paper fixed, at their defaults (the paper's): a run that sets
 # one otherwise names it in its method key ('p_spheret:0.5+alpha_cap=none', runtime/config.py).
-OPENED_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("alpha_cap", "radius_cap", "sphere_input_gain", "mlp_width")}
+OPENED_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in ("alpha_cap", "alpha_cap_grad", "radius_cap", "sphere_input_gain", "mlp_width")}
 SPHERE_KEY_DEFAULTS = {k: v for k, v in OPENED_DEFAULTS.items() if k != "mlp_width"}  # read by the sphere connections only
 
 
@@ -696,6 +701,7 @@ class SphereConnection(Connection):
         # softplus(a) = 1 at init: the full (decayed) step.
         constant_parameter(self, "a", (), math.log(math.e - 1.0))
         self.alpha_cap = config.alpha_cap
+        self.alpha_cap_grad = config.alpha_cap_grad
         if config.sphere_input_gain:
             constant_parameter(self, "input_gain", (config.n_embd,), 1.0)
         else:
@@ -706,8 +712,9 @@ class SphereConnection(Connection):
         return ScaleNorm(config.n_embd, config.radius_cap)
 
     def step_size(self) -> torch.Tensor:
-        """alpha = min(softplus(a), alpha_cap) * lambda_l (alpha_cap 1 in the paper; None: softplus(a) * lambda_l)."""
-        return step_size(self.a, self.decay, self.alpha_cap)
+        """alpha = min(softplus(a), alpha_cap) * lambda_l (alpha_cap 1 in the paper; None: softplus(a) * lambda_l);
+        alpha_cap_grad says whether a learns above the cap."""
+        return step_size(self.a, self.decay, self.alpha_cap, self.alpha_cap_grad)
 
     def sublayer_input(self, h: torch.Tensor) -> torch.Tensor:
         """What F reads: h, or g * h with sphere_input_gain (the stream itself stays h, on the sphere)."""
@@ -719,7 +726,8 @@ class SphereConnection(Connection):
             return self.reference_update(h, f, self.step_size())
         # The fused paths take a and lambda_l, not alpha: the Triton kernels compute the step
         # size inside, saving step_size()'s small launches at every sublayer.
-        return sphere_update(h, f, self.a, self.decay, self.retraction, self.p, self.angle_max, self.impl, self.alpha_cap)
+        return sphere_update(h, f, self.a, self.decay, self.retraction, self.p, self.angle_max, self.impl, self.alpha_cap,
+                             self.alpha_cap_grad)
 
     def reference_update(self, h: torch.Tensor, f: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         # The retraction keeps ||h|| only as well as <h, z> = 0 holds, so the

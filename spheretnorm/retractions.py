@@ -96,8 +96,21 @@ def retraction_angle(name: str, beta: Tensor, p: Tensor, angle_max: Tensor) -> t
     return get_retraction(name).angle(beta, p, angle_max)
 
 
-def step_size(a: Tensor, decay: float, cap: float | None = 1.0) -> Tensor:
+# How a step-size parameter above its cap learns (GPTConfig.alpha_cap_grad): "stop", the paper's
+# clamp, passes it no gradient, so a sublayer whose softplus(a) crosses the cap never comes back;
+# "straight_through" keeps the clamp's value and passes the gradient of softplus(a) as if uncapped.
+ALPHA_CAP_GRADS = ("stop", "straight_through")
+
+
+def step_size(a: Tensor, decay: float, cap: float | None = 1.0, cap_grad: str = "stop") -> Tensor:
     """alpha = min(softplus(a), cap) * lambda_l: the sphere step size from its parameter a (the
-    paper's cap is 1; cap None leaves softplus(a) uncapped). At the cap no gradient reaches a."""
+    paper's cap is 1; cap None leaves softplus(a) uncapped). Above the cap no gradient reaches a
+    (cap_grad "stop"), or, with "straight_through", d alpha / d a = sigmoid(a) * lambda_l there too."""
     softplus = torch.nn.functional.softplus(a)
-    return (softplus if cap is None else softplus.clamp(max=cap)) * decay
+    if cap is None:
+        return softplus * decay
+    capped = softplus.clamp(max=cap)
+    if cap_grad == "straight_through":
+        # The value is the clamp's exactly (x - x.detach() is an exact 0); the gradient is softplus's.
+        capped = capped.detach() + (softplus - softplus.detach())
+    return capped * decay

@@ -275,14 +275,16 @@ def sphere_update_triton(
     p: torch.Tensor,
     angle_max: torch.Tensor,
     cap: float | None = 1.0,
+    cap_grad: str = "stop",
 ) -> torch.Tensor:
     """kernels.sphere_update through the Triton kernels; a is the raw step parameter. The kernels
-    compute the step size at the paper's cap 1 only; another cap passes alpha itself."""
+    compute the step size at the paper's cap 1 and gradient only; another cap or cap_grad passes
+    alpha itself."""
     shape = h.shape
     h2 = h.reshape(-1, shape[-1]).contiguous()
     f2 = f.reshape(-1, shape[-1]).contiguous()
-    if torch.compiler.is_compiling() or cap != 1.0:
-        out = sphere_fwd(h2, f2, step_size(a, decay, cap), p, angle_max, kind)
+    if torch.compiler.is_compiling() or cap != 1.0 or cap_grad != "stop":
+        out = sphere_fwd(h2, f2, step_size(a, decay, cap, cap_grad), p, angle_max, kind)
     else:
         out = _EagerSphereUpdate.apply(h2, f2, a, float(decay), p, angle_max, kind)
     return out.view(shape)

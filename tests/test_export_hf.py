@@ -59,7 +59,7 @@ VARIANTS.update({
     # The choices the paper fixed, opened up (issue 27), in both blocks.
     "p_spheret-opened-llama": {"connection": "p_spheret", "block": "llama", "alpha_cap": None, "radius_cap": 2.0,
                                "sphere_input_gain": True, "mlp_width": 48},
-    "geonorm-opened": {"connection": "geonorm", "alpha_cap": 0.5, "radius_cap": None, "sphere_input_gain": True, "mlp_width": 40},
+    "geonorm-opened": {"connection": "geonorm", "alpha_cap": 0.5, "alpha_cap_grad": "straight_through", "radius_cap": None, "sphere_input_gain": True, "mlp_width": 40},
     "ngpt-llama-4d": {"connection": "ngpt", "block": "llama", "mlp_width": 128},
 })
 CHARS = [chr(c) for c in range(ord("a"), ord("a") + 26)] + list(" .,;!?\n") + [chr(c) for c in range(ord("A"), ord("A") + 15)]

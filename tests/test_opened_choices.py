@@ -70,6 +70,30 @@ def test_an_uncapped_step_size_passes_a_gradient_above_one_and_the_cap_passes_no
             assert conn.a.grad.item() == 0.0 and a.grad.item() == 0.0
 
 
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+@pytest.mark.parametrize("a0", [1.2, 3.0, -0.5])  # softplus(a0) = 1.46, 3.05 (above the cap), 0.47 (below)
+def test_a_straight_through_cap_keeps_the_capped_value_and_passes_softpluss_gradient(impl: str, a0: float) -> None:
+    """alpha_cap_grad=straight_through: the forward pass is the paper's clamp bit for bit; the
+    gradient of a is dL/dalpha * sigmoid(a) * lambda_l, above the cap as below it."""
+    h, f = sphere_point(5, 1)
+    w = torch.randn(5, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    outs = {}
+    for cap_grad in ("stop", "straight_through"):
+        conn = tiny(connection="p_spheret", alpha_cap_grad=cap_grad, sphere_impl=impl).double().transformer.h[1].conn_mlp  # lambda_2 = 1/sqrt(2)
+        with torch.no_grad():
+            conn.a.fill_(a0)
+        outs[cap_grad] = conn(h, lambda u: f)
+        (outs[cap_grad] * w).sum().backward()
+    assert torch.equal(outs["stop"], outs["straight_through"])
+
+    softplus = math.log1p(math.exp(a0))
+    alpha = torch.tensor(min(softplus, 1.0) / math.sqrt(2), dtype=torch.float64, requires_grad=True)
+    (p_spheret_update(h, f, alpha, 0.5) * w).sum().backward()
+    want = alpha.grad.item() / (1 + math.exp(-a0)) / math.sqrt(2)
+    assert abs(want) > 1e-3
+    assert conn.a.grad.item() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
 def test_the_default_cap_is_the_papers_and_passes_the_gradient_at_its_start() -> None:
     """At init softplus(a) = 1 exactly: the clamp still passes the first step's gradient (as the
     paper's code), which is why a_l moves once and then sits above its cap."""
@@ -133,6 +157,9 @@ def test_mlp_width_sets_the_hidden_width_of_both_blocks() -> None:
         ({"connection": "pre_ln", "alpha_cap": None}, "alpha_cap applies only to the sphere connections"),
         ({"connection": "ngpt", "sphere_input_gain": True}, "sphere_input_gain applies only to the sphere connections"),
         ({"connection": "p_spheret", "alpha_cap": 0.0}, "alpha_cap must be > 0"),
+        ({"connection": "pre_ln", "alpha_cap_grad": "straight_through"}, "alpha_cap_grad applies only to the sphere connections"),
+        ({"connection": "p_spheret", "alpha_cap_grad": "smooth"}, "Unknown alpha_cap_grad 'smooth'; valid values are: stop, straight_through."),
+        ({"connection": "p_spheret", "alpha_cap": None, "alpha_cap_grad": "straight_through"}, "alpha_cap_grad='straight_through' says how a"),
         ({"connection": "p_spheret", "radius_cap": 0.1}, "radius_cap must be at least 1 / sqrt(n_embd) = 0.25"),
         ({"mlp_width": -1}, "mlp_width must be 0"),
     ],
@@ -147,7 +174,8 @@ def test_the_defaults_keep_the_papers_model() -> None:
     model with every new key spelled out at the paper's value."""
     for block in ("gpt2", "llama"):
         plain = tiny(connection="p_spheret", block=block).state_dict()
-        spelled = tiny(connection="p_spheret", block=block, alpha_cap=1.0, radius_cap=1.0, sphere_input_gain=False, mlp_width=0).state_dict()
+        spelled = tiny(connection="p_spheret", block=block, alpha_cap=1.0, alpha_cap_grad="stop", radius_cap=1.0, sphere_input_gain=False,
+                       mlp_width=0).state_dict()
         assert list(plain) == list(spelled) and all(torch.equal(plain[k], spelled[k]) for k in plain)
 
 
@@ -186,7 +214,8 @@ def test_the_plan_starts_with_every_arm_at_every_rate_with_the_first_seed() -> N
     points = plan(LRS, [1, 2], ["gpt2", "llama"], {})
     assert len(points) == 2 * len(ARMS) * 4 and {p["seed"] for p in points} == {1}
     assert {p["arm"] for p in points} == {"pre_ln", "p_spheret-0.5", "geonorm", "ngpt", "p_spheret-0.5+alpha_cap=none",
-                                       "p_spheret-0.5+alpha_decay=none", "p_spheret-0.5+sphere_input_gain"}
+                                       "p_spheret-0.5+alpha_decay=none", "p_spheret-0.5+sphere_input_gain",
+                                       "p_spheret-0.5+alpha_cap_grad=straight_through"}
 
 
 def first_seed(block: str, arm: str, losses: dict[float, float]) -> dict[Point, float]:
@@ -268,6 +297,9 @@ def test_a_setting_other_than_the_papers_is_part_of_the_method_key_and_the_folde
     assert canonical_method(key) == "geonorm+radius_cap=2+mlp_width=96"  # in the table's order
     assert method_args(key) == ["--connection=geonorm", "--radius_cap=2", "--mlp_width=96"]
     assert display_name("p_spheret:0.5+alpha_cap=none") == "0.5-SpheretNorm (alpha_cap=none)"
+    st = "p_spheret:0.5+alpha_cap_grad=straight_through"
+    assert method_key(GPTConfig(connection="p_spheret", alpha_cap_grad="straight_through")) == st
+    assert method_args(st) == ["--connection=p_spheret", "--spheret_p=0.5", "--alpha_cap_grad=straight_through"]
     with pytest.raises(UsageError, match=r"'\+dyt_alpha=1' is no setting of a method key; valid ones are \+alpha_cap=VALUE"):
         canonical_method("p_spheret:0.5+dyt_alpha=1")
     with pytest.raises(UsageError, match="alpha_cap applies only to the sphere connections"):

@@ -70,9 +70,10 @@ def make_inputs(case: str, n: int = 24, d: int = 32, seed: int = 0) -> tuple[tor
     return h, f
 
 
-def build_connection(name: str, p: float, impl: str, softplus_a: float = 0.8, layer: int = 1, alpha_cap: float | None = 1.0) -> torch.nn.Module:
+def build_connection(name: str, p: float, impl: str, softplus_a: float = 0.8, layer: int = 1, alpha_cap: float | None = 1.0,
+                     alpha_cap_grad: str = "stop") -> torch.nn.Module:
     cfg = GPTConfig(n_layer=max(2, layer), n_head=2, n_embd=32, block_size=8, vocab_size=64, connection=name, spheret_p=p,
-                    sphere_impl=impl, alpha_cap=alpha_cap)
+                    sphere_impl=impl, alpha_cap=alpha_cap, alpha_cap_grad=alpha_cap_grad)
     conn = CONNECTIONS[name](cfg, layer, slot=0)  # layer 1: lambda = 1, the largest step
     with torch.no_grad():
         conn.a.fill_(math.log(math.expm1(softplus_a)))  # default 0.8: off the clamp at 1
@@ -209,6 +210,15 @@ def test_other_caps_match_reference_on_every_path(impl, alpha_cap, softplus_a, m
     ref, got = compare_to_reference("p_spheret", 0.5, impl, "mixed", False, monkeypatch, softplus_a=softplus_a, alpha_cap=alpha_cap)
     capped = alpha_cap is not None and softplus_a > alpha_cap
     assert (ref[3].item() == 0) is capped and (got[3].item() == 0) is capped
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("softplus_a", [1.5, 0.8])
+def test_a_straight_through_cap_matches_reference_on_every_path(impl, softplus_a, monkeypatch):
+    """alpha_cap_grad=straight_through (the Triton kernels then take alpha itself): the reference's
+    update and gradients, and a gradient of a above the cap as below it."""
+    ref, got = compare_to_reference("p_spheret", 0.5, impl, "mixed", False, monkeypatch, softplus_a=softplus_a, alpha_cap_grad="straight_through")
+    assert ref[3].item() != 0 and got[3].item() != 0
 
 
 def test_cases_exercise_the_cap():

@@ -5,8 +5,8 @@
     python scripts/fair_sweep.py --dry_run       # print the runs the plan holds now, their number and time; write nothing
 
 The design, per block (GPT-2's and LLaMA's): Pre-LN, 0.5-SpheretNorm, GeoNorm and nGPT, then
-0.5-SpheretNorm with alpha_cap=none, with alpha_decay=none and with sphere_input_gain=true (the
-paper's fixed choices opened up, docs/CONNECTIONS.md). Every arm first runs each learning rate of
+0.5-SpheretNorm with alpha_cap=none, with alpha_decay=none, with sphere_input_gain=true and with
+alpha_cap_grad=straight_through (the paper's fixed choices opened up, docs/CONNECTIONS.md). Every arm first runs each learning rate of
 --lrs with the first seed. Where its best rate lies at an end of the grid, the grid grows by one
 step beyond that end (once), so that the best is bracketed. Then the best rate and its two
 neighbours run with every other seed. The plan is a function of the finished runs alone: a
@@ -51,6 +51,7 @@ from spheretnorm.experiments.study import (
     dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, start_study, study_main,
     study_parser, train_argv,
 )
+from spheretnorm.model import OPENED_DEFAULTS
 from spheretnorm.runtime.cli import UsageError
 
 BASELINE = "pre_ln"
@@ -92,6 +93,8 @@ ARMS: tuple[Arm, ...] = (
     Arm("p_spheret-0.5+alpha_cap=none", "0.5-SpheretNorm, alpha_cap=none", "p_spheret:0.5", (("alpha_cap", "none"),)),
     Arm("p_spheret-0.5+alpha_decay=none", "0.5-SpheretNorm, alpha_decay=none", "p_spheret:0.5", (("alpha_decay", "none"),)),
     Arm("p_spheret-0.5+sphere_input_gain", "0.5-SpheretNorm, input gain", "p_spheret:0.5", (("sphere_input_gain", "true"),)),
+    Arm("p_spheret-0.5+alpha_cap_grad=straight_through", "0.5-SpheretNorm, straight-through cap", "p_spheret:0.5",
+        (("alpha_cap_grad", "straight_through"),)),
 )
 ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 
@@ -262,8 +265,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     # The model's shape may change (--n_layer=12 --n_embd=128); what the arms compare may not.
-    fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, *NGPT_RECIPE, "block", "learning_rate", "min_lr",
-                                                          "lr_decay_iters", "alpha_cap", "alpha_decay", "sphere_input_gain")}
+    fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, *NGPT_RECIPE, *OPENED_DEFAULTS, "block", "learning_rate", "min_lr",
+                                                          "lr_decay_iters", "alpha_decay")}
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters", "warmup_iters": "--warmup_iters"})
     lrs = sorted(set(parse_number_list(args.lrs, "lrs", float)))
     if len(lrs) < 2:
