@@ -243,7 +243,7 @@ def test_each_optimizers_mup_rule_keeps_its_update_width_free(optimizer: str, st
 
 
 def test_transfer_study_trains_the_base_width_once() -> None:
-    from spheretnorm.experiments.study import Place, grid_points, point, train_argv
+    from spheretnorm.experiments.study import Place, default_grid, grid_points, point, train_argv
 
     sweep = mup_transfer.transfer_sweep(["pre_ln"], [64, 256], {"adamw": (1e-3, 2e-3), "muonh": (0.01, 0.02, 0.04)}, 3, 32, 100)
     points = grid_points(sweep)
@@ -259,7 +259,7 @@ def test_transfer_study_trains_the_base_width_once() -> None:
     assert sweep.folder(muonh) == "pre_ln/muonh/w256_mup/lr0.04"
     args = train_argv(sweep, muonh, Place(Path("out"), Path("data")))
     assert {"--optimizer=muonh", "--hyperball_lr=0.04", "--learning_rate=0.004", "--min_lr=0.0004", "--mup_base_width=64"} <= set(args)
-    assert mup_transfer.default_grid("muon") == (0.005, 0.01, 0.02, 0.04, 0.08)
+    assert default_grid("muon") == (0.005, 0.01, 0.02, 0.04, 0.08)
 
 
 def test_transfer_study_measures_the_optimum_move_in_grid_steps() -> None:

@@ -243,6 +243,109 @@ def test_a_best_at_an_end_grows_the_grid_once_then_seeds_the_best() -> None:
     assert [p["seed"] for p in plan(LRS, [1, 2], ["llama"], done, ARMS[3:4])] == [1] * 4
 
 
+# -----------------------------------------------------------------------------
+# The fair sweep's optimizer axis
+
+
+MUON = (0.01, 0.03, 0.09)  # --grid muon=...: a factor of 3, unlike AdamW's 2, so an extension tells whose grid it steps on
+MUONH = (0.005, 0.01, 0.02, 0.04, 0.08)  # hyperball_lr's default 0.02 times 1/4 .. 4
+
+
+def optimizer_design(*extra: str) -> fair_sweep.Sweep:
+    args, overrides = fair_sweep.parse_args(["--blocks=llama", "--arms=pre_ln,p_spheret-0.5,ngpt", "--optimizers=adamw,muon,muonh",
+                                             "--grid=muon=0.09,0.01,0.03", "--seeds=1,2", *extra])
+    return fair_sweep.design_of(args, overrides)
+
+
+def argv_of(sweep: fair_sweep.Sweep, **p: object) -> set[str]:
+    from spheretnorm.experiments.study import Place, train_argv
+
+    return set(train_argv(sweep, point(block="llama", seed=1, **p), Place(Path("out"), Path("data"))))
+
+
+def test_each_optimizer_sweeps_its_own_rate_key_and_adamws_runs_keep_their_folders() -> None:
+    sweep = optimizer_design()
+    points = plan_points(sweep, {})
+    groups = {(p["arm"], p["optimizer"]): sorted(q["lr"] for q in points if (q["arm"], q["optimizer"]) == (p["arm"], p["optimizer"])) for p in points}
+    assert groups == {**{(arm, "adamw"): LRS for arm in ("pre_ln", "p_spheret-0.5", "ngpt")},
+                      **{(arm, "muon"): list(MUON) for arm in ("pre_ln", "p_spheret-0.5")},
+                      **{(arm, "muonh"): list(MUONH) for arm in ("pre_ln", "p_spheret-0.5")}}  # no nGPT beside Muon or MuonH
+    assert {p["seed"] for p in points} == {1} and fair_sweep.design_size(sweep) == 12 + 6 + 10 + 7 * (1 + 3)
+
+    adamw = point(block="llama", arm="p_spheret-0.5", optimizer="adamw", lr=4e-3, seed=1)
+    assert sweep.folder(adamw) == "llama/p_spheret-0.5/lr0.004_s1"  # the first design's folder
+    assert sweep.folder(adamw.but(optimizer="muon", lr=0.03)) == "llama/p_spheret-0.5+muon/lr0.03_s1"
+    alone = design_sweep(LRS, [1, 2], ["llama"], ARMS[1:2], 600, 100)
+    assert sweep.folder(adamw) == alone.folder(point(block="llama", arm="p_spheret-0.5", lr=4e-3, seed=1))
+    # AdamW's runs: the first design's settings, plus the default optimizer spelled out.
+    assert argv_of(sweep, arm="p_spheret-0.5", optimizer="adamw", lr=4e-3) - argv_of(alone, arm="p_spheret-0.5", lr=4e-3) == {"--optimizer=adamw"}
+    assert argv_of(alone, arm="p_spheret-0.5", lr=4e-3) - argv_of(sweep, arm="p_spheret-0.5", optimizer="adamw", lr=4e-3) == set()
+    muon = argv_of(sweep, arm="p_spheret-0.5", optimizer="muon", lr=0.03)
+    assert {"--optimizer=muon", "--muon_lr=0.03", "--learning_rate=0.002", "--min_lr=0.0002", "--warmup_iters=100"} <= muon
+    assert not any(a.startswith("--hyperball_radius") for a in muon)
+    muonh = argv_of(sweep, arm="pre_ln", optimizer="muonh", lr=0.04)
+    assert {"--optimizer=muonh", "--hyperball_lr=0.04", "--hyperball_radius=1.0", "--learning_rate=0.002", "--min_lr=0.0002"} <= muonh
+    assert "--learning_rate=0.001" in argv_of(optimizer_design("--base_lr=1e-3"), arm="pre_ln", optimizer="muonh", lr=0.04)
+
+
+def test_each_optimizer_extends_and_seeds_on_its_own_grid() -> None:
+    sweep = optimizer_design("--arms=pre_ln")
+
+    def firsts(optimizer: str, losses: dict[float, float]) -> dict[Point, float]:
+        return {point(block="llama", arm="pre_ln", optimizer=optimizer, lr=lr, seed=1): loss for lr, loss in losses.items()}
+
+    done = {**firsts("adamw", {1e-3: 2.0, 2e-3: 1.8, 4e-3: 1.9, 8e-3: 2.5}),  # best inside: seeds at 1e-3, 2e-3, 4e-3
+            **firsts("muon", {0.01: 2.2, 0.03: 2.0, 0.09: 1.9}),  # best at the top: one step of its own x3, nothing seeded yet
+            **firsts("muonh", {0.005: 2.4, 0.01: 2.1, 0.02: 2.3, 0.04: 2.6, 0.08: math.inf})}  # best at 0.01; 0.08 diverged
+
+    def rates(optimizer: str, seed: int) -> list[float]:
+        return sorted(p["lr"] for p in plan_points(sweep, done) if (p["optimizer"], p["seed"]) == (optimizer, seed))
+
+    assert rates("adamw", 1) == LRS and rates("adamw", 2) == [1e-3, 2e-3, 4e-3]
+    assert rates("muon", 1) == pytest.approx([0.01, 0.03, 0.09, 0.27]) and rates("muon", 2) == []
+    assert rates("muonh", 1) == list(MUONH) and rates("muonh", 2) == [0.005, 0.01, 0.02]
+    done.update(firsts("muon", {0.27: 1.95}))
+    assert rates("muon", 2) == pytest.approx([0.03, 0.09, 0.27])  # the best (0.09) and its neighbours on muon's grid, the extension one of them
+
+
+def test_the_summary_gives_each_optimizer_its_gap_to_pre_ln_with_it_and_with_adamw() -> None:
+    def run(arm: str, optimizer: str, lr: float, seed: int, loss: float | None, status: str = "ok") -> dict[str, object]:
+        return {"block": "llama", "arm": arm, "optimizer": optimizer, "lr": lr, "seed": seed, "val_loss": loss, "status": status}
+
+    rows = [run("pre_ln", "adamw", 2e-3, 1, 2.00), run("pre_ln", "adamw", 2e-3, 2, 2.10),  # best: mean 2.05
+            run("pre_ln", "adamw", 4e-3, 1, 2.05), run("pre_ln", "adamw", 4e-3, 2, 2.20),
+            run("pre_ln", "muon", 0.02, 1, 1.90), run("pre_ln", "muon", 0.02, 2, 1.96),  # best: the one-seed 0.04 does not count
+            run("pre_ln", "muon", 0.04, 1, 1.85),
+            run("p_spheret-0.5", "muon", 0.02, 1, 1.85), run("p_spheret-0.5", "muon", 0.02, 2, 1.95),
+            run("p_spheret-0.5", "muon", 0.04, 1, 1.80), run("p_spheret-0.5", "muon", 0.04, 2, 1.88),  # best: mean 1.84
+            run("p_spheret-0.5", "muon", 0.08, 1, None, "diverged")]
+    arms = [fair_sweep.ARM_BY_SLUG[s] for s in ("pre_ln", "p_spheret-0.5", "ngpt")]
+    summary = fair_sweep.best_rows(rows, ["llama"], arms, ["adamw", "muon"])
+    assert [(s["arm"], s["optimizer"]) for s in summary] == [("pre_ln", "adamw"), ("p_spheret-0.5", "adamw"), ("ngpt", "adamw"),
+                                                            ("pre_ln", "muon"), ("p_spheret-0.5", "muon")]
+    mine = summary[-1]
+    # Paired by seed: with Muon, 1.80 - 1.90 and 1.88 - 1.96; with AdamW, 1.80 - 2.00 and 1.88 - 2.10.
+    assert (mine["best_lr"], mine["seeds"], mine["unstable"]) == (0.04, 2, [0.08])
+    assert [mine[k] for k in ("gap_mean", "gap_low", "gap_high")] == pytest.approx([-0.09, -0.10, -0.08])
+    assert [mine[k] for k in ("adamw_gap_mean", "adamw_gap_low", "adamw_gap_high")] == pytest.approx([-0.21, -0.22, -0.20])
+    assert summary[3]["best_lr"] == 0.02 and summary[3]["adamw_gap_mean"] == pytest.approx(-0.12)  # (1.90 - 2.00 + 1.96 - 2.10) / 2
+    table = fair_sweep.markdown_table(summary, fair_sweep.best_columns(True)).splitlines()
+    assert "| minus Pre-LN, same optimizer (same seed), mean | range | minus Pre-LN AdamW (same seed), mean | range |" in table[0]
+    assert table[-1].startswith("| LLaMA | 0.5-SpheretNorm | Muon | 0.04 | 2 | 1.840 | 1.800 to 1.880 | -0.090 | -0.100 to -0.080 | -0.210 | -0.220 to -0.200 |")
+
+
+@pytest.mark.parametrize("flag,valid", [("--grid=sgd=0.1,0.2", "with OPT one of --optimizers (adamw, muon)"),
+                                        ("--grid=muon", "with OPT one of --optimizers (adamw, muon)"),
+                                        ("--grid=muon=0.02", "needs at least two rates"),
+                                        ("--optimizers=adamw,sgd", "choose from: adamw, muon, adamh, muonh")])
+def test_a_bad_optimizer_or_grid_is_one_sentence(flag: str, valid: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--optimizers=adamw,muon", flag, "--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "no_data")]
+    assert fair_sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --") and valid in err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Characters of a small made-up play, prepared as the studies prepare Tiny Shakespeare."""

@@ -3,6 +3,7 @@
     python scripts/fair_sweep.py                 # plan, run (or resume) and tabulate the whole design
     python scripts/fair_sweep.py --table_only    # the table and plot of the runs already there
     python scripts/fair_sweep.py --dry_run       # print the runs the plan holds now, their number and time; write nothing
+    python scripts/fair_sweep.py --blocks llama --arms pre_ln,p_spheret-0.5,geonorm,ngpt --optimizers adamw,muon,muonh --n_embd=128
 
 The design, per block (GPT-2's and LLaMA's): Pre-LN, 0.5-SpheretNorm, GeoNorm and nGPT, then
 0.5-SpheretNorm with alpha_cap=none, with alpha_decay=none, with sphere_input_gain=true and with
@@ -17,16 +18,29 @@ that another sweep trains now is left to it (a lock in the folder), and --dry_ru
 progress. --dry_run writes nothing (it prepares no data) and ends with the number of runs and
 an estimate of their time.
 
+--optimizers adds an optimizer axis (default adamw alone, the design above): each (block, arm,
+optimizer) sweeps its own grid of the optimizer's rate key (AdamW's learning_rate, Muon's muon_lr,
+AdamH's and MuonH's hyperball_lr), with the same extension and seeding. The grid is --lrs for
+AdamW, --grid OPT=R1,R2,... where given, else the key's default times 1/4, 1/2, 1, 2 and 4. Beside
+another optimizer, the AdamW part (embeddings, gains) runs at --base_lr (default 2e-3, the middle
+of the default --lrs), and min_lr is base_lr / 10. AdamH and MuonH run every arm at
+hyperball_radius=1, one recipe for all: at the default (each matrix's initial norm) MuonH barely
+trains a sphere connection, whose step on the residual sphere shrinks with its sublayers' output
+norm (docs/OPTIMIZERS.md). nGPT runs with AdamW alone: the Hyperball optimizers refuse it (its row
+renormalisation undoes their radius), and the axis asks about the other arms.
+
 Recipes: the depth study's for every arm but nGPT (warm-up, cosine to lr / 10, weight decay 0.1,
 AdamW betas 0.9 and 0.99); nGPT's own (no warm-up, no weight decay, cosine to 0, betas 0.9 and
 0.95, as NVIDIA/ngpt). Model: --n_layer x --n_embd (4 heads), Tiny Shakespeare characters, block
 64, batch 16, fp32, one thread per run; the MLP keeps each block's own width for every arm.
 
-Runs go to OUT_DIR/<block>/<arm>/lr<LR>_s<SEED>/. Writes OUT_DIR/fair_sweep.md (each arm at its
-best rate: mean and range over seeds, the gap to the same block's Pre-LN paired by seed, the
-pinned fractions of the sphere's step size and radius; then every run), OUT_DIR/fair_sweep.json
-and OUT_DIR/fair_sweep.{png,pdf}: final val loss against learning rate, one panel per block, one
-line per arm through the seeds' mean, each seed a point.
+Runs go to OUT_DIR/<block>/<arm>/lr<LR>_s<SEED>/ (AdamW), OUT_DIR/<block>/<arm>+<optimizer>/lr<RATE>_s<SEED>/
+(another optimizer). Writes OUT_DIR/fair_sweep.md (each arm and optimizer at its best rate: mean
+and range over seeds, the gap to the same block's Pre-LN paired by seed, with the same optimizer
+and, with several optimizers, with AdamW, the pinned fractions of the sphere's step size and
+radius; then every run), OUT_DIR/fair_sweep.json and OUT_DIR/fair_sweep.{png,pdf}: final val loss
+against the rate, one panel per block (with several optimizers, a row per block and a column per
+optimizer), one line per arm through the seeds' mean, each seed a point.
 """
 
 from __future__ import annotations
@@ -45,13 +59,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import save_figure
-from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides
+from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Place, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
-    dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, start_study, study_main,
-    study_parser, train_argv,
+    dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, rate_grids, start_study,
+    study_main, study_parser, train_argv,
 )
 from spheretnorm.model import OPENED_DEFAULTS
+from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError
 
 BASELINE = "pre_ln"
@@ -63,6 +78,11 @@ DEFAULT_SEEDS = "1337,1338"
 DEFAULT_MAX_ITERS = 600
 DEFAULT_WARMUP = 100
 EXTENSIONS = 1  # grid steps an arm may add beyond an end of --lrs
+ADAMW = "adamw"  # the optimizer of the study's first design, whose runs keep their folders
+DEFAULT_BASE_LR = 2e-3  # the AdamW part's peak rate beside another optimizer: the middle of DEFAULT_LRS
+# Every Hyperball optimizer (AdamH, MuonH) runs every arm at this radius: at the initial norm
+# (hyperball_radius=0) MuonH barely trains a sphere connection (docs/OPTIMIZERS.md).
+HYPERBALL_RADIUS = 1.0
 # Seconds an iteration of SHAPE takes on one thread, evaluations and start-up included: the
 # default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores (docs/LOG.md).
 # The dry run's estimate until finished runs give their own times.
@@ -100,29 +120,74 @@ ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 
 
 def design_size(design: Sweep) -> int:
-    """The most runs the design can hold: per (block, arm), every rate of --lrs and the extension
-    with the first seed, then the best rate and its two neighbours with every other seed
-    (best_rate_follow_up)."""
-    groups = len(design.values("block")) * len(design.values("arm"))
-    return groups * (len(design.values("lr")) + EXTENSIONS + 3 * (len(design.values("seed")) - 1))
+    """The most runs the design can hold: per (block, arm, optimizer), every rate of its grid and
+    the extension with the first seed, then the best rate and its two neighbours with every other
+    seed (best_rate_follow_up). The plan of no finished runs is every group's grid."""
+    first = plan_points(design, {})
+    groups = {(p["block"], p["arm"], optimizer_of(p)) for p in first}
+    return len(first) + len(groups) * (EXTENSIONS + 3 * (len(design.values("seed")) - 1))
 
 
-def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int) -> Sweep:
-    """Each (block, arm) at its own best rate: study.best_rate_follow_up plans the runs from the
-    finished ones alone, so a re-run resumes the design."""
+def optimizer_of(p: Point | dict[str, Any]) -> str:
+    """A point's or row's optimizer: AdamW where it has none (a design of AdamW alone has no optimizer axis)."""
+    return p.get("optimizer") or ADAMW
+
+
+def is_hyperball(optimizer: str) -> bool:
+    return any(param.key == "hyperball_radius" for param in OPTIMIZERS[optimizer].params)
+
+
+def optimizer_settings(arm: Arm, optimizer: str, rate: float, base_lr: float, warmup: int, max_iters: int) -> dict[str, Any]:
+    """An arm's recipe with the optimizer's rate key at `rate`; another optimizer than AdamW keeps
+    its AdamW part (embeddings, gains) at base_lr, which the schedule (min_lr) follows."""
+    key = OPTIMIZERS[optimizer].rate_key
+    recipe = arm.settings(rate if key == "learning_rate" else base_lr, warmup, max_iters)
+    if optimizer == ADAMW:
+        return recipe  # today's settings exactly: the first design's runs are reused
+    radius = {"hyperball_radius": HYPERBALL_RADIUS} if is_hyperball(optimizer) else {}
+    return {**recipe, "optimizer": optimizer, key: rate, **radius}
+
+
+def keeps(p: Point) -> bool:
+    """nGPT runs with AdamW alone: the Hyperball optimizers refuse it (its row renormalisation
+    undoes their radius), and the question of the optimizer axis is about the other arms."""
+    return optimizer_of(p) == ADAMW or not ARM_BY_SLUG[p["arm"]].ngpt_recipe
+
+
+def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int,
+                 grids: dict[str, tuple[float, ...]] | None = None, base_lr: float = DEFAULT_BASE_LR) -> Sweep:
+    """Each (block, arm, optimizer) at its own best rate of its optimizer's grid (grids; default
+    AdamW's lrs alone): study.best_rate_follow_up plans the runs from the finished ones alone, so a
+    re-run resumes the design. A design of AdamW alone has no optimizer axis, so its points, and
+    its runs' settings and folders, are those of the study before the axis."""
+    grids = grids or {ADAMW: tuple(lrs)}
+    rates = tuple(sorted({r for grid in grids.values() for r in grid}))
+    several = list(grids) != [ADAMW]
+    optimizer_axis = (Axis("optimizer", tuple(grids)),) if several else ()
 
     def settings(p: Point) -> dict[str, Any]:
         arm = ARM_BY_SLUG[p["arm"]]
-        return {**method_settings(arm.method), **arm.settings(p["lr"], warmup, max_iters)}
+        return {**method_settings(arm.method), **optimizer_settings(arm, optimizer_of(p), p["lr"], base_lr, warmup, max_iters)}
+
+    def folder(p: Point) -> str:
+        optimizer = "" if optimizer_of(p) == ADAMW else f"+{optimizer_of(p)}"  # AdamW's folders are the first design's
+        return f"{p['block']}/{p['arm']}{optimizer}/lr{p['lr']:g}_s{p['seed']}"
+
+    def label(p: Point) -> str:
+        recipe = OPTIMIZERS[optimizer_of(p)]
+        rate = "lr" if optimizer_of(p) == ADAMW else f"{recipe.title} {recipe.rate_key}"
+        return f"{ARM_BY_SLUG[p['arm']].title} ({BLOCK_TITLES[p['block']]}), {rate} {p['lr']:g}"
 
     return Sweep(
         name="fair_sweep",
         base={**SHAPE, "eval_interval": max(1, max_iters // 5)},
-        axes=(Axis("block", tuple(blocks)), Axis("arm", tuple(a.slug for a in arms)), Axis("lr", tuple(lrs)), Axis("seed", tuple(seeds))),
-        folder=lambda p: f"{p['block']}/{p['arm']}/lr{p['lr']:g}_s{p['seed']}",
+        axes=(Axis("block", tuple(blocks)), Axis("arm", tuple(a.slug for a in arms)), *optimizer_axis, Axis("lr", rates), Axis("seed", tuple(seeds))),
+        folder=folder,
         settings=settings,
-        label=lambda p: f"{ARM_BY_SLUG[p['arm']].title} ({BLOCK_TITLES[p['block']]}), lr {p['lr']:g}",
-        follow_up=best_rate_follow_up(EXTENSIONS),
+        label=label,
+        keep=keeps,
+        follow_up=best_rate_follow_up(EXTENSIONS, grid=lambda group: grids[optimizer_of(group)]),
+        extra=lambda p, out_dir: {"optimizer": optimizer_of(p)},
         diagnostics=True,
     )
 
@@ -131,11 +196,11 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
 # The table and the plot
 
 
-def seed_losses(rows: list[dict[str, Any]], block: str, arm: str) -> dict[float, dict[int, float]]:
-    """{lr: {seed: val loss}} of an arm's runs that trained (diverged and collapsed ones left out)."""
+def seed_losses(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str = ADAMW) -> dict[float, dict[int, float]]:
+    """{rate: {seed: val loss}} of an arm's runs with an optimizer that trained (diverged and collapsed ones left out)."""
     out: dict[float, dict[int, float]] = {}
     for r in rows:
-        if (r["block"], r["arm"]) == (block, arm) and math.isfinite(final_loss(r)):
+        if (r["block"], r["arm"], optimizer_of(r)) == (block, arm, optimizer) and math.isfinite(final_loss(r)):
             out.setdefault(r["lr"], {})[r["seed"]] = r["val_loss"]
     return out
 
@@ -149,30 +214,42 @@ def best_rate(by_lr: dict[float, dict[int, float]]) -> float | None:
     return min((lr for lr, s in by_lr.items() if len(s) == most), key=lambda lr: statistics.fmean(by_lr[lr].values()))
 
 
-def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm]) -> list[dict[str, Any]]:
-    """One summary per (block, arm): its best rate, the seeds' mean and range there, the gap to
-    Pre-LN of the same block at Pre-LN's best rate, paired by seed, and the pinned fractions."""
+def at_best_rate(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str) -> tuple[float | None, dict[int, float]]:
+    """(the best rate of an arm with an optimizer, {seed: val loss} there); (None, {}) before any run trained."""
+    by_lr = seed_losses(rows, block, arm, optimizer)
+    lr = best_rate(by_lr)
+    return lr, by_lr.get(lr, {}) if lr is not None else {}
+
+
+def paired_gaps(prefix: str, mine: dict[int, float], base: dict[int, float]) -> dict[str, float | None]:
+    """Mean, low and high of mine minus base over the seeds both have (paired, so that what a seed does to both cancels)."""
+    gaps = [loss - base[s] for s, loss in mine.items() if s in base]
+    return {f"{prefix}_mean": statistics.fmean(gaps) if gaps else None, f"{prefix}_low": min(gaps, default=None), f"{prefix}_high": max(gaps, default=None)}
+
+
+def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[dict[str, Any]]:
+    """One summary per (block, arm, optimizer) of the design: its best rate, the seeds' mean and
+    range there, the gaps to Pre-LN of the same block at Pre-LN's best rate, paired by seed, with
+    the same optimizer ("gap") and with AdamW ("adamw_gap"), and the pinned fractions."""
     out = []
     for block in blocks:
-        base_by_lr = seed_losses(rows, block, BASELINE)
-        base_lr = best_rate(base_by_lr)
-        base = base_by_lr.get(base_lr, {}) if base_lr is not None else {}
-        for arm in arms:
-            by_lr = seed_losses(rows, block, arm.slug)
-            lr = best_rate(by_lr)
-            mine = by_lr.get(lr, {}) if lr is not None else {}
-            gaps = [loss - base[s] for s, loss in mine.items() if s in base]
-            at_best = [r for r in rows if (r["block"], r["arm"], r["lr"]) == (block, arm.slug, lr)]
-            out.append({
-                "block": block, "arm": arm.slug, "title": arm.title, "best_lr": lr, "seeds": len(mine),
-                "mean": statistics.fmean(mine.values()) if mine else None,
-                "low": min(mine.values(), default=None), "high": max(mine.values(), default=None),
-                "gap_mean": statistics.fmean(gaps) if gaps else None,
-                "gap_low": min(gaps, default=None), "gap_high": max(gaps, default=None),
-                "step_pinned": mean_of(at_best, "step_pinned"), "radius": mean_of(at_best, "radius"),
-                "radius_pinned": mean_of(at_best, "radius_pinned"),
-                "unstable": sorted({r["lr"] for r in rows if (r["block"], r["arm"]) == (block, arm.slug) and r["status"] in UNSTABLE}),
-            })
+        _, base_adamw = at_best_rate(rows, block, BASELINE, ADAMW)
+        for optimizer in optimizers:
+            _, base = at_best_rate(rows, block, BASELINE, optimizer)
+            for arm in (a for a in arms if keeps({"arm": a.slug, "optimizer": optimizer})):
+                lr, mine = at_best_rate(rows, block, arm.slug, optimizer)
+                group = [r for r in rows if (r["block"], r["arm"], optimizer_of(r)) == (block, arm.slug, optimizer)]
+                at_best = [r for r in group if r["lr"] == lr]
+                out.append({
+                    "block": block, "arm": arm.slug, "title": arm.title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
+                    "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": lr, "seeds": len(mine),
+                    "mean": statistics.fmean(mine.values()) if mine else None,
+                    "low": min(mine.values(), default=None), "high": max(mine.values(), default=None),
+                    **paired_gaps("gap", mine, base), **paired_gaps("adamw_gap", mine, base_adamw),
+                    "step_pinned": mean_of(at_best, "step_pinned"), "radius": mean_of(at_best, "radius"),
+                    "radius_pinned": mean_of(at_best, "radius_pinned"),
+                    "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
+                })
     return out
 
 
@@ -186,62 +263,87 @@ def spread(low: str, high: str, fmt: str) -> Callable[[dict[str, Any]], str | No
     return lambda s: None if s[low] is None else f"{s[low]:{fmt}} to {s[high]:{fmt}}"
 
 
-BEST_COLUMNS = (
-    Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"), Column("best lr", "best_lr", "g"),
-    Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
-    Column("minus Pre-LN (same seed), mean", "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")),
-    Column("alpha pinned", "step_pinned", ".2f"), Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
-    Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
-)
+def best_columns(several: bool) -> tuple[Column, ...]:
+    """The summary's columns; with several optimizers the rate is each one's rate key, and a second
+    gap, to Pre-LN with AdamW, says what the optimizer gains over the study's first design."""
+    same = "minus Pre-LN, same optimizer (same seed), mean" if several else "minus Pre-LN (same seed), mean"
+    to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_mean", "+.3f"),
+                Column("range", spread("adamw_gap_low", "adamw_gap_high", "+.3f"))) if several else ()
+    return (
+        Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
+        Column("optimizer", "optimizer_title", align=":--"), Column(f"best {rate_header(several)}", "best_lr", "g"),
+        Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
+        Column(same, "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")), *to_adamw,
+        Column("alpha pinned", "step_pinned", ".2f"), Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
+        Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
+    )
 
 
-RUN_COLUMNS = (
-    Column("block", lambda r: BLOCK_TITLES[r["block"]], align=":--"), Column("arm", lambda r: ARM_BY_SLUG[r["arm"]].title, align=":--"),
-    Column("lr", "lr", "g"), Column("seed", "seed"), Column("val loss", "val_loss", ".3f"), Column("status", "status", align=":--"),
-    Column("alpha pinned", "step_pinned", ".2f"), Column("radius pinned", "radius_pinned", ".0f"), Column("s", "seconds", ".0f"),
-)
+def rate_header(several: bool) -> str:
+    """'lr' for AdamW alone (the first design's tables); 'rate' (each optimizer's rate key) with several."""
+    return "rate" if several else "lr"
+
+
+def run_columns(several: bool) -> tuple[Column, ...]:
+    return (
+        Column("block", lambda r: BLOCK_TITLES[r["block"]], align=":--"), Column("arm", lambda r: ARM_BY_SLUG[r["arm"]].title, align=":--"),
+        Column("optimizer", lambda r: OPTIMIZERS[optimizer_of(r)].title, align=":--"), Column(rate_header(several), "lr", "g"),
+        Column("seed", "seed"), Column("val loss", "val_loss", ".3f"), Column("status", "status", align=":--"),
+        Column("alpha pinned", "step_pinned", ".2f"), Column("radius pinned", "radius_pinned", ".0f"), Column("s", "seconds", ".0f"),
+    )
 
 
 Y_SPAN = 0.6  # nats above a panel's lowest loss that it shows; a point beyond is a triangle at the top
 
 
-def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, title: str, out: Path) -> list[Path]:
-    """Final val loss against the learning rate: one panel per block, a line per arm through the
-    seeds' means, each seed a point; a diverged or collapsed run is a red x at the panel's top,
-    a loss more than Y_SPAN above the panel's best a triangle there."""
-    fig, axes = plt.subplots(1, len(blocks), figsize=(6.2 * len(blocks), 4.6), squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    for ax, block in zip(axes[0], blocks):
-        mine = [r for r in rows if r["block"] == block]
-        trained = [final_loss(r) for r in mine if math.isfinite(final_loss(r))] or [unigram]
-        top = min(max(trained), min(trained) + Y_SPAN) + 0.02
-        for i, arm in enumerate(ARMS):
-            by_lr = seed_losses(rows, block, arm.slug)
-            color = cmap(i)
-            if by_lr:
-                xs = sorted(by_lr)
-                means = [min(statistics.fmean(by_lr[x].values()), top) for x in xs]
-                ax.plot(xs, means, label=arm.title, linewidth=1.4, color=color, linestyle="--" if arm.method == BASELINE else "-")
-                for x in xs:
-                    for loss in by_lr[x].values():
-                        ax.plot(x, min(loss, top), marker="o" if loss <= top else "^", markersize=3.5, linestyle="none", color=color)
-            for r in mine:
-                if r["arm"] == arm.slug and r["status"] in UNSTABLE:
-                    ax.plot(r["lr"], top, marker="x", markersize=8, color="red", linestyle="none")
-        rates = sorted({r["lr"] for r in mine})
-        ax.set_xscale("log")
-        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], fontsize=7)
-        ax.minorticks_off()
-        ax.set_title(f"{BLOCK_TITLES[block]} block")
-        ax.set_xlabel("peak learning rate")
-        ax.set_ylim(min(trained) - 0.02, top + 0.02)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, title: str, out: Path,
+                optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[Path]:
+    """Final val loss against the rate: with AdamW alone one panel per block, with several
+    optimizers a row per block and a column per optimizer (x: its rate key); a line per arm
+    through the seeds' means, each seed a point; a diverged or collapsed run is a red x at the
+    panel's top, a loss more than Y_SPAN above the panel's best a triangle there."""
+    several = list(optimizers) != [ADAMW]
+    panels = [[(block, o) for o in optimizers] for block in blocks] if several else [[(block, ADAMW) for block in blocks]]
+    fig, axes = plt.subplots(len(panels), len(panels[0]), figsize=(6.2 * len(panels[0]), 4.6 * len(panels)), squeeze=False)
+    for line, ax_line in zip(panels, axes):
+        for (block, optimizer), ax in zip(line, ax_line):
+            draw_panel(ax, rows, block, optimizer, unigram)
+            ax.set_title(f"{BLOCK_TITLES[block]} block" + (f", {OPTIMIZERS[optimizer].title}" if several else ""))
+        ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
+    legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}  # nGPT is in AdamW's panels only
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.tight_layout(rect=(0, 0.1 / len(panels), 1, 1))  # the legend's strip keeps its height in a taller figure
     return save_figure(fig, out)
+
+
+def draw_panel(ax: Any, rows: list[dict[str, Any]], block: str, optimizer: str, unigram: float) -> None:
+    """One block's runs with one optimizer: a line per arm (its colour the same in every panel)."""
+    mine = [r for r in rows if r["block"] == block and optimizer_of(r) == optimizer]
+    trained = [final_loss(r) for r in mine if math.isfinite(final_loss(r))] or [unigram]
+    top = min(max(trained), min(trained) + Y_SPAN) + 0.02
+    cmap = plt.get_cmap("tab10")
+    for i, arm in enumerate(ARMS):
+        by_lr = seed_losses(rows, block, arm.slug, optimizer)
+        color = cmap(i)
+        if by_lr:
+            xs = sorted(by_lr)
+            means = [min(statistics.fmean(by_lr[x].values()), top) for x in xs]
+            ax.plot(xs, means, label=arm.title, linewidth=1.4, color=color, linestyle="--" if arm.method == BASELINE else "-")
+            for x in xs:
+                for loss in by_lr[x].values():
+                    ax.plot(x, min(loss, top), marker="o" if loss <= top else "^", markersize=3.5, linestyle="none", color=color)
+        for r in mine:
+            if r["arm"] == arm.slug and r["status"] in UNSTABLE:
+                ax.plot(r["lr"], top, marker="x", markersize=8, color="red", linestyle="none")
+    rates = sorted({r["lr"] for r in mine})
+    key = OPTIMIZERS[optimizer].rate_key
+    ax.set_xscale("log")
+    ax.set_xticks(rates, [f"{lr:g}" for lr in rates], fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("peak learning rate" if key == "learning_rate" else f"peak {key}")
+    ax.set_ylim(min(trained) - 0.02, top + 0.02)
+    ax.grid(alpha=0.3)
 
 
 # -----------------------------------------------------------------------------
@@ -251,6 +353,11 @@ def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, t
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
     p.add_argument("--lrs", default=DEFAULT_LRS, help=f"the first seed's learning rates (default {DEFAULT_LRS})")
+    p.add_argument("--optimizers", default=ADAMW, help=f"comma-separated optimizers, of: {', '.join(OPTIMIZERS)} (default {ADAMW})")
+    p.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
+                   help="an optimizer's first-seed rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4); repeatable")
+    p.add_argument("--base_lr", type=float, default=DEFAULT_BASE_LR,
+                   help=f"learning_rate of another optimizer's AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g})")
     p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the sweep's seed, then the seeds of the best rates (default {DEFAULT_SEEDS})")
     p.add_argument("--blocks", default="gpt2,llama", help="the blocks (default gpt2,llama)")
     p.add_argument("--arms", default="all", help=f"'all' or a comma-separated subset of: {', '.join(ARM_BY_SLUG)} (default all)")
@@ -266,18 +373,37 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     # The model's shape may change (--n_layer=12 --n_embd=128); what the arms compare may not.
     fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, *NGPT_RECIPE, *OPENED_DEFAULTS, "block", "learning_rate", "min_lr",
-                                                          "lr_decay_iters", "alpha_decay")}
+                                                          "lr_decay_iters", "alpha_decay", "hyperball_radius",
+                                                          *(o.rate_key for o in OPTIMIZERS.values()))}
+    fixed["optimizer"] = "--optimizers"
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters", "warmup_iters": "--warmup_iters"})
     lrs = sorted(set(parse_number_list(args.lrs, "lrs", float)))
     if len(lrs) < 2:
         raise UsageError(f"--lrs {args.lrs!r} needs at least two learning rates, to have a best with neighbours.")
+    grids = optimizer_grids(args, lrs)
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
     if not blocks or any(b not in BLOCK_TITLES for b in blocks):
         raise UsageError(f"--blocks {args.blocks!r} is not valid; choose from: {', '.join(BLOCK_TITLES)}.")
     if not 0 <= args.warmup_iters < args.max_iters:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
     seeds = list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int)))
-    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters)
+    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, grids, args.base_lr)
+
+
+def optimizer_grids(args: argparse.Namespace, lrs: list[float]) -> dict[str, tuple[float, ...]]:
+    """Each optimizer of --optimizers with its first-seed rates (study.rate_grids), sorted; two at least."""
+    if not (math.isfinite(args.base_lr) and args.base_lr > 0):
+        raise UsageError(f"--base_lr {args.base_lr:g} must be a positive number, such as {DEFAULT_BASE_LR:g}.")
+    grids = {o: tuple(sorted(set(g))) for o, g in rate_grids(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"), lrs, args.grid).items()}
+    short = [o for o, grid in grids.items() if len(grid) < 2]
+    if short:
+        raise UsageError(f"--grid {short[0]}= needs at least two rates, to have a best with neighbours.")
+    return grids
+
+
+def design_optimizers(design: Sweep) -> list[str]:
+    """The optimizers of a design: its optimizer axis, AdamW where it has none."""
+    return list(design.values("optimizer")) if any(a.key == "optimizer" for a in design.axes) else [ADAMW]
 
 
 def parse_arms(spec: str) -> list[Arm]:
@@ -298,17 +424,32 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.dry_run:
         print(dry_run_summary("fair_sweep", place, found, design_size(design), args.max_iters * SECONDS_PER_ITER))
         return 0
-    rows = sorted(found, key=lambda r: (r["block"], r["arm"], r["lr"], r["seed"]))
+    optimizers = design_optimizers(design)
+    several = optimizers != [ADAMW]
+    rows = sorted(found, key=lambda r: (r["block"], r["arm"], optimizers.index(optimizer_of(r)), r["lr"], r["seed"]))
     blocks, slugs = list(design.values("block")), design.values("arm")
-    summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs])
+    summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], optimizers)
     model = parse_train_args(train_argv(design, plan_points(design, {})[0], Place.of(args, overrides))).model_config()
     shape = f"{model.n_layer} x {model.n_embd}, {args.max_iters} iterations"
-    figures = plot_design(rows, blocks, unigram, f"Final val loss against the learning rate ({shape}, Shakespeare characters)",
-                          place.out_dir / "fair_sweep") if rows else []
-    text = f"{shape}\n\nEach arm at its best learning rate:\n\n{markdown_table(summary, BEST_COLUMNS)}\n\nEvery run:\n\n{markdown_table(rows, RUN_COLUMNS)}\n"
-    record = {"unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(design.values("lr")),
-              "seeds": list(design.values("seed")), "best": summary, "runs": rows}
+    against = "each optimizer's rate" if several else "the learning rate"
+    figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
+                          place.out_dir / "fair_sweep", optimizers) if rows else []
+    text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr)}Each arm at its best {'rate' if several else 'learning rate'}:\n\n"
+            f"{markdown_table(summary, best_columns(several))}\n\nEvery run:\n\n{markdown_table(rows, run_columns(several))}\n")
+    grids = optimizer_grids(args, sorted(set(parse_number_list(args.lrs, "lrs", float))))
+    record = {"unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+              "optimizers": optimizers, "grids": grids, "base_lr": args.base_lr, "seeds": list(design.values("seed")), "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
+
+
+def optimizers_note(optimizers: list[str], base_lr: float) -> str:
+    """The table's line on what the rate is, with optimizers other than AdamW; empty with AdamW alone."""
+    if optimizers == [ADAMW]:
+        return ""
+    keys = ", ".join(f"{OPTIMIZERS[o].title} {OPTIMIZERS[o].rate_key}" for o in optimizers)
+    radius = f"; the Hyperball optimizers at hyperball_radius {HYPERBALL_RADIUS:g}" if any(map(is_hyperball, optimizers)) else ""
+    return (f"The rate is each optimizer's rate key ({keys}); beside another optimizer than AdamW, AdamW's part runs at "
+            f"learning_rate {base_lr:g}{radius}; nGPT runs with AdamW alone.\n\n")
 
 
 def main(argv: list[str] | None = None) -> int:

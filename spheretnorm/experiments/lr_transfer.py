@@ -41,8 +41,8 @@ from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.experiments.grid import check_overrides, parse_choices, parse_numbers
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, pivot_table, publish, start_study,
-    study_main, study_parser,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, pivot_table, publish, rate_grids,
+    start_study, study_main, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import method_dirname
@@ -53,7 +53,6 @@ DEFAULT_WIDTHS = "64,256"
 DEFAULT_LRS = "1e-3,2e-3,4e-3,8e-3,1.6e-2"
 DEFAULT_MAX_ITERS = 250
 DEFAULT_BASE_LR = 4e-3
-GRID_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # an optimizer's default grid: its rate key's default times these
 PARAMETRISATIONS = ("standard", "mup")
 RESERVED = {
     **STUDY_RESERVED,
@@ -67,13 +66,6 @@ RESERVED = {
     "n_layer": "--n_layer",
     "mup_base_width": "nothing (the smallest of --widths)",
 }
-
-
-def default_grid(optimizer: str) -> tuple[float, ...]:
-    """GRID_FACTORS times the optimizer's rate key's default (muon_lr 0.02: 0.005 to 0.08)."""
-    key = OPTIMIZERS[optimizer].rate_key
-    default = next(p.default for p in OPTIMIZERS[optimizer].params if p.key == key)
-    return tuple(float(f"{default * f:.6g}") for f in GRID_FACTORS)
 
 
 def transfer_sweep(methods: list[str], widths: list[int], grids: dict[str, tuple[float, ...]], n_layer: int, head_dim: int,
@@ -242,19 +234,6 @@ def check_shape(widths: list[int], head_dim: int, max_iters: int) -> None:
     if max_iters < 10:
         raise UsageError(f"--max_iters {max_iters} is too short for a warm-up of a tenth; use 10 or more.")
 
-
-def rate_grids(optimizers: list[str], lrs: list[float], given: list[str]) -> dict[str, tuple[float, ...]]:
-    """Each optimizer's rates: --lrs for one whose rate is learning_rate, --grid OPT=... or its default grid else."""
-    grids = {}
-    for item in given:
-        name, sep, values = item.partition("=")
-        if not sep or name not in optimizers:
-            raise UsageError(f"--grid {item!r} must be OPT=R1,R2,... with OPT one of --optimizers ({', '.join(optimizers)}).")
-        grids[name] = tuple(parse_numbers(values, float, f"--grid {name}"))
-    for name in optimizers:
-        if name not in grids:
-            grids[name] = tuple(lrs) if OPTIMIZERS[name].rate_key == "learning_rate" else default_grid(name)
-    return {name: grids[name] for name in optimizers}
 
 
 def study(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from spheretnorm.diagnostics import DIAGNOSTICS
+from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.token_files import load_meta
 from spheretnorm.data.preparation import prepare
 from spheretnorm.experiments.grid import (
@@ -46,6 +47,7 @@ from spheretnorm.experiments.grid import (
     has_checkpoint,
     is_finished,
     load_run,
+    parse_numbers,
     stopped_row,
     unigram_loss,
 )
@@ -777,6 +779,33 @@ def publish(out_dir: Path, stem: str, text: str | None, record: dict[str, Any], 
 
 
 # -----------------------------------------------------------------------------
+# An optimizer axis: each optimizer sweeps its own rate key (fair_comparison, lr_transfer)
+
+GRID_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # an optimizer's default grid: its rate key's default times these
+
+
+def default_grid(optimizer: str) -> tuple[float, ...]:
+    """GRID_FACTORS times the optimizer's rate key's default (muon_lr 0.02: 0.005 to 0.08)."""
+    key = OPTIMIZERS[optimizer].rate_key
+    default = next(p.default for p in OPTIMIZERS[optimizer].params if p.key == key)
+    return tuple(float(f"{default * f:.6g}") for f in GRID_FACTORS)
+
+
+def rate_grids(optimizers: list[str], lrs: list[float], given: list[str]) -> dict[str, tuple[float, ...]]:
+    """Each optimizer's rates: --lrs for one whose rate is learning_rate, --grid OPT=... or its default grid else."""
+    grids = {}
+    for item in given:
+        name, sep, values = item.partition("=")
+        if not sep or name not in optimizers:
+            raise UsageError(f"--grid {item!r} must be OPT=R1,R2,... with OPT one of --optimizers ({', '.join(optimizers)}).")
+        grids[name] = tuple(parse_numbers(values, float, f"grid {name}"))
+    for name in optimizers:
+        if name not in grids:
+            grids[name] = tuple(lrs) if OPTIMIZERS[name].rate_key == "learning_rate" else default_grid(name)
+    return {name: grids[name] for name in optimizers}
+
+
+# -----------------------------------------------------------------------------
 # A follow-up rule: each group at its own best rate
 
 
@@ -796,20 +825,25 @@ def swept_rates(lrs: list[float], losses: dict[float, float], extensions: int = 
         rates = sorted([*rates, best * step if at_top else best / step])
 
 
-def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed") -> Callable[[Sweep, dict[Point, float]], list[Point]]:
+def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed",
+                        grid: Callable[[Point], tuple[float, ...]] | None = None) -> Callable[[Sweep, dict[Point, float]], list[Point]]:
     """The rule 'each group (every axis but the rate and the seed) at its own best rate': the first
-    seed at each rate of the rate axis, extended past the best (swept_rates); once those are
-    finished, every other seed at the best rate and its neighbours. In the order to run them:
-    every sweep point, then the seeds at the best rates, then at their neighbours (so a sweep cut
-    short misses the least telling runs)."""
+    seed at each rate of the group's grid (grid(group); without one, the rate axis's values),
+    extended past the best (swept_rates); once those are finished, every other seed at the best
+    rate and its neighbours. In the order to run them: every sweep point, then the seeds at the
+    best rates, then at their neighbours (so a sweep cut short misses the least telling runs).
+    The points sweep.keep leaves out are left out of the plan too (a whole group, such as nGPT
+    with an optimizer other than AdamW); a group's rates differ by `grid`, not by keep, since the
+    extension lies outside every grid."""
 
     def follow_up(sweep: Sweep, done: dict[Point, float]) -> list[Point]:
-        lrs, (first, *others) = list(sweep.values(rate)), sweep.values(seed)
+        axis_rates, (first, *others) = tuple(sweep.values(rate)), sweep.values(seed)
         groups = grid_points(Sweep(sweep.name, sweep.base, tuple(a for a in sweep.axes if a.key not in (rate, seed)), sweep.folder))
         sweeps: list[Point] = []
         at_best: list[Point] = []
         beside: list[Point] = []
         for group in groups:
+            lrs = list(grid(group) if grid else axis_rates)
             losses = {lr: loss for lr in set(lrs) | {p[rate] for p in done} if (loss := done.get(group.but(**{rate: lr, seed: first}))) is not None}
             rates, finished = swept_rates(lrs, losses, extensions)
             sweeps += [group.but(**{rate: lr, seed: first}) for lr in rates]
@@ -818,7 +852,7 @@ def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed
             best = rates.index(min(rates, key=lambda lr: losses[lr]))
             at_best += [group.but(**{rate: rates[best], seed: s}) for s in others]
             beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in others]
-        return sweeps + at_best + beside
+        return [p for p in sweeps + at_best + beside if sweep.keep(p)]
 
     return follow_up
 
