@@ -416,3 +416,13 @@ def test_the_collapse_alarm_names_the_caps_that_hold() -> None:
     assert note.startswith(" The sphere step size sits at its cap in 3 of 4 sublayers and the embedding radius sits at its cap")
     assert note.endswith("(--alpha_cap=none and --radius_cap=none lift the caps).")
     assert pinned_note({"step_pinned": [0.0, 0.0], "radius_pinned": 0.0}) == "" == pinned_note({"final_cosine": 0.99})
+
+
+def test_the_share_below_the_cap_is_read_at_every_evaluation(tmp_path: Path) -> None:
+    """below_cap_history: 1 minus the mean of step_pinned per eval row; the summary averages the seeds."""
+    rows = [{"kind": "eval", "iter": 0, "step_pinned": [1.0, 1.0, 1.0, 1.0]}, {"kind": "train", "iter": 1, "loss": 3.0},
+            {"kind": "eval", "iter": 5, "step_pinned": [1.0, 0.0, 1.0, 0.0]}, {"kind": "eval", "iter": 10, "step_pinned": [0.0, 0.0, 0.0, 1.0]}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert fair_sweep.below_cap_history(tmp_path) == [0.0, 0.5, 0.75]
+    assert fair_sweep.below_cap_history(tmp_path / "absent") == []
+    assert fair_sweep.mean_history([{"below_cap": [0.0, 0.5, 0.75]}, {"below_cap": [0.5, 0.25]}, {"below_cap": []}]) == [0.25, 0.375]

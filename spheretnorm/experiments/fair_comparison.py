@@ -68,6 +68,7 @@ from spheretnorm.experiments.study import (
 from spheretnorm.model import OPENED_DEFAULTS
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
 BASELINE = "pre_ln"
 SHAPE: dict[str, Any] = {**CPU_MODEL, "n_layer": 12, "n_embd": 64, "n_head": 4, "batch_size": 16, "global_batch_size": 16}
@@ -187,9 +188,22 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
         label=label,
         keep=keeps,
         follow_up=best_rate_follow_up(EXTENSIONS, grid=lambda group: grids[optimizer_of(group)]),
-        extra=lambda p, out_dir: {"optimizer": optimizer_of(p)},
+        extra=lambda p, out_dir: {"optimizer": optimizer_of(p), "below_cap": below_cap_history(out_dir)},
         diagnostics=True,
     )
+
+
+def below_cap_history(out_dir: Path) -> list[float]:
+    """At each evaluation of a run, the share of its sphere sublayers whose step size is below
+    its cap (alpha < alpha_cap * lambda_l: 1 minus the mean of step_pinned); empty for a run
+    without a capped step size. Whether alpha learns at all shows here: under the paper's clamp
+    it stays 0."""
+    rows = read_metrics(out_dir / METRICS_NAME) if (out_dir / METRICS_NAME).is_file() else []
+    return [1.0 - statistics.fmean(r["step_pinned"]) for r in rows if r.get("kind") == "eval" and r.get("step_pinned")]
+
+
+def history_text(history: list[float] | None) -> str | None:
+    return " ".join(f"{x:.2f}" for x in history) if history else None
 
 
 # -----------------------------------------------------------------------------
@@ -246,11 +260,17 @@ def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], op
                     "mean": statistics.fmean(mine.values()) if mine else None,
                     "low": min(mine.values(), default=None), "high": max(mine.values(), default=None),
                     **paired_gaps("gap", mine, base), **paired_gaps("adamw_gap", mine, base_adamw),
-                    "step_pinned": mean_of(at_best, "step_pinned"), "radius": mean_of(at_best, "radius"),
+                    "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "radius": mean_of(at_best, "radius"),
                     "radius_pinned": mean_of(at_best, "radius_pinned"),
                     "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
                 })
     return out
+
+
+def mean_history(rows: list[dict[str, Any]]) -> list[float]:
+    """below_cap_history's shares averaged over the runs (seeds), evaluation by evaluation, as far as all runs reach."""
+    histories = [r["below_cap"] for r in rows if r.get("below_cap")]
+    return [statistics.fmean(h[i] for h in histories) for i in range(min(map(len, histories)))] if histories else []
 
 
 def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -274,7 +294,8 @@ def best_columns(several: bool) -> tuple[Column, ...]:
         Column("optimizer", "optimizer_title", align=":--"), Column(f"best {rate_header(several)}", "best_lr", "g"),
         Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
         Column(same, "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")), *to_adamw,
-        Column("alpha pinned", "step_pinned", ".2f"), Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
+        Column("alpha pinned", "step_pinned", ".2f"), Column("alpha below cap, by evaluation", lambda s: history_text(s["below_cap"]), align=":--"),
+        Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
         Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
     )
 
