@@ -426,3 +426,17 @@ def test_the_share_below_the_cap_is_read_at_every_evaluation(tmp_path: Path) -> 
     assert fair_sweep.below_cap_history(tmp_path) == [0.0, 0.5, 0.75]
     assert fair_sweep.below_cap_history(tmp_path / "absent") == []
     assert fair_sweep.mean_history([{"below_cap": [0.0, 0.5, 0.75]}, {"below_cap": [0.5, 0.25]}, {"below_cap": []}]) == [0.25, 0.375]
+
+
+def test_compare_draws_finished_sweeps_side_by_side_and_refuses_a_missing_record(tmp_path: Path) -> None:
+    def record(width: int, losses: dict[float, float]) -> dict:
+        runs = [{"block": "llama", "arm": arm, "lr": lr, "seed": 1337, "val_loss": loss + d, "status": "ok"}
+                for arm, d in (("pre_ln", 0.0), ("p_spheret-0.5", 0.05)) for lr, loss in losses.items()]
+        return {"shape": f"12 x {width}, 600 iterations", "unigram_loss": 3.3, "runs": runs}
+
+    for width in (64, 128):
+        (tmp_path / f"w{width}").mkdir()
+        (tmp_path / f"w{width}" / "fair_sweep.json").write_text(json.dumps(record(width, {1e-3: 2.0, 2e-3: 1.9})))
+    assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'w128'}", "--out_dir", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "fair_sweep_compare.png").stat().st_size > 0
+    assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'absent'}", "--out_dir", str(tmp_path / "fig")]) == 2

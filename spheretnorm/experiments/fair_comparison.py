@@ -2,6 +2,7 @@
 
     python scripts/fair_sweep.py                 # plan, run (or resume) and tabulate the whole design
     python scripts/fair_sweep.py --table_only    # the table and plot of the runs already there
+    python scripts/fair_sweep.py --compare out/fair_sweep,out/fair_sweep_w128   # two finished sweeps (widths) in one figure
     python scripts/fair_sweep.py --dry_run       # print the runs the plan holds now, their number and time; write nothing
     python scripts/fair_sweep.py --blocks llama --arms pre_ln,p_spheret-0.5,geonorm,ngpt --optimizers adamw,muon,muonh --n_embd=128
 
@@ -46,6 +47,7 @@ optimizer), one line per arm through the seeds' mean, each seed a point.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -387,6 +389,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out_dir", default="out/fair_sweep", help="where the runs, table and plot go (default out/fair_sweep)")
     p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
     p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
+    p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' AdamW runs (e.g. two widths), "
+                   "a row of panels each, as OUT_DIR/fair_sweep_compare.png")
     add_common_options(p)
     return p.parse_known_args(argv)
 
@@ -440,6 +444,8 @@ def parse_arms(spec: str) -> list[Arm]:
 
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
+    if args.compare:
+        return compare_sweeps(args.compare, Path(args.out_dir))
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
     if args.dry_run:
@@ -458,9 +464,43 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr)}Each arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several))}\n\nEvery run:\n\n{markdown_table(rows, run_columns(several))}\n")
     grids = optimizer_grids(args, sorted(set(parse_number_list(args.lrs, "lrs", float))))
-    record = {"unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": args.base_lr, "seeds": list(design.values("seed")), "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
+
+
+def compare_sweeps(spec: str, out_dir: Path) -> int:
+    """--compare DIR,DIR,...: the AdamW runs of finished sweeps (their fair_sweep.json), a row of
+    panels per sweep (a width, say) and a column per block, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
+    records = [(Path(d.strip()), read_sweep_record(Path(d.strip()))) for d in spec.split(",") if d.strip()]
+    if len(records) < 2:
+        raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
+    blocks = [b for b in BLOCK_TITLES if any(r["block"] == b for _, rec in records for r in rec["runs"])]
+    fig, axes = plt.subplots(len(records), len(blocks), figsize=(6.2 * len(blocks), 4.6 * len(records)), squeeze=False)
+    for (folder, record), ax_line in zip(records, axes):
+        for block, ax in zip(blocks, ax_line):
+            draw_panel(ax, record["runs"], block, ADAMW, record["unigram_loss"])
+            ax.set_title(f"{BLOCK_TITLES[block]} block, {record.get('shape', folder.name)}", fontsize=10)
+        ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
+    legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle("Final val loss against the learning rate, AdamW (Shakespeare characters)")
+    fig.tight_layout(rect=(0, 0.1 / len(records), 1, 1))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = save_figure(fig, out_dir / "fair_sweep_compare")
+    print(f"Written: {', '.join(map(str, written))}")
+    return 0
+
+
+def read_sweep_record(folder: Path) -> dict[str, Any]:
+    """A finished sweep's fair_sweep.json, or one sentence saying what to run first."""
+    path = folder / "fair_sweep.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--compare: {path} does not exist; run the sweep (or its --table_only) in {folder} first.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--compare: {path} is not a fair sweep's JSON record ({e}); run --table_only in {folder} to write it again.") from None
 
 
 def optimizers_note(optimizers: list[str], base_lr: float) -> str:
