@@ -461,7 +461,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     against = "each optimizer's rate" if several else "the learning rate"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
-    text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr)}Each arm at its best {'rate' if several else 'learning rate'}:\n\n"
+    text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr, [ARM_BY_SLUG[a] for a in slugs])}Each arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several))}\n\nEvery run:\n\n{markdown_table(rows, run_columns(several))}\n")
     grids = optimizer_grids(args, sorted(set(parse_number_list(args.lrs, "lrs", float))))
     record = {"shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
@@ -503,14 +503,15 @@ def read_sweep_record(folder: Path) -> dict[str, Any]:
         raise UsageError(f"--compare: {path} is not a fair sweep's JSON record ({e}); run --table_only in {folder} to write it again.") from None
 
 
-def optimizers_note(optimizers: list[str], base_lr: float) -> str:
+def optimizers_note(optimizers: list[str], base_lr: float, arms: list[Arm]) -> str:
     """The table's line on what the rate is, with optimizers other than AdamW; empty with AdamW alone."""
     if optimizers == [ADAMW]:
         return ""
     keys = ", ".join(f"{OPTIMIZERS[o].title} {OPTIMIZERS[o].rate_key}" for o in optimizers)
     radius = f"; the Hyperball optimizers at hyperball_radius {HYPERBALL_RADIUS:g}" if any(map(is_hyperball, optimizers)) else ""
+    ngpt = "; nGPT runs with AdamW alone" if any(arm.ngpt_recipe for arm in arms) else ""
     return (f"The rate is each optimizer's rate key ({keys}); beside another optimizer than AdamW, AdamW's part runs at "
-            f"learning_rate {base_lr:g}{radius}; nGPT runs with AdamW alone.\n\n")
+            f"learning_rate {base_lr:g}{radius}{ngpt}.\n\n")
 
 
 def main(argv: list[str] | None = None) -> int:
