@@ -419,12 +419,17 @@ def test_the_collapse_alarm_names_the_caps_that_hold() -> None:
 
 
 def test_the_share_below_the_cap_is_read_at_every_evaluation(tmp_path: Path) -> None:
-    """below_cap_history: 1 minus the mean of step_pinned per eval row; the summary averages the seeds."""
-    rows = [{"kind": "eval", "iter": 0, "step_pinned": [1.0, 1.0, 1.0, 1.0]}, {"kind": "train", "iter": 1, "loss": 3.0},
-            {"kind": "eval", "iter": 5, "step_pinned": [1.0, 0.0, 1.0, 0.0]}, {"kind": "eval", "iter": 10, "step_pinned": [0.0, 0.0, 0.0, 1.0]}]
+    """step_size_record: 1 minus the mean of step_pinned per eval row, alpha at the end over its start; the summary averages the seeds."""
+    lam = [1.0, 1.0, 0.5, 0.5]
+    rows = [{"kind": "eval", "iter": 0, "step_pinned": [1.0, 1.0, 1.0, 1.0], "step_sizes": lam}, {"kind": "train", "iter": 1, "loss": 3.0},
+            {"kind": "eval", "iter": 5, "step_pinned": [1.0, 0.0, 1.0, 0.0], "step_sizes": [1.0, 0.9, 0.5, 0.4]},
+            {"kind": "eval", "iter": 10, "step_pinned": [0.0, 0.0, 0.0, 1.0], "step_sizes": [0.8, 0.9, 0.3, 0.5]}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert fair_sweep.below_cap_history(tmp_path) == [0.0, 0.5, 0.75]
-    assert fair_sweep.below_cap_history(tmp_path / "absent") == []
+    record = fair_sweep.step_size_record(tmp_path)
+    assert record["below_cap"] == [0.0, 0.5, 0.75]
+    assert record["step_ratio"] == pytest.approx([0.6, 1.0])  # 0.3 / 0.5 and 0.5 / 0.5
+    assert fair_sweep.step_size_record(tmp_path / "absent") == {"below_cap": [], "step_ratio": []}
+    assert fair_sweep.ratio_span([{"step_ratio": [0.6, 1.0]}, {"step_ratio": [0.5, 0.9]}, {"step_ratio": []}]) == [0.5, 1.0]
     assert fair_sweep.mean_history([{"below_cap": [0.0, 0.5, 0.75]}, {"below_cap": [0.5, 0.25]}, {"below_cap": []}]) == [0.25, 0.375]
 
 

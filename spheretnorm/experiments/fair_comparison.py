@@ -190,18 +190,22 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
         label=label,
         keep=keeps,
         follow_up=best_rate_follow_up(EXTENSIONS, grid=lambda group: grids[optimizer_of(group)]),
-        extra=lambda p, out_dir: {"optimizer": optimizer_of(p), "below_cap": below_cap_history(out_dir)},
+        extra=lambda p, out_dir: {"optimizer": optimizer_of(p), **step_size_record(out_dir)},
         diagnostics=True,
     )
 
 
-def below_cap_history(out_dir: Path) -> list[float]:
-    """At each evaluation of a run, the share of its sphere sublayers whose step size is below
-    its cap (alpha < alpha_cap * lambda_l: 1 minus the mean of step_pinned); empty for a run
-    without a capped step size. Whether alpha learns at all shows here: under the paper's clamp
-    it stays 0."""
+def step_size_record(out_dir: Path) -> dict[str, Any]:
+    """What a run's eval rows say of its sphere step sizes: "below_cap", the share of sublayers
+    whose step is below its cap at each evaluation (1 minus the mean of step_pinned; under the
+    paper's clamp it stays 0), and "step_ratio", the smallest and largest alpha at the last
+    evaluation over alpha at the first (min(1, alpha_cap) * lambda_l: softplus(a) starts at 1).
+    Empty lists for a run without sphere step sizes."""
     rows = read_metrics(out_dir / METRICS_NAME) if (out_dir / METRICS_NAME).is_file() else []
-    return [1.0 - statistics.fmean(r["step_pinned"]) for r in rows if r.get("kind") == "eval" and r.get("step_pinned")]
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("step_sizes")]
+    below = [1.0 - statistics.fmean(r["step_pinned"]) for r in evals if r.get("step_pinned")]
+    ratios = [a / a0 for a, a0 in zip(evals[-1]["step_sizes"], evals[0]["step_sizes"])] if evals else []
+    return {"below_cap": below, "step_ratio": [min(ratios), max(ratios)] if ratios else []}
 
 
 def history_text(history: list[float] | None) -> str | None:
@@ -262,7 +266,7 @@ def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], op
                     "mean": statistics.fmean(mine.values()) if mine else None,
                     "low": min(mine.values(), default=None), "high": max(mine.values(), default=None),
                     **paired_gaps("gap", mine, base), **paired_gaps("adamw_gap", mine, base_adamw),
-                    "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "radius": mean_of(at_best, "radius"),
+                    "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "step_ratio": ratio_span(at_best), "radius": mean_of(at_best, "radius"),
                     "radius_pinned": mean_of(at_best, "radius_pinned"),
                     "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
                 })
@@ -270,9 +274,15 @@ def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], op
 
 
 def mean_history(rows: list[dict[str, Any]]) -> list[float]:
-    """below_cap_history's shares averaged over the runs (seeds), evaluation by evaluation, as far as all runs reach."""
+    """step_size_record's below_cap shares averaged over the runs (seeds), evaluation by evaluation, as far as all runs reach."""
     histories = [r["below_cap"] for r in rows if r.get("below_cap")]
     return [statistics.fmean(h[i] for h in histories) for i in range(min(map(len, histories)))] if histories else []
+
+
+def ratio_span(rows: list[dict[str, Any]]) -> list[float]:
+    """The smallest and largest step_ratio over the runs (seeds); empty where none has one."""
+    spans = [r["step_ratio"] for r in rows if r.get("step_ratio")]
+    return [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else []
 
 
 def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -297,6 +307,7 @@ def best_columns(several: bool) -> tuple[Column, ...]:
         Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
         Column(same, "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")), *to_adamw,
         Column("alpha pinned", "step_pinned", ".2f"), Column("alpha below cap, by evaluation", lambda s: history_text(s["below_cap"]), align=":--"),
+        Column("alpha / its start, at the end", lambda s: f"{s['step_ratio'][0]:.2f} to {s['step_ratio'][1]:.2f}" if s["step_ratio"] else None),
         Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
         Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
     )
