@@ -345,7 +345,7 @@ def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, t
             ax.set_title(f"{BLOCK_TITLES[block]} block" + (f", {OPTIMIZERS[optimizer].title}" if several else ""))
         ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
     legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}  # nGPT is in AdamW's panels only
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2 * len(axes[0]), fontsize=8, frameon=False)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.1 / len(panels), 1, 1))  # the legend's strip keeps its height in a taller figure
     return save_figure(fig, out)
@@ -494,7 +494,7 @@ def compare_sweeps(spec: str, out_dir: Path) -> int:
             ax.set_title(f"{BLOCK_TITLES[block]} block, {record.get('shape', folder.name)}", fontsize=10)
         ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
     legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2 * len(axes[0]), fontsize=8, frameon=False)
     fig.suptitle("Final val loss against the learning rate, AdamW (Shakespeare characters)")
     fig.tight_layout(rect=(0, 0.1 / len(records), 1, 1))
     out_dir.mkdir(parents=True, exist_ok=True)
