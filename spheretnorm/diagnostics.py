@@ -283,16 +283,18 @@ def embedding_radius(model: torch.nn.Module) -> tuple[float | None, float | None
     return norm.radius().item() / math.sqrt(model.config.n_embd), float(pinned)
 
 
-def pinned_note(row: dict[str, Any]) -> str:
+def pinned_note(row: dict[str, Any], step_learns_above_cap: bool = False) -> str:
     """' The sphere step size sits at its cap in 24 of 24 sublayers and ... (--alpha_cap=none ...).'
-    for an eval row where a cap holds, '' elsewhere: the sentence the collapse alarm adds."""
+    for an eval row where a cap holds, '' elsewhere: the sentence the collapse alarm adds. With
+    step_learns_above_cap (alpha_cap_grad=straight_through) the step size still learns there, so
+    only the radius is called stuck."""
     pinned = row.get("step_pinned") or []
-    parts = [f"the sphere step size sits at its cap in {int(sum(pinned))} of {len(pinned)} sublayers"] if sum(pinned) else []
+    stuck = [f"the sphere step size sits at its cap in {int(sum(pinned))} of {len(pinned)} sublayers"] if sum(pinned) and not step_learns_above_cap else []
     if row.get("radius_pinned"):
-        parts.append("the embedding radius sits at its cap")
-    if not parts:
+        stuck.append("the embedding radius sits at its cap")
+    if not stuck:
         return ""
-    text = " and ".join(parts)
+    text = " and ".join(stuck)
     return f" {text[0].upper()}{text[1:]}, where a scale learns no more (--alpha_cap=none and --radius_cap=none lift the caps)."
 
 

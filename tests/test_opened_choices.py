@@ -416,6 +416,9 @@ def test_the_collapse_alarm_names_the_caps_that_hold() -> None:
     assert note.startswith(" The sphere step size sits at its cap in 3 of 4 sublayers and the embedding radius sits at its cap")
     assert note.endswith("(--alpha_cap=none and --radius_cap=none lift the caps).")
     assert pinned_note({"step_pinned": [0.0, 0.0], "radius_pinned": 0.0}) == "" == pinned_note({"final_cosine": 0.99})
+    # alpha_cap_grad=straight_through: a step size at its cap still learns, so only the radius is named
+    assert pinned_note({"step_pinned": [1.0, 1.0], "radius_pinned": 1.0}, True).startswith(" The embedding radius sits at its cap, where")
+    assert pinned_note({"step_pinned": [1.0, 1.0], "radius_pinned": 0.0}, True) == ""
 
 
 def test_the_share_below_the_cap_is_read_at_every_evaluation(tmp_path: Path) -> None:

@@ -207,7 +207,8 @@ class Evaluator:
         mine = row.get("final_cosine", 0.0) if self.dist.is_master else 0.0
         cosine = all_reduce_sum(torch.tensor(float(mine), device=self.device), self.dist).item()
         suspect = cosine > cfg.collapse_cosine
-        self.pinned = pinned_note(row) if self.dist.is_master else ""  # the diagnostics live on rank 0
+        learns = self.raw_model.config.alpha_cap_grad == "straight_through"
+        self.pinned = pinned_note(row, learns) if self.dist.is_master else ""  # the diagnostics live on rank 0
         final = progress.iter_num >= cfg.max_iters
         progress.collapse_streak = progress.collapse_streak + 1 if suspect else 0
         self.final_suspect = final and suspect
