@@ -131,6 +131,12 @@ def design_size(design: Sweep) -> int:
     return len(first) + len(groups) * (EXTENSIONS + 3 * (len(design.values("seed")) - 1))
 
 
+def design_grids(design: Sweep) -> dict[str, list[float]]:
+    """Each optimizer's first-seed rates, as the design plans them with no run finished."""
+    first = plan_points(design, {})
+    return {o: sorted({p["lr"] for p in first if optimizer_of(p) == o}) for o in design_optimizers(design)}
+
+
 def optimizer_of(p: Point | dict[str, Any]) -> str:
     """A point's or row's optimizer: AdamW where it has none (a design of AdamW alone has no optimizer axis)."""
     return p.get("optimizer") or ADAMW
@@ -337,12 +343,29 @@ def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, t
     through the seeds' means, each seed a point; a diverged or collapsed run is a red x at the
     panel's top, a loss more than Y_SPAN above the panel's best a triangle there."""
     several = list(optimizers) != [ADAMW]
-    panels = [[(block, o) for o in optimizers] for block in blocks] if several else [[(block, ADAMW) for block in blocks]]
+    panels = [[Panel(rows, block, o, unigram, f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[o].title}") for o in optimizers] for block in blocks] \
+        if several else [[Panel(rows, block, ADAMW, unigram, f"{BLOCK_TITLES[block]} block") for block in blocks]]
+    return panel_figure(panels, title, out)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """What one panel draws: a block's runs with one optimizer, under its title."""
+
+    rows: list[dict[str, Any]]
+    block: str
+    optimizer: str
+    unigram: float
+    title: str
+
+
+def panel_figure(panels: list[list[Panel]], title: str, out: Path) -> list[Path]:
+    """A grid of panels (draw_panel) with one legend of every arm drawn, saved as out.{png,pdf}."""
     fig, axes = plt.subplots(len(panels), len(panels[0]), figsize=(6.2 * len(panels[0]), 4.6 * len(panels)), squeeze=False)
     for line, ax_line in zip(panels, axes):
-        for (block, optimizer), ax in zip(line, ax_line):
-            draw_panel(ax, rows, block, optimizer, unigram)
-            ax.set_title(f"{BLOCK_TITLES[block]} block" + (f", {OPTIMIZERS[optimizer].title}" if several else ""))
+        for panel, ax in zip(line, ax_line):
+            draw_panel(ax, panel.rows, panel.block, panel.optimizer, panel.unigram)
+            ax.set_title(panel.title, fontsize=10)
         ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
     legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}  # nGPT is in AdamW's panels only
     fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2 * len(axes[0]), fontsize=8, frameon=False)
@@ -474,7 +497,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
                           place.out_dir / "fair_sweep", optimizers) if rows else []
     text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr, [ARM_BY_SLUG[a] for a in slugs])}Each arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several))}\n\nEvery run:\n\n{markdown_table(rows, run_columns(several))}\n")
-    grids = optimizer_grids(args, sorted(set(parse_number_list(args.lrs, "lrs", float))))
+    grids = design_grids(design)
     record = {"shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": args.base_lr, "seeds": list(design.values("seed")), "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
@@ -487,18 +510,10 @@ def compare_sweeps(spec: str, out_dir: Path) -> int:
     if len(records) < 2:
         raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
     blocks = [b for b in BLOCK_TITLES if any(r["block"] == b for _, rec in records for r in rec["runs"])]
-    fig, axes = plt.subplots(len(records), len(blocks), figsize=(6.2 * len(blocks), 4.6 * len(records)), squeeze=False)
-    for (folder, record), ax_line in zip(records, axes):
-        for block, ax in zip(blocks, ax_line):
-            draw_panel(ax, record["runs"], block, ADAMW, record["unigram_loss"])
-            ax.set_title(f"{BLOCK_TITLES[block]} block, {record.get('shape', folder.name)}", fontsize=10)
-        ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
-    legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2 * len(axes[0]), fontsize=8, frameon=False)
-    fig.suptitle("Final val loss against the learning rate, AdamW (Shakespeare characters)")
-    fig.tight_layout(rect=(0, 0.1 / len(records), 1, 1))
+    panels = [[Panel(record["runs"], block, ADAMW, record["unigram_loss"], f"{BLOCK_TITLES[block]} block, {record.get('shape', folder.name)}")
+               for block in blocks] for folder, record in records]
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = save_figure(fig, out_dir / "fair_sweep_compare")
+    written = panel_figure(panels, "Final val loss against the learning rate, AdamW (Shakespeare characters)", out_dir / "fair_sweep_compare")
     print(f"Written: {', '.join(map(str, written))}")
     return 0
 
