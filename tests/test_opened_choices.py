@@ -288,6 +288,20 @@ def test_each_optimizer_sweeps_its_own_rate_key_and_adamws_runs_keep_their_folde
     assert "--learning_rate=0.001" in argv_of(optimizer_design("--base_lr=1e-3"), arm="pre_ln", optimizer="muonh", lr=0.04)
 
 
+def test_an_optimizer_registered_outside_the_package_joins_the_sweep() -> None:
+    """tests/toy_optimizer.py's toy_sgd (rate key learning_rate, no Hyperball radius) is an optimizer of the axis with no edit here."""
+    import toy_optimizer
+
+    args, overrides = fair_sweep.parse_args(["--blocks=llama", "--arms=pre_ln,ngpt", f"--optimizers=adamw,{toy_optimizer.NAME}",
+                                             f"--grid={toy_optimizer.NAME}=0.1,0.2", "--seeds=1"])
+    sweep = fair_sweep.design_of(args, overrides)
+    toy = [p for p in plan_points(sweep, {}) if p["optimizer"] == toy_optimizer.NAME]
+    assert sorted(p["lr"] for p in toy) == [0.1, 0.2] and {p["arm"] for p in toy} == {"pre_ln"}
+    argv = argv_of(sweep, arm="pre_ln", optimizer=toy_optimizer.NAME, lr=0.2)
+    assert {f"--optimizer={toy_optimizer.NAME}", "--learning_rate=0.2", "--min_lr=0.02"} <= argv  # its rate is learning_rate itself
+    assert sweep.folder(toy[0]) == f"llama/pre_ln+{toy_optimizer.NAME}/lr0.1_s1"
+
+
 def test_each_optimizer_extends_and_seeds_on_its_own_grid() -> None:
     sweep = optimizer_design("--arms=pre_ln")
 
