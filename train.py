@@ -71,8 +71,8 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
-from spheretnorm.model import EXECUTION_KEYS, GPTConfig
-from spheretnorm.kernels import impl_unavailable
+from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
+from spheretnorm.kernels import impl_unavailable, sphere_kernel_path
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
     EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
@@ -482,17 +482,26 @@ def run_config(t: Trainer) -> dict[str, Any]:
     return {
         **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
         "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
-        "resolved_dtype": t.dtype,
+        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t),
     }
+
+
+def sphere_kernels(t: Trainer) -> str | None:
+    """The path of the sphere update (kernels.sphere_kernel_path); None for a model off the sphere."""
+    if not CONNECTIONS[t.model_cfg.connection].on_sphere:
+        return None
+    return sphere_kernel_path(t.model_cfg.sphere_impl, t.device.split(":")[0], t.cfg.compile)
 
 
 def summary_line(t: Trainer) -> str:
     """The run at a glance, printed when training starts."""
+    path = sphere_kernels(t)
+    kernels = f" | sphere update {path}" if path else ""
     return (
         f"{method_key(t.model_cfg)} | {t.raw_model.get_num_params() / 1e6:.2f}M params | "
         f"{t.dist.world_size} process(es) x {t.cfg.batch_size} seqs x {t.accum} micro-steps = "
         f"{t.cfg.global_batch_size} seqs ({t.tokens_per_step:,} tokens) per step | "
-        f"{t.device} {t.dtype} | compile={t.cfg.compile} | out_dir {t.cfg.out_dir}"
+        f"{t.device} {t.dtype} | compile={t.cfg.compile}{kernels} | out_dir {t.cfg.out_dir}"
     )
 
 

@@ -390,6 +390,27 @@ def resolve_impl(impl: str, device_type: str) -> str:
     return impl
 
 
+# How a run's sphere updates are computed, as config.json records it (sphere_kernels). The paths
+# agree up to rounding only, and near the edge of stability rounding moves a final loss by ~0.01,
+# so a number is reproduced on the path that made it.
+SPHERE_KERNEL_PATHS = ("reference", "fused_compiled", "fused_eager", "fused_in_model_compile", "triton", "triton_interpreted")
+
+
+def sphere_kernel_path(impl: str, device_type: str, model_compiled: bool = False) -> str:
+    """The path (SPHERE_KERNEL_PATHS) of the sphere update `impl` on `device_type` as training
+    starts: under the model's own torch.compile the fused maths is traced into it; else it is
+    compiled alone, or eager with SPHERETNORM_EAGER_KERNELS=1 (or after inductor failed here,
+    which a warning says when it happens)."""
+    resolved = resolve_impl(impl, device_type)
+    if resolved == "triton":
+        return "triton" if device_type == "cuda" else "triton_interpreted"
+    if resolved == "reference":
+        return "reference"
+    if model_compiled:
+        return "fused_in_model_compile"
+    return "fused_eager" if kernels_disabled() or device_type in _inductor_failed else "fused_compiled"
+
+
 def compiles_for_training_only(impl: str, device_type: str) -> bool:
     """True where `impl` compiles the fused kernels only for training: 'auto' on a CPU.
 

@@ -392,6 +392,20 @@ def test_impl_choice_and_errors():
         kernels.sphere_update(torch.ones(2, 4), torch.ones(2, 4), torch.tensor(1.0), 1.0, "exp")
 
 
+def test_the_recorded_kernel_path_follows_the_impl_the_device_and_the_variable(monkeypatch):
+    """config.json's sphere_kernels: which of the paths (equal up to rounding) computed a run."""
+    monkeypatch.delenv("SPHERETNORM_EAGER_KERNELS", raising=False)
+    assert kernels.sphere_kernel_path("auto", "cpu") == "fused_compiled"
+    assert kernels.sphere_kernel_path("fused", "cpu", model_compiled=True) == "fused_in_model_compile"
+    assert kernels.sphere_kernel_path("reference", "cuda", model_compiled=True) == "reference"
+    assert kernels.sphere_kernel_path("triton", "cpu") == "triton_interpreted"
+    assert kernels.sphere_kernel_path("triton", "cuda") == "triton"
+    monkeypatch.setenv("SPHERETNORM_EAGER_KERNELS", "1")
+    assert kernels.sphere_kernel_path("fused", "cpu") == "fused_eager"
+    monkeypatch.setenv("SPHERETNORM_EAGER_KERNELS", "0")  # the variable's "off" spelling
+    assert kernels.sphere_kernel_path("fused", "cpu") == "fused_compiled"
+
+
 def test_impl_is_not_saved_as_part_of_the_maths(tmp_path):
     """A checkpoint trained with one impl loads with another and gives the same logits."""
     model = tiny_model("cay_spheret", "reference").eval()

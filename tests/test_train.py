@@ -115,6 +115,8 @@ def test_tiny_model_trains_and_logs_every_field(data_dir: Path, tmp_path: Path, 
     assert model.config.connection == connection
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["method"] == ("p_spheret:0.5" if connection == "p_spheret" else "pre_ln")
+    # The path of the sphere update (conftest.py runs the fused maths eagerly); none off the sphere.
+    assert saved["sphere_kernels"] == ("fused_eager" if connection == "p_spheret" else None)
 
 
 def test_resume_is_exact(data_dir: Path, tmp_path: Path) -> None:
