@@ -120,11 +120,10 @@ def local_case(relative: str, content: str, *named: str) -> Callable[[Path], tup
 
 PIQA = {"goal": "Open a jar.", "sol1": "Twist the lid.", "sol2": "Freeze the lid."}
 ARC = {"id": "q1", "question": {"stem": "Which tool measures mass?", "choices": [{"text": "balance", "label": "A"}, {"text": "", "label": "B"}]}, "answerKey": "A"}
+# One --include_path fault goes through the command (lm-eval indexes its ~14,000 task YAMLs in
+# each process, ~10 s); the YAML check's other faults are test_task_yaml_problem's, in process.
 ZERO_SHOT_CASES = {
-    "include: no dataset_path": include_case(dataset_path=None),
-    "include: unknown metric": include_case(metric_list=[{"metric": "accuracy_of_vibes"}]),
     "include: data_files missing": include_case(dataset_kwargs=lambda tmp: {"data_files": {"test": str(tmp / "gone.jsonl")}}),
-    "include: data_files glob matches nothing": include_case(dataset_kwargs=lambda tmp: {"data_files": str(tmp / "none" / "*.jsonl")}),
     "local: empty field": local_case("piqa/valid.jsonl", json.dumps({**PIQA, "goal": ""}) + "\n", "line 1", "goal"),
     "local: blank field on line 2": local_case("piqa/valid.jsonl", json.dumps(PIQA) + "\n" + json.dumps({**PIQA, "sol2": "  "}) + "\n", "line 2", "sol2"),
     "local: empty nested field": local_case("arc/ARC-Easy-Test.jsonl", json.dumps(ARC) + "\n", "question.choices[1].text"),
@@ -141,6 +140,37 @@ def test_zero_shot_refuses_bad_task_input_in_one_line(case: str, ckpt: Path, tmp
     proc = run(["eval/zero_shot.py", "--ckpt", ckpt, *extra, "--limit", "2", "--bootstrap_iters", "0", "--out", out])
     assert_one_line_refusal(proc, *named)
     assert not list(tmp_path.glob("r*.json")), "a refused evaluation wrote results"
+
+
+def yaml_config(tmp: Path, **changes: Any) -> dict[str, Any]:
+    """task_yaml()'s config as lm-eval hands it over (a dict), over a data file that exists."""
+    data = tmp / "mine.jsonl"
+    data.write_text(json.dumps({"text": "The sky is", "target": "blue"}) + "\n")
+    return json.loads(task_yaml(data, **changes))
+
+
+@pytest.mark.parametrize("changes,problem", [
+    ({}, None),
+    ({"dataset_path": None}, "has no dataset_path"),
+    ({"dataset_path": "  "}, "has no dataset_path"),
+    ({"metric_list": [{"metric": "accuracy_of_vibes"}]}, "names the metric 'accuracy_of_vibes', which lm-eval does not know"),
+    ({"metric_list": [{"aggregation": "mean"}]}, "has a metric_list entry {'aggregation': 'mean'} without a metric name"),
+    ({"metric_list": [{"metric": "!function utils.score"}]}, None),  # the task's own code: not checked
+    ({"dataset_kwargs": {"data_files": "{tmp}/none/*.jsonl"}}, "has data_files '{tmp}/none/*.jsonl', which matches no file"),
+    ({"dataset_kwargs": {"data_files": {"test": "{tmp}/gone.jsonl"}}}, "has data_files '{tmp}/gone.jsonl', which is no file"),
+    ({"dataset_kwargs": {"data_files": "https://example.org/x.jsonl"}}, None),  # a URL is the loader's to fetch
+    ({"dataset_kwargs": {"data_dir": "{tmp}/nowhere"}}, "has data_dir '{tmp}/nowhere', which is no folder"),
+])
+def test_task_yaml_problem(changes: dict[str, Any], problem: str | None, tmp_path: Path) -> None:
+    """The --include_path check of one task YAML: each fault as its phrase, a healthy task as None."""
+    from spheretnorm.zeroshot.driver import task_yaml_problem
+
+    filled = json.loads(json.dumps(changes).replace("{tmp}", str(tmp_path)))
+    found = task_yaml_problem(yaml_config(tmp_path, **filled), {"acc", "acc_norm", "perplexity"})
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(problem.replace("{tmp}", str(tmp_path))), found
 
 
 def test_include_path_help_says_a_task_folder_is_code() -> None:
