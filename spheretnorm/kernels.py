@@ -393,14 +393,12 @@ def resolve_impl(impl: str, device_type: str) -> str:
 # How a run's sphere updates are computed, as config.json records it (sphere_kernels). The paths
 # agree up to rounding only, and near the edge of stability rounding moves a final loss by ~0.01,
 # so a number is reproduced on the path that made it.
-SPHERE_KERNEL_PATHS = ("reference", "fused_compiled", "fused_eager", "fused_in_model_compile", "triton", "triton_interpreted")
-
-
 def sphere_kernel_path(impl: str, device_type: str, model_compiled: bool = False) -> str:
-    """The path (SPHERE_KERNEL_PATHS) of the sphere update `impl` on `device_type` as training
-    starts: under the model's own torch.compile the fused maths is traced into it; else it is
-    compiled alone, or eager with SPHERETNORM_EAGER_KERNELS=1 (or after inductor failed here,
-    which a warning says when it happens)."""
+    """The path of the sphere update `impl` on `device_type` as training starts ('reference',
+    'fused_compiled', 'fused_eager', 'fused_in_model_compile', 'triton' or 'triton_interpreted').
+    Under the model's own torch.compile the fused maths is traced into it; else it is compiled
+    alone, or eager with SPHERETNORM_EAGER_KERNELS=1 (or after inductor failed here, which a
+    warning says when it happens)."""
     resolved = resolve_impl(impl, device_type)
     if resolved == "triton":
         return "triton" if device_type == "cuda" else "triton_interpreted"
