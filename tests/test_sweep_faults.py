@@ -104,6 +104,9 @@ def test_a_dry_run_writes_nothing_and_says_how_many_runs_and_how_long(tmp_path: 
     per_run = 50 * fair_comparison.SECONDS_PER_ITER  # --max_iters 50, no finished run to time
     assert f"about {per_run:.0f} s for the 2 to run or resume" in lines[-1]
     assert lines[-1].endswith(f"at 2 at a time (about {per_run:.0f} s a run, estimated).")
+    # Twice the width, about twice the time (12 x 128 runs took about 2.2x the 12 x 64 ones).
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--n_embd=128"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {2 * per_run:.0f} s a run, estimated).")
 
 
 # A dry run only looks, so a folder it cannot make (proc) is found when the sweep runs.

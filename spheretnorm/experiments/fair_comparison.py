@@ -63,7 +63,7 @@ import matplotlib.pyplot as plt
 from spheretnorm.experiments.figures import save_figure
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Place, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
+    CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
     dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, rate_grids, start_study,
     study_main, study_parser, train_argv,
 )
@@ -90,6 +90,14 @@ HYPERBALL_RADIUS = 1.0
 # default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores (docs/LOG.md).
 # The dry run's estimate until finished runs give their own times.
 SECONDS_PER_ITER = 0.145
+
+
+def estimated_run_seconds(model: Any, max_iters: int) -> float:
+    """A run's seconds before any has finished: SECONDS_PER_ITER scaled by depth times width. At
+    these small widths the per-token overheads keep the cost about linear in n_embd (LLaMA's block,
+    AdamW: 12 x 64 runs took 76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
+    scale = (model.n_layer * model.n_embd) / (SHAPE["n_layer"] * SHAPE["n_embd"])
+    return max_iters * SECONDS_PER_ITER * scale
 
 
 @dataclass(frozen=True)
@@ -482,15 +490,15 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
         return compare_sweeps(args.compare, Path(args.out_dir))
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
+    model = parse_train_args(train_argv(design, plan_points(design, {})[0], place)).model_config()
     if args.dry_run:
-        print(dry_run_summary("fair_sweep", place, found, design_size(design), args.max_iters * SECONDS_PER_ITER))
+        print(dry_run_summary("fair_sweep", place, found, design_size(design), estimated_run_seconds(model, args.max_iters)))
         return 0
     optimizers = design_optimizers(design)
     several = optimizers != [ADAMW]
     rows = sorted(found, key=lambda r: (r["block"], r["arm"], optimizers.index(optimizer_of(r)), r["lr"], r["seed"]))
     blocks, slugs = list(design.values("block")), design.values("arm")
     summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], optimizers)
-    model = parse_train_args(train_argv(design, plan_points(design, {})[0], Place.of(args, overrides))).model_config()
     shape = f"{model.n_layer} x {model.n_embd}, {args.max_iters} iterations"
     against = "each optimizer's rate" if several else "the learning rate"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
