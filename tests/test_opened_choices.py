@@ -450,10 +450,11 @@ def test_the_share_below_the_cap_is_read_at_every_evaluation(tmp_path: Path) -> 
     assert fair_sweep.mean_history([{"below_cap": [0.0, 0.5, 0.75]}, {"below_cap": [0.5, 0.25]}, {"below_cap": []}]) == [0.25, 0.375]
 
 
-def test_compare_draws_finished_sweeps_side_by_side_and_refuses_a_missing_record(tmp_path: Path) -> None:
+def test_compare_draws_finished_sweeps_side_by_side_and_refuses_a_missing_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def record(width: int, losses: dict[float, float]) -> dict:
         runs = [{"block": "llama", "arm": arm, "lr": lr, "seed": 1337, "val_loss": loss + d, "status": "ok"}
                 for arm, d in (("pre_ln", 0.0), ("p_spheret-0.5", 0.05)) for lr, loss in losses.items()]
+        runs += [{**r, "optimizer": "muon", "lr": 10 * r["lr"]} for r in runs]  # an optimizer axis: AdamW's rows name none
         return {"shape": f"12 x {width}, 600 iterations", "unigram_loss": 3.3, "runs": runs}
 
     for width in (64, 128):
@@ -462,3 +463,11 @@ def test_compare_draws_finished_sweeps_side_by_side_and_refuses_a_missing_record
     assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'w128'}", "--out_dir", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "fig" / "fair_sweep_compare.png").stat().st_size > 0
     assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'absent'}", "--out_dir", str(tmp_path / "fig")]) == 2
+    fig, drawn = tmp_path / "fig_muon", []
+    draw = fair_sweep.panel_figure
+    monkeypatch.setattr(fair_sweep, "panel_figure", lambda panels, *a: drawn.append(panels) or draw(panels, *a))
+    assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'w128'}", "--optimizers", "adamw,muon", "--out_dir", str(fig)]) == 0
+    assert (fig / "fair_sweep_compare.png").stat().st_size > 0
+    assert [[(p.optimizer, p.title) for p in row] for row in drawn[0]] == [  # a row per sweep, a column per optimizer
+        [("adamw", f"LLaMA block, AdamW, 12 x {w}, 600 iterations"), ("muon", f"LLaMA block, Muon, 12 x {w}, 600 iterations")] for w in (64, 128)]
+    assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'w128'}", "--optimizers", "muonh", "--out_dir", str(fig)]) == 2

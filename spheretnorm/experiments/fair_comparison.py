@@ -3,6 +3,7 @@
     python scripts/fair_sweep.py                 # plan, run (or resume) and tabulate the whole design
     python scripts/fair_sweep.py --table_only    # the table and plot of the runs already there
     python scripts/fair_sweep.py --compare out/fair_sweep,out/fair_sweep_w128   # two finished sweeps (widths) in one figure
+    python scripts/fair_sweep.py --compare out/fair_sweep,out/fair_sweep_w128 --optimizers muon,muonh   # their Muon and MuonH runs
     python scripts/fair_sweep.py --dry_run       # print the runs the plan holds now, their number and time; write nothing
     python scripts/fair_sweep.py --blocks llama --arms pre_ln,p_spheret-0.5,geonorm,ngpt --optimizers adamw,muon,muonh --n_embd=128
 
@@ -431,7 +432,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out_dir", default="out/fair_sweep", help="where the runs, table and plot go (default out/fair_sweep)")
     p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
     p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
-    p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' AdamW runs (e.g. two widths), "
+    p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --optimizers (e.g. two widths), "
                    "a row of panels each, as OUT_DIR/fair_sweep_compare.png")
     add_common_options(p)
     return p.parse_known_args(argv)
@@ -487,7 +488,7 @@ def parse_arms(spec: str) -> list[Arm]:
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
     if args.compare:
-        return compare_sweeps(args.compare, Path(args.out_dir))
+        return compare_sweeps(args.compare, Path(args.out_dir), parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
     model = parse_train_args(train_argv(design, plan_points(design, {})[0], place)).model_config()
@@ -499,7 +500,8 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     rows = sorted(found, key=lambda r: (r["block"], r["arm"], optimizers.index(optimizer_of(r)), r["lr"], r["seed"]))
     blocks, slugs = list(design.values("block")), design.values("arm")
     summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], optimizers)
-    shape = f"{model.n_layer} x {model.n_embd}, {args.max_iters} iterations"
+    mup = f", μP from width {model.mup_base_width}" if model.mup_base_width else ""
+    shape = f"{model.n_layer} x {model.n_embd}{mup}, {args.max_iters} iterations"
     against = "each optimizer's rate" if several else "the learning rate"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
@@ -511,17 +513,25 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
 
-def compare_sweeps(spec: str, out_dir: Path) -> int:
-    """--compare DIR,DIR,...: the AdamW runs of finished sweeps (their fair_sweep.json), a row of
-    panels per sweep (a width, say) and a column per block, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
+def compare_sweeps(spec: str, out_dir: Path, optimizers: list[str]) -> int:
+    """--compare DIR,DIR,...: the runs of finished sweeps (their fair_sweep.json) with each of
+    `optimizers`, a row of panels per sweep (a width, say) and a column per block and optimizer
+    that some sweep ran, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
     records = [(Path(d.strip()), read_sweep_record(Path(d.strip()))) for d in spec.split(",") if d.strip()]
     if len(records) < 2:
         raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
-    blocks = [b for b in BLOCK_TITLES if any(r["block"] == b for _, rec in records for r in rec["runs"])]
-    panels = [[Panel(record["runs"], block, ADAMW, record["unigram_loss"], f"{BLOCK_TITLES[block]} block, {record.get('shape', folder.name)}")
-               for block in blocks] for folder, record in records]
+    columns = [(b, o) for b in BLOCK_TITLES for o in optimizers
+               if any(r["block"] == b and optimizer_of(r) == o for _, rec in records for r in rec["runs"])]
+    if not columns:
+        raise UsageError(f"--compare: none of {spec!r} holds a run with optimizer {' or '.join(optimizers)}; "
+                         "choose --optimizers from the ones those sweeps ran.")
+    several = optimizers != [ADAMW]
+    panels = [[Panel(record["runs"], block, opt, record["unigram_loss"],
+                     f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[opt].title + ', ' if several else ''}{record.get('shape', folder.name)}")
+               for block, opt in columns] for folder, record in records]
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = panel_figure(panels, "Final val loss against the learning rate, AdamW (Shakespeare characters)", out_dir / "fair_sweep_compare")
+    against = "each optimizer's rate" if several else "the learning rate, AdamW"
+    written = panel_figure(panels, f"Final val loss against {against} (Shakespeare characters)", out_dir / "fair_sweep_compare")
     print(f"Written: {', '.join(map(str, written))}")
     return 0
 
