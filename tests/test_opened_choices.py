@@ -471,3 +471,4 @@ def test_compare_draws_finished_sweeps_side_by_side_and_refuses_a_missing_record
     assert [[(p.optimizer, p.title) for p in row] for row in drawn[0]] == [  # a row per sweep, a column per optimizer
         [("adamw", f"LLaMA block, AdamW, 12 x {w}, 600 iterations"), ("muon", f"LLaMA block, Muon, 12 x {w}, 600 iterations")] for w in (64, 128)]
     assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'w128'}", "--optimizers", "muonh", "--out_dir", str(fig)]) == 2
+    assert fair_sweep.main(["--compare", f"{tmp_path / 'w64'},{tmp_path / 'w128'}", "--blocks", "gpt2", "--out_dir", str(fig)]) == 2

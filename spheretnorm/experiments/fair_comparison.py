@@ -432,7 +432,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out_dir", default="out/fair_sweep", help="where the runs, table and plot go (default out/fair_sweep)")
     p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
     p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
-    p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --optimizers (e.g. two widths), "
+    p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --blocks and --optimizers (e.g. two widths), "
                    "a row of panels each, as OUT_DIR/fair_sweep_compare.png")
     add_common_options(p)
     return p.parse_known_args(argv)
@@ -488,7 +488,8 @@ def parse_arms(spec: str) -> list[Arm]:
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
     if args.compare:
-        return compare_sweeps(args.compare, Path(args.out_dir), parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
+        return compare_sweeps(args.compare, Path(args.out_dir), parse_choices(args.blocks, BLOCK_TITLES, "blocks"),
+                              parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
     model = parse_train_args(train_argv(design, plan_points(design, {})[0], place)).model_config()
@@ -513,18 +514,18 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
 
-def compare_sweeps(spec: str, out_dir: Path, optimizers: list[str]) -> int:
-    """--compare DIR,DIR,...: the runs of finished sweeps (their fair_sweep.json) with each of
+def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str]) -> int:
+    """--compare DIR,DIR,...: the runs of finished sweeps (their fair_sweep.json) in `blocks` with
     `optimizers`, a row of panels per sweep (a width, say) and a column per block and optimizer
     that some sweep ran, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
     records = [(Path(d.strip()), read_sweep_record(Path(d.strip()))) for d in spec.split(",") if d.strip()]
     if len(records) < 2:
         raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
-    columns = [(b, o) for b in BLOCK_TITLES for o in optimizers
+    columns = [(b, o) for b in blocks for o in optimizers
                if any(r["block"] == b and optimizer_of(r) == o for _, rec in records for r in rec["runs"])]
     if not columns:
-        raise UsageError(f"--compare: none of {spec!r} holds a run with optimizer {' or '.join(optimizers)}; "
-                         "choose --optimizers from the ones those sweeps ran.")
+        raise UsageError(f"--compare: none of {spec!r} holds a run in block {' or '.join(blocks)} with optimizer "
+                         f"{' or '.join(optimizers)}; choose --blocks and --optimizers from the ones those sweeps ran.")
     several = optimizers != [ADAMW]
     panels = [[Panel(record["runs"], block, opt, record["unigram_loss"],
                      f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[opt].title + ', ' if several else ''}{record.get('shape', folder.name)}")
