@@ -26,6 +26,7 @@ import train
 from spheretnorm.runtime import run_folder
 from spheretnorm.runtime.config import ConfigError
 from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from test_train import REPO, SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_losses  # noqa: F401 (data_dir: a fixture)
 
 STOP_WITHIN_S = 30  # the bound for a stop at any moment
@@ -164,13 +165,33 @@ def test_sigterm_during_a_long_evaluation_stops_at_once(data_dir: Path, tmp_path
 
 def test_a_stop_during_start_up_writes_nothing(data_dir: Path, tmp_path: Path) -> None:
     proc = start([sys.executable, "train.py", *tiny_args(data_dir, tmp_path / "run", "--max_iters=100")])
-    time.sleep(1.5)  # importing torch, parsing, loading: no training step yet
+    # Well inside start-up (importing torch alone takes longer): 1.5 s raced an idle machine's
+    # whole start-up (about 1.8 s here), and the stop then came during training.
+    time.sleep(0.5)
     os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=STOP_WITHIN_S)
     # Before train.py installs its handler the default action ends it (-SIGTERM); after, it exits 0.
     assert proc.returncode in (0, -signal.SIGTERM), out[-2000:]
     assert "Traceback" not in out
     assert not (tmp_path / "run" / "ckpt.pt").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_stop_signal_in_start_up_interrupts_at_once_and_one_held_back_stops_training_before_it_begins() -> None:
+    # The handler's two start-up paths, in this process and without timing: the one a subprocess
+    # test reaches only when its signal lands after train.py installed the handler.
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignal() as stop, pytest.raises(StartupStopped, match="SIGTERM"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # not reached: the handler raises at the next bytecode
+    with StopSignal() as stop:
+        stop.signum = signal.SIGUSR1  # as if it came in a stretch the handler could not interrupt
+        with pytest.raises(StartupStopped, match="SIGUSR1"):
+            stop.training_started()
+    with StopSignal() as stop:
+        stop.training_started()
+        os.kill(os.getpid(), signal.SIGTERM)  # once training runs, only a flag
+        assert stop.requested and stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
 
 
 def _limit_file_size() -> None:
