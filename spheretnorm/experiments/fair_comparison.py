@@ -68,7 +68,7 @@ from spheretnorm.experiments.study import (
     dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, rate_grids, start_study,
     study_main, study_parser, train_argv,
 )
-from spheretnorm.model import OPENED_DEFAULTS
+from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
@@ -93,7 +93,7 @@ HYPERBALL_RADIUS = 1.0
 SECONDS_PER_ITER = 0.145
 
 
-def estimated_run_seconds(model: Any, max_iters: int) -> float:
+def estimated_run_seconds(model: GPTConfig, max_iters: int) -> float:
     """A run's seconds before any has finished: SECONDS_PER_ITER scaled by depth times width. At
     these small widths the per-token overheads keep the cost about linear in n_embd (LLaMA's block,
     AdamW: 12 x 64 runs took 76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
