@@ -4,6 +4,7 @@
     python scripts/coord_check.py --widths 64,256 --connections pre_ln,p_spheret --steps 3
     python scripts/coord_check.py --optimizers adamw,muon,adamh,muonh --connections p_spheret,pre_ln \
         --out docs/mup_coord_check_optimizers     # the same check for every optimizer's μP rule
+    python scripts/coord_check.py --from_json docs/mup_coord_check_optimizers.json   # its figure again, from the numbers
 
 For every connection, parametrisation (standard, μP with base width the smallest width) and
 width, a model of --n_layer layers (heads of --head_dim, so width grows by heads) takes --steps
@@ -26,9 +27,13 @@ Under μP both should stay flat in width (log-log slope near 0); under the stand
 parametrisation Adam's per-entry updates add up coherently over the fan-in, so hidden layers
 move faster as the model widens (slope up to 1, less once a norm or the angle cap saturates).
 
-Writes OUT.json (every number) and OUT.png (one row per connection; delta_rms and angle, standard
-and μP), and prints the fitted slope of each layer's log(metric) against log(width). The slope
-uses delta_rms at the last step and the angle averaged over all steps.
+Writes OUT.json (every number) and the figure as sheets of at most 12 panels, OUT_<sheet>.png and
+.pdf: one sheet per optimizer (OUT_adamw, OUT_muon, ...) where --optimizers names several, else one
+per two connections (OUT_pre_ln+geonorm, ...); on each a row per metric, all
+its panels on one y-range, and a column per connection and parametrisation (standard, μP). Prints
+the fitted slope of each layer's log(metric) against log(width); the slope uses delta_rms at the
+last step and the angle averaged over all steps. --from_json OUT.json runs nothing and draws the
+sheets again from a record.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from spheretnorm.mup import param_kind
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
-from spheretnorm.experiments.figures import save_figure
+from spheretnorm.experiments.figures import figure_legend, save_figure, titled_grid
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
 from spheretnorm.experiments.grid import parse_choices, parse_numbers
 from spheretnorm.runtime.token_files import open_split
@@ -65,6 +70,7 @@ DEFAULT_WIDTHS = "64,128,256,512,1024"
 DEFAULT_CONNECTIONS = ",".join(("pre_ln", *SPHERE_CONNECTIONS))
 PARAMETRISATIONS = ("standard", "mup")
 METRICS = ("delta_rms", "angle", "update")
+DEFAULT_OUT = "docs/mup_coord_check"
 
 
 @dataclass(frozen=True)
@@ -272,39 +278,132 @@ def slope_table(fitted: dict[str, Any], n_layer: int) -> str:
     return "\n".join(lines)
 
 
-def plot_coord_check(results: dict[str, Any], n_layer: int, title: str, out: Path) -> list[Path]:
-    """A row per connection; columns: delta_rms and angle, each standard then μP; a line per layer."""
-    names = layer_names(n_layer)
+MAX_SHEET_PANELS = 12  # panels on one sheet of the figure: the 48 of one file could not be read
+MAX_SHEET_COLUMNS = 4  # two connections, standard and μP: a sheet wider than this is read as a strip
+SHEET_PANEL_INCHES = (3.4, 2.6)
+METRIC_LABELS = {"delta_rms": "delta_rms\n(RMS of h(t) - h(0))", "angle": "angle\n(radians per step)", "update": "update\n(||dW x|| / ||W x||)"}
+
+
+@dataclass(frozen=True)
+class Sheet:
+    """One file of the figure: some rows of the results (a connection, or 'connection, optimizer')."""
+
+    suffix: str  # of the file's name: OUT_<suffix>.png
+    rows: tuple[str, ...]
+    optimizer: str | None  # the one optimizer of its rows, where the check had several (its rows then name it)
+
+
+def row_parts(row: str) -> tuple[str, str | None]:
+    """'p_spheret, muon' -> ('p_spheret', 'muon'); a check of AdamW alone names the connection only."""
+    connection, _, optimizer = row.partition(", ")
+    return connection, optimizer or None
+
+
+def result_metrics(results: dict[str, Any]) -> list[str]:
+    """The METRICS the results hold (a record written before `update` existed has two)."""
+    summary_ = next(iter(next(iter(next(iter(results.values())).values())).values()))
+    return [m for m in METRICS if m in summary_]
+
+
+def even_chunks(items: list[str], most: int) -> list[list[str]]:
+    """items in as few chunks of at most `most` as possible, their sizes differing by one at most."""
+    count = -(-len(items) // most)
+    size = -(-len(items) // count)
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def coord_sheets(results: dict[str, Any]) -> list[Sheet]:
+    """The sheets of the figure: one per optimizer where the check had several, each split (and
+    otherwise the connections split) so that no sheet has more than MAX_SHEET_PANELS panels nor
+    MAX_SHEET_COLUMNS columns: a row per metric, a column per connection and parametrisation."""
+    per_sheet = max(1, min(MAX_SHEET_COLUMNS, MAX_SHEET_PANELS // len(result_metrics(results))) // len(PARAMETRISATIONS))
+    by_optimizer: dict[str | None, list[str]] = {}
+    for row in results:
+        by_optimizer.setdefault(row_parts(row)[1], []).append(row)
+    sheets = []
+    for optimizer, rows in by_optimizer.items():
+        chunks = even_chunks(rows, per_sheet)
+        for chunk in chunks:
+            connections = "+".join(row_parts(r)[0] for r in chunk) if len(chunks) > 1 or optimizer is None else ""
+            sheets.append(Sheet("_".join(filter(None, (optimizer, connections))), tuple(chunk), optimizer))
+    return sheets
+
+
+def steps_text(setup: Setup, optimizers: tuple[str, ...]) -> str:
+    if optimizers == ("adamw",):
+        return f"{setup.steps} AdamW steps at lr {setup.lr:g}"
+    return f"{setup.steps} steps; " + ", ".join(setup.rate_text(o) for o in optimizers) + f" (AdamW's part {setup.lr:g})"
+
+
+def check_title(setup: Setup, optimizers: tuple[str, ...], base: int) -> str:
+    return f"Coordinate check: {setup.n_layer} layers, {steps_text(setup, optimizers)} (μP base width {base}); standard vs μP"
+
+
+def plot_coord_check(results: dict[str, Any], setup: Setup, optimizers: tuple[str, ...], out: Path) -> list[Path]:
+    """The figure as sheets (coord_sheets), each OUT_<suffix>.{png,pdf}; returns the files written."""
+    base = min(w for by_param in results.values() for by_width in by_param.values() for w in by_width)
+    paths = []
+    for sheet in coord_sheets(results):
+        title = check_title(setup, (sheet.optimizer,) if sheet.optimizer else optimizers, base)
+        paths += save_figure(sheet_figure(results, sheet, setup.n_layer, title), out.with_name(f"{out.name}_{sheet.suffix}"))
+    return paths
+
+
+def sheet_figure(results: dict[str, Any], sheet: Sheet, n_layer: int, title: str) -> plt.Figure:
+    """A row per metric, a column per (row of the sheet, parametrisation), a line per layer. Each
+    metric's panels share one y-range, so that slopes and levels compare by eye across them."""
+    metrics = result_metrics(results)
+    columns = [(row, param) for row in sheet.rows for param in PARAMETRISATIONS]
+    fig, axes = titled_grid(len(metrics), len(columns), SHEET_PANEL_INCHES, title, sharey="row")
+    for i, metric in enumerate(metrics):
+        for j, (row, param) in enumerate(columns):
+            draw_layers(axes[i][j], results[row][param], metric, layer_names(n_layer))
+        axes[i][0].set_ylabel(METRIC_LABELS[metric], fontsize=9)
+    for j, (row, param) in enumerate(columns):
+        axes[0][j].set_title(f"{row_parts(row)[0]}, {'μP' if param == 'mup' else 'standard'}", fontsize=10)
+        axes[-1][j].set_xlabel("width n_embd")
+    figure_legend(fig, axes)
+    return fig
+
+
+def draw_layers(ax: Any, by_width: dict[int, dict[str, list[float]]], metric: str, names: list[str]) -> None:
+    """A line per layer of `metric` against width, log-log; a layer without it (update: blocks only) has none."""
+    widths = sorted(by_width)
     cmap = plt.get_cmap("viridis")
-    connections = list(results)
-    fig, axes = plt.subplots(len(connections), 2 * len(METRICS), figsize=(22, 2.8 * len(connections)), squeeze=False)
-    for i, connection in enumerate(connections):
-        for j, (metric, param) in enumerate((m, p) for m in METRICS for p in PARAMETRISATIONS):
-            ax = axes[i][j]
-            by_width = results[connection][param]
-            widths = sorted(by_width)
-            for layer, name in enumerate(names):
-                color = cmap(layer / max(1, len(names) - 1) * 0.9)
-                ys = [by_width[w][metric][layer] for w in widths]
-                if np.isfinite(ys).all():  # update: blocks only
-                    ax.plot(widths, ys, marker="o", markersize=3, color=color, label=name)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{connection}, {'μP' if param == 'mup' else 'standard'}: {metric}", fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-        # Each metric's two panels share a y range, so the slopes can be compared by eye.
-        for j in range(0, 2 * len(METRICS), 2):
-            lo = min(axes[i][j].get_ylim()[0], axes[i][j + 1].get_ylim()[0])
-            hi = max(axes[i][j].get_ylim()[1], axes[i][j + 1].get_ylim()[1])
-            axes[i][j].set_ylim(lo, hi)
-            axes[i][j + 1].set_ylim(lo, hi)
-    for ax in axes[-1]:
-        ax.set_xlabel("width n_embd")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
-    # Leave the suptitle its own band (about half an inch) above the top row's panel titles.
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
-    return save_figure(fig, out)
+    for layer, name in enumerate(names):
+        ys = [by_width[w][metric][layer] for w in widths]
+        if np.isfinite(ys).all():
+            ax.plot(widths, ys, marker="o", markersize=4, color=cmap(layer / max(1, len(names) - 1) * 0.9), label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.tick_params(axis="x", which="minor", bottom=False)
+    ax.grid(alpha=0.3, which="both")
+
+
+def load_record(path: Path) -> tuple[Setup, tuple[str, ...], dict[str, Any]]:
+    """(setup, optimizers, results) of a check's OUT.json, its widths as integers again (JSON made
+    them strings); a record without 'optimizers' (written before it was kept) names them in its rows."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        keys = record["setup"]
+        setup = Setup(**{**keys, "rates": tuple(tuple(pair) for pair in keys.get("rates", ()))})
+        results = {row: {param: {int(w): s for w, s in by_width.items()} for param, by_width in by_param.items()}
+                   for row, by_param in record["results"].items()}
+    except FileNotFoundError:
+        raise UsageError(f"--from_json {path} does not exist; give the OUT.json a coordinate check wrote.") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"--from_json {path} is not a coordinate check's record ({type(e).__name__}: {e}).") from None
+    optimizers = tuple(record.get("optimizers") or dict.fromkeys(row_parts(r)[1] or "adamw" for r in results))
+    return setup, optimizers, results
+
+
+def redraw(path: Path, out: Path | None) -> int:
+    """--from_json: the figure of a finished check, from its record alone (nothing runs)."""
+    setup, optimizers, results = load_record(path)
+    figures = plot_coord_check(results, setup, optimizers, out or path.with_suffix(""))
+    print("Written: " + ", ".join(map(str, figures)))
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -320,7 +419,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rates", default="", help="OPT=RATE,...: an optimizer's hidden-matrix rate (muon_lr, hyperball_lr), default: its key's default")
     p.add_argument("--batch_size", type=int, default=defaults.batch_size, help=f"sequences per step (default {defaults.batch_size})")
     p.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="prepared shakespeare_char data (prepared when missing)")
-    p.add_argument("--out", default="docs/mup_coord_check", help="output path without extension (default: docs/mup_coord_check)")
+    p.add_argument("--out", default=None, help=f"output path without extension (default: {DEFAULT_OUT}; with --from_json, the record's path without .json)")
+    p.add_argument("--from_json", metavar="OUT.json", help="run nothing: redraw the figure's sheets from the record a check wrote")
     return p.parse_args(argv)
 
 
@@ -352,13 +452,12 @@ def run(args: argparse.Namespace) -> int:
     batches, probe, vocab = shakespeare_batches(Path(args.data_dir), setup)
     results = coord_check(connections, widths, setup, vocab, batches, probe, log=lambda s: print(s, flush=True), optimizers=optimizers)
     fitted = slopes(results)
-    steps_text = (f"{setup.steps} AdamW steps at lr {setup.lr:g}" if optimizers == ("adamw",) else
-                  f"{setup.steps} steps; " + ", ".join(setup.rate_text(o) for o in optimizers) + f" (AdamW's part {setup.lr:g})")
-    title = f"Coordinate check: {setup.n_layer} layers, {steps_text} (μP base width {min(widths)}); standard vs μP"
-    out = Path(args.out)
-    figures = plot_coord_check(results, setup.n_layer, title, out)
+    title = check_title(setup, optimizers, min(widths))
+    out = Path(args.out or DEFAULT_OUT)
+    figures = plot_coord_check(results, setup, optimizers, out)
     table = slope_table(fitted, setup.n_layer)
-    record = {"setup": setup.__dict__, "widths": widths, "layers": layer_names(setup.n_layer), "results": results, "slopes": fitted}
+    record = {"setup": setup.__dict__, "optimizers": list(optimizers), "widths": widths, "layers": layer_names(setup.n_layer),
+              "results": results, "slopes": fitted}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
     print(f"\n{title}\nSlopes of log(metric) against log(width), standard / μP:\n\n{table}\n")
     print(f"{time.perf_counter() - started:.0f} s. Written: " + ", ".join(str(p) for p in [out.with_suffix('.json'), *figures]))
@@ -368,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        return run(args)
+        return redraw(Path(args.from_json), Path(args.out) if args.out else None) if args.from_json else run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -42,7 +42,8 @@ and range over seeds, the gap to the same block's Pre-LN paired by seed, with th
 and, with several optimizers, with AdamW, the pinned fractions of the sphere's step size and
 radius; then every run), OUT_DIR/fair_sweep.json and OUT_DIR/fair_sweep.{png,pdf}: final val loss
 against the rate, one panel per block (with several optimizers, a row per block and a column per
-optimizer), one line per arm through the seeds' mean, each seed a point.
+optimizer) on one y-range, each seed a point, one line per arm through the seeds' mean where every
+seed trained, and an x of the arm's colour at the top where a seed collapsed or diverged.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.experiments.figures import save_figure
+from spheretnorm.experiments.figures import (
+    LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
+)
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
@@ -342,15 +345,17 @@ def run_columns(several: bool) -> tuple[Column, ...]:
     )
 
 
-Y_SPAN = 0.6  # nats above a panel's lowest loss that it shows; a point beyond is a triangle at the top
+Y_SPAN = 0.6  # nats above the figure's lowest loss that its panels show; a loss beyond is a triangle at the top
+PANEL_INCHES = (5.2, 3.8)
 
 
 def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, title: str, out: Path,
                 optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[Path]:
     """Final val loss against the rate: with AdamW alone one panel per block, with several
-    optimizers a row per block and a column per optimizer (x: its rate key); a line per arm
-    through the seeds' means, each seed a point; a diverged or collapsed run is a red x at the
-    panel's top, a loss more than Y_SPAN above the panel's best a triangle there."""
+    optimizers a row per block and a column per optimizer (x: its rate key), all on one y-range;
+    per arm each seed a point and a line through the seeds' means where every seed trained; a
+    diverged or collapsed run is an x of its arm's colour at the panel's top, a loss more than
+    Y_SPAN above the figure's best a triangle there."""
     several = list(optimizers) != [ADAMW]
     panels = [[Panel(rows, block, o, unigram, f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[o].title}") for o in optimizers] for block in blocks] \
         if several else [[Panel(rows, block, ADAMW, unigram, f"{BLOCK_TITLES[block]} block") for block in blocks]]
@@ -367,48 +372,42 @@ class Panel:
     unigram: float
     title: str
 
+    def runs(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["block"] == self.block and optimizer_of(r) == self.optimizer]
+
 
 def panel_figure(panels: list[list[Panel]], title: str, out: Path) -> list[Path]:
     """A grid of panels (draw_panel) with one legend of every arm drawn, saved as out.{png,pdf}."""
-    fig, axes = plt.subplots(len(panels), len(panels[0]), figsize=(6.2 * len(panels[0]), 4.6 * len(panels)), squeeze=False)
+    return save_figure(panel_axes(panels, title), out)
+
+
+def panel_axes(panels: list[list[Panel]], title: str) -> plt.Figure:
+    """panel_figure's figure, drawn and not saved. Every panel shows one y-range, so a gap between
+    two panels' lines reads at its true size (a 0.014 gap looked large on ranges of their own)."""
+    fig, axes = titled_grid(len(panels), len(panels[0]), PANEL_INCHES, title)
+    flat = [p for line in panels for p in line]
+    losses = [r["val_loss"] for p in flat for r in p.runs() if trained(r)]
+    shown = loss_range(losses or [p.unigram for p in flat], Y_SPAN)
     for line, ax_line in zip(panels, axes):
         for panel, ax in zip(line, ax_line):
-            draw_panel(ax, panel.rows, panel.block, panel.optimizer, panel.unigram)
-            ax.set_title(panel.title, fontsize=10)
-        ax_line[0].set_ylabel("final val loss (points: seeds; red x: diverged or collapsed)", fontsize=8)
-    legend = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}  # nGPT is in AdamW's panels only
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2 * len(axes[0]), fontsize=8, frameon=False)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.1 / len(panels), 1, 1))  # the legend's strip keeps its height in a taller figure
-    return save_figure(fig, out)
+            draw_panel(ax, panel, shown)
+        ax_line[0].set_ylabel("final val loss\n(points: seeds; line: their mean where all trained)", fontsize=8)
+    shown.apply(axes[0][0])  # shared by every panel
+    figure_legend(fig, axes)  # nGPT is in AdamW's panels only
+    return fig
 
 
-def draw_panel(ax: Any, rows: list[dict[str, Any]], block: str, optimizer: str, unigram: float) -> None:
-    """One block's runs with one optimizer: a line per arm (its colour the same in every panel)."""
-    mine = [r for r in rows if r["block"] == block and optimizer_of(r) == optimizer]
-    trained = [final_loss(r) for r in mine if math.isfinite(final_loss(r))] or [unigram]
-    top = min(max(trained), min(trained) + Y_SPAN) + 0.02
+def draw_panel(ax: Any, panel: Panel, shown: LossRange) -> None:
+    """One block's runs with one optimizer: a curve per arm (draw_rate_curve), its colour the same in every panel."""
+    mine = panel.runs()
     cmap = plt.get_cmap("tab10")
     for i, arm in enumerate(ARMS):
-        by_lr = seed_losses(rows, block, arm.slug, optimizer)
-        color = cmap(i)
-        if by_lr:
-            xs = sorted(by_lr)
-            means = [min(statistics.fmean(by_lr[x].values()), top) for x in xs]
-            ax.plot(xs, means, label=arm.title, linewidth=1.4, color=color, linestyle="--" if arm.method == BASELINE else "-")
-            for x in xs:
-                for loss in by_lr[x].values():
-                    ax.plot(x, min(loss, top), marker="o" if loss <= top else "^", markersize=3.5, linestyle="none", color=color)
-        for r in mine:
-            if r["arm"] == arm.slug and r["status"] in UNSTABLE:
-                ax.plot(r["lr"], top, marker="x", markersize=8, color="red", linestyle="none")
-    rates = sorted({r["lr"] for r in mine})
-    key = OPTIMIZERS[optimizer].rate_key
-    ax.set_xscale("log")
-    ax.set_xticks(rates, [f"{lr:g}" for lr in rates], fontsize=7)
-    ax.minorticks_off()
-    ax.set_xlabel("peak learning rate" if key == "learning_rate" else f"peak {key}")
-    ax.set_ylim(min(trained) - 0.02, top + 0.02)
+        runs = [r for r in mine if r["arm"] == arm.slug]
+        if runs:
+            draw_rate_curve(ax, rate_curve(runs, arm.title, cmap(i), "--" if arm.method == BASELINE else "-"), shown)
+    key = OPTIMIZERS[panel.optimizer].rate_key
+    rate_axis(ax, [r["lr"] for r in mine], "peak learning rate" if key == "learning_rate" else f"peak {key}")
+    ax.set_title(panel.title, fontsize=10)
     ax.grid(alpha=0.3)
 
 

@@ -15,7 +15,9 @@ Writes OUT.png and OUT.pdf (default OUT: <runs_root>/figures/<dataset>_<scale>):
 of every logged iteration smoothed by an exponential moving average (bias-corrected, as
 TensorBoard does; --smooth 0 plots the raw values) and the val loss of every evaluation,
 unsmoothed. Curves come from metrics.jsonl only. Sphere methods are drawn solid, the others
-dashed; a method keeps its colour in every figure. Both panels share one iteration axis, from
+dashed; a method keeps its colour in every figure. Runs of one method that differ in settings (an
+optimizer, a changed key) are each a curve in the method's colour with a dash pattern and marker
+of its own, named in the legend by what differs ('0.5-SpheretNorm, optimizer=muon'). Both panels share one iteration axis, from
 the first logged iteration of any run to the last. A run that has not reached max_iters (still
 training, stopped or diverged) is named "(unfinished)" in the legend and its last point, in
 both panels, is a hollow circle, so a run with a single evaluation is not a bare dot. In W&B
@@ -40,14 +42,19 @@ is one error line and leaves no partial file (an earlier figure stays as it was)
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import textwrap
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
@@ -67,10 +74,12 @@ from spheretnorm.experiments.grid import (
     index_runs,
     row_label,
     sort_rows,
+    split_row,
 )
 from spheretnorm.runtime.methods import PAPER_METHODS, sort_methods
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import is_sphere_method
+from spheretnorm.experiments.study import UNSTABLE
 from spheretnorm.experiments.tabulate import check_value, groups_text, line_of, load_checked_run, scan_runs
 
 # Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
@@ -96,6 +105,28 @@ def method_style(method: str) -> dict[str, object]:
     # Other methods share tab10's two spare colours, picked by a stable hash of the name.
     index = order.index(method) if method in order else len(order) + sum(map(ord, method)) % (10 - len(order))
     return {"color": cmap(index % 10), "linestyle": "-" if is_sphere_method(method) else "--"}
+
+
+# The line patterns and markers of a method's further variants (its runs that differ in settings:
+# an optimizer, a changed key): each keeps the method's colour, so the method still reads at a
+# glance, and differs from the method's first line and from the other variants.
+VARIANT_DASHES: list[Any] = [(0, (1, 1.5)), (0, (6, 1.5, 1, 1.5)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 3))]
+VARIANT_MARKERS = ["^", "v", "D", "P", "X"]
+
+
+def row_styles(rows: list[str]) -> dict[str, dict[str, object]]:
+    """The style of each row, in the order given: its method's (method_style) for the first row
+    of each method and block; a dash pattern and a marker of its own for each further variant."""
+    seen: dict[tuple[str, str], int] = {}
+    styles: dict[str, dict[str, object]] = {}
+    for row in rows:
+        cell = split_row(row)
+        k = seen[cell] = seen.get(cell, -1) + 1
+        style = method_style(cell[0])
+        if k:
+            style = {**style, "linestyle": VARIANT_DASHES[(k - 1) % len(VARIANT_DASHES)], "marker": VARIANT_MARKERS[(k - 1) % len(VARIANT_MARKERS)]}
+        styles[row] = style
+    return styles
 
 
 def curves(run: Run, smooth: float) -> tuple[tuple[list[int], list[float]], tuple[list[int], list[float]]]:
@@ -155,20 +186,25 @@ def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -
 def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Path]:
     """Two panels (train, val) on one iteration axis, with one curve per run; writes out.png and out.pdf.
 
-    A run is a method in a block (Run.row); an unfinished run is named so in the legend and its
-    last points are hollow circles.
+    A run is a method in a block with its settings (Run.row): a variant of a method (another
+    optimizer, a changed key) is a line of its own style (row_styles), named by its settings. An
+    unfinished run is named so in the legend and its last points are hollow circles.
     """
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True, sharey=True)
     by_row = {r.row: r for r in runs}
+    styles = row_styles(sort_rows(by_row))
     train_series, val_series = [], []
     for row in sort_rows(by_row):
         run = by_row[row]
         train, val = curves(run, smooth)
-        style = method_style(run.method)
+        style = styles[row]
+        line = {"color": style["color"], "linestyle": style["linestyle"]}
+        marker = style.get("marker") or block_style(run.block)["marker"]
         label = row_label(row) + (UNFINISHED if is_unfinished(run) else "")
-        marks = {} if run.block == DEFAULT_BLOCK else {**block_style(run.block), "markersize": 3, "markevery": 0.1}
-        ax_train.plot(*train, label=label, linewidth=1.4, **marks, **style)
-        ax_val.plot(*val, markersize=3, linewidth=1.4, label=label, **block_style(run.block), **style)
+        marked = run.block != DEFAULT_BLOCK or "marker" in style  # the train curve has no points otherwise
+        marks = {"marker": marker, "markersize": 3, "markevery": 0.1} if marked else {}
+        ax_train.plot(*train, label=label, linewidth=1.4, **marks, **line)
+        ax_val.plot(*val, markersize=3, linewidth=1.4, label=label, marker=marker, **line)
         if is_unfinished(run):
             mark_last(ax_train, train, style["color"])
             mark_last(ax_val, val, style["color"])
@@ -381,6 +417,163 @@ def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
     for entry in entries:
         paths += plot_diagnostic(runs, entry.name, title, out.with_name(f"{out.name}_{entry.name}"))
     return paths
+
+
+# -----------------------------------------------------------------------------
+# Grids of panels under one title, and loss against a rate (the studies' sweeps: fair_comparison,
+# lr_transfer). What these figures promise a reader: the title is inside the canvas, the panels
+# that compare one quantity share one y-range, a mean is drawn only where every seed trained, and
+# a collapsed or diverged run is a marker of its line's colour, never a silent gap.
+
+FAILURE_LABEL = "collapsed/diverged"
+FAILURE_GID = "failure"  # marks the failure markers among an Axes' lines (for the tests, and any reader of the Axes)
+SEED_GID = "seeds"
+FAILURE_Y = 0.96  # axes fraction of the failure markers: at the top of the panel whatever its y-range
+FAILURE_STEP = 0.05  # axes fraction a failure marker sits below another one at the same rate
+LOSS_PAD = 0.02  # nats of margin below the lowest loss and above the highest shown
+HEADROOM = 0.1  # share of the y-range above the highest loss shown, where the failure markers sit apart from the points
+MAX_RATE_LABELS = 8  # more rates than this on one axis: only every k-th is labelled
+RATE_LABEL_INCHES = 0.45  # width of axis one rate's label needs (a turned '1.6e-2' at size 8 and a gap): a narrower panel labels fewer
+ROTATE_ABOVE = 5  # more labelled rates than this: the labels are turned 45 degrees
+
+
+def compact_rate(rate: float) -> str:
+    """'5e-3', '1.6e-1', '2': a rate's tick label, short enough that neighbours do not meet, and
+    written one way for every rate below 1 (a '0.16' beside '8e-2' reads as another scale)."""
+    if 1 <= abs(rate) < 100 or rate == 0:
+        return f"{rate:.3g}"
+    mantissa, exponent = f"{rate:.2e}".split("e")  # three significant digits: a grid's 1.25e-3 keeps its own
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def rate_axis(ax: plt.Axes, rates: list[float], label: str) -> None:
+    """A log x axis with a tick at each rate, labelled compactly; a crowded axis is thinned and its
+    labels turned, so that no two overprint (the MuonH panels of the transfer figure did)."""
+    rates = sorted(set(rates))
+    ax.set_xscale("log")
+    inches = ax.get_position().width * ax.figure.get_figwidth()  # the layout's first guess, before constrained layout runs
+    room = max(2, min(MAX_RATE_LABELS, int(inches / RATE_LABEL_INCHES)))
+    step = max(1, -(-len(rates) // room))  # ceil: the labels kept are at most `room` (a panel without runs has none)
+    ax.set_xticks(rates, [compact_rate(r) if i % step == 0 else "" for i, r in enumerate(rates)])
+    ax.minorticks_off()
+    if len(rates[::step]) > ROTATE_ABOVE:
+        ax.tick_params(axis="x", labelrotation=45)
+        for text in ax.get_xticklabels():
+            text.set_horizontalalignment("right")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel(label)
+
+
+def titled_grid(rows: int, cols: int, panel: tuple[float, float], title: str, sharey: bool | str = True) -> tuple[plt.Figure, np.ndarray]:
+    """A rows x cols grid of panels of `panel` inches under a wrapped title. Constrained layout
+    reserves the title's room, so it is neither cut at the edges nor drawn over the first row."""
+    fig, axes = plt.subplots(rows, cols, figsize=(panel[0] * cols + 0.6, panel[1] * rows + 1.2), squeeze=False, sharey=sharey,
+                             layout="constrained")
+    fitted_suptitle(fig, title)
+    return fig, axes
+
+
+@dataclass(frozen=True)
+class LossRange:
+    """The y-range the panels of one figure share: from the lowest loss to `top`, the highest shown
+    (a loss above it is a triangle at `top`), with room above for the failure markers."""
+
+    low: float
+    top: float
+
+    def apply(self, ax: plt.Axes) -> None:
+        span = self.top - self.low + 2 * LOSS_PAD
+        ax.set_ylim(self.low - LOSS_PAD, self.top + LOSS_PAD + HEADROOM * span)
+
+
+def loss_range(losses: list[float], span: float | None = None) -> LossRange:
+    """The range of `losses` (trained runs only), cut `span` nats above the lowest where given;
+    0 to 1 where no run trained, so that the panels still show their failure markers."""
+    if not losses:
+        return LossRange(0.0, 1.0)
+    low, high = min(losses), max(losses)
+    return LossRange(low, high if span is None else min(high, low + span))
+
+
+def trained(row: dict[str, Any]) -> bool:
+    """Whether a run's loss counts: it finished as ok with a finite val loss (a collapsed run has a
+    val loss too, which must not pull a mean down)."""
+    return row["status"] == "ok" and row.get("val_loss") is not None and math.isfinite(row["val_loss"])
+
+
+@dataclass(frozen=True)
+class RateCurve:
+    """One line of a loss-against-rate panel, from the runs (seeds) at each rate."""
+
+    label: str
+    color: Any
+    losses: dict[float, tuple[float, ...]]  # every rate run, with the losses of its seeds that trained
+    complete: frozenset[float]  # the rates where every seed trained: the only ones the mean line passes through
+    failed: frozenset[float]  # the rates where a seed collapsed or diverged
+    linestyle: str = "-"
+
+
+def rate_curve(rows: list[dict[str, Any]], label: str, color: Any, linestyle: str = "-") -> RateCurve:
+    """The curve of runs with keys lr, status and val_loss. A run that failed to run or is unfinished
+    breaks the line at its rate too (the mean would lack a seed) but is no failure marker."""
+    by_rate: dict[float, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_rate.setdefault(row["lr"], []).append(row)
+    return RateCurve(
+        label, color,
+        {lr: tuple(r["val_loss"] for r in runs if trained(r)) for lr, runs in by_rate.items()},
+        frozenset(lr for lr, runs in by_rate.items() if all(map(trained, runs))),
+        frozenset(lr for lr, runs in by_rate.items() if any(r["status"] in UNSTABLE for r in runs)),
+        linestyle,
+    )
+
+
+def draw_rate_curve(ax: plt.Axes, curve: RateCurve, shown: LossRange) -> None:
+    """Each seed a point (a triangle at the top when above the range), the mean a line broken at
+    every rate where not every seed trained, and an x of the curve's colour at the top of the
+    panel at each rate where a seed collapsed or diverged."""
+    rates = sorted(curve.losses)
+    means = [statistics.fmean(curve.losses[lr]) if lr in curve.complete else math.nan for lr in rates]
+    ax.plot(rates, means, label=curve.label, color=curve.color, linestyle=curve.linestyle, linewidth=1.4)
+    seeds = [(lr, loss) for lr in rates for loss in curve.losses[lr]]
+    for marker, kept in (("o", [(x, y) for x, y in seeds if y <= shown.top]), ("^", [(x, shown.top) for x, y in seeds if y > shown.top])):
+        if kept:
+            ax.plot(*zip(*kept), marker=marker, markersize=3.5, linestyle="none", color=curve.color, label="_nolegend_", gid=SEED_GID)
+    if curve.failed:
+        failed = sorted(curve.failed)
+        ax.plot(failed, failure_heights(ax, failed), transform=ax.get_xaxis_transform(), marker="x", markersize=8, markeredgewidth=2,
+                linestyle="none", color=curve.color, label="_nolegend_", gid=FAILURE_GID)
+
+
+def failure_heights(ax: plt.Axes, rates: list[float]) -> list[float]:
+    """FAILURE_Y at each rate, one FAILURE_STEP lower for each failure marker already there: two
+    arms that fail at one rate are two markers, not one hiding the other."""
+    taken = Counter(x for line in ax.lines if line.get_gid() == FAILURE_GID for x in line.get_xdata())
+    return [FAILURE_Y - FAILURE_STEP * taken[rate] for rate in rates]
+
+
+def failure_handle() -> Line2D:
+    """The legend's entry for the failure markers, in grey: each marker itself has its line's colour."""
+    return Line2D([], [], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color="0.35", label=FAILURE_LABEL)
+
+
+LEGEND_COLUMN_INCHES = 3.0  # room of one legend entry as long as the fair sweep's longest arm name, at font size 8
+
+
+def figure_legend(fig: plt.Figure, axes: np.ndarray, extra: list[Line2D] | None = None) -> None:
+    """One legend below the panels of every labelled line of any panel (each label once), then
+    `extra` handles, and the failure marker's entry where some panel has one; as many columns as
+    the figure's width holds, so that the legend is not cut at its edges."""
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    more = list(extra or [])
+    if any(line.get_gid() == FAILURE_GID for ax in axes.flat for line in ax.lines):
+        more.append(failure_handle())
+    items = [*handles.values(), *more]
+    columns = max(1, min(len(items), int(fig.get_figwidth() // LEGEND_COLUMN_INCHES)))
+    fig.legend(items, [*handles, *(h.get_label() for h in more)], loc="outside lower center", ncol=columns, fontsize=8, frameon=False)
 
 
 def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:

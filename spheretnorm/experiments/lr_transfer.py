@@ -36,7 +36,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spheretnorm.experiments.figures import save_figure
+from spheretnorm.experiments.figures import draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.experiments.grid import check_overrides, parse_choices, parse_numbers
 from spheretnorm.runtime.methods import parse_methods
@@ -174,33 +174,48 @@ def moves_text(moves: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+TRANSFER_PANEL_INCHES = (4.8, 3.4)
+
+
 def plot_transfer(rows: list[dict[str, Any]], title: str, out: Path) -> list[Path]:
-    """Final val loss vs rate: a panel per (arm, parametrisation), a line per width, optimum ringed."""
+    """transfer_axes's figure, saved as out.{png,pdf}."""
+    return save_figure(transfer_axes(rows, title), out)
+
+
+def transfer_axes(rows: list[dict[str, Any]], title: str) -> plt.Figure:
+    """Final val loss vs rate: a panel per (arm, parametrisation), all on one y-range; a line per
+    width (draw_rate_curve: a run that collapsed or diverged breaks it, an x of the width's colour
+    at the top), its optimum ringed."""
     arms = list(dict.fromkeys(arm(r) for r in rows))
     widths = sorted({r["width"] for r in rows})
-    best = best_lrs(rows)
+    fig, axes = titled_grid(len(arms), len(PARAMETRISATIONS), TRANSFER_PANEL_INCHES, title)
+    shown = loss_range([r["val_loss"] for r in rows if trained(r)])
     cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(arms), len(PARAMETRISATIONS), figsize=(10, 3.6 * len(arms)), sharey="row", squeeze=False)
     for i, a in enumerate(arms):
         for j, param in enumerate(PARAMETRISATIONS):
             ax = axes[i][j]
+            mine = [r for r in rows if (arm(r), r["param"]) == (a, param)]
             for k, width in enumerate(widths):
-                mine = sorted((r for r in rows if (arm(r), r["param"], r["width"]) == (a, param, width) and r["val_loss"] is not None), key=lambda r: r["lr"])
-                color = cmap(k / max(1, len(widths) - 1) * 0.85)
-                ax.plot([r["lr"] for r in mine], [r["val_loss"] for r in mine], marker="o", color=color, label=f"width {width}")
-                lr = best.get((a, param, width))
-                if lr is not None:
-                    loss = next(r["val_loss"] for r in mine if r["lr"] == lr)
-                    ax.plot(lr, loss, marker="o", markersize=12, markerfacecolor="none", markeredgecolor=color)
-            ax.set_xscale("log")
-            ax.set_title(f"{arm_name(a)}, {'μP' if param == 'mup' else 'standard'}")
-            ax.set_xlabel(f"peak {OPTIMIZERS[a[1]].rate_key if a[1] in OPTIMIZERS else 'rate'}")
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=8)
+                runs = [r for r in mine if r["width"] == width]
+                if runs:
+                    color = cmap(k / max(1, len(widths) - 1) * 0.85)
+                    draw_rate_curve(ax, rate_curve(runs, f"width {width}", color), shown)
+                    ring_best(ax, runs, color)
+            rate_axis(ax, [r["lr"] for r in mine], f"peak {OPTIMIZERS[a[1]].rate_key if a[1] in OPTIMIZERS else 'rate'}")
+            ax.set_title(f"{arm_name(a)}, {'μP' if param == 'mup' else 'standard'}", fontsize=10)
+            ax.grid(alpha=0.3)
         axes[i][0].set_ylabel("final val loss (ring: best rate)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return save_figure(fig, out)
+    shown.apply(axes[0][0])  # shared by every panel
+    figure_legend(fig, axes)
+    return fig
+
+
+def ring_best(ax: Any, runs: list[dict[str, Any]], color: Any) -> None:
+    """A ring around the lowest loss of the runs that trained (best_lrs' optimum of one width)."""
+    ok = [r for r in runs if trained(r)]
+    if ok:
+        best = min(ok, key=lambda r: r["val_loss"])
+        ax.plot(best["lr"], best["val_loss"], marker="o", markersize=12, markerfacecolor="none", markeredgecolor=color, label="_nolegend_")
 
 
 # -----------------------------------------------------------------------------
