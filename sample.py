@@ -42,6 +42,7 @@ from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
+from spheretnorm.runtime.imports import add_import_options, use_import_options
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sphere_impl", default=None,
                         help=f"how the sphere update runs ({' | '.join(SPHERE_IMPLS)}); it changes no sample; "
                         "None: the checkpoint's (auto compiles nothing on a CPU for sampling)")
+    add_import_options(parser)
     return parser
 
 
@@ -97,6 +99,7 @@ class SampleArgs:
 
 def parse_args(argv: list[str]) -> SampleArgs:
     ns = build_parser().parse_args(argv)
+    use_import_options(ns, SampleError)  # before the checkpoint names a connection of the user's
     if (ns.checkpoint is None) == (ns.out_dir is None):
         raise SampleError("Give the checkpoint once: either a ckpt.pt path / out_dir as the argument, or --out_dir.")
     for name in ("num_samples", "max_new_tokens"):

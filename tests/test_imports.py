@@ -3,7 +3,8 @@
 The module is docs/ARCHITECTURE.md's own example ("Adding a deep connection"), written to
 my_ideas/gain.py in a project folder (tmp_path, a namespace package: no __init__.py). Each command
 runs in a process of its own from that folder, as a user runs them: train.py is given the key once;
-the resume, sample.py, the export and the tables find it recorded. Tests in this process register
+the resume, sample.py, the export and the tables find it recorded, and import it with the user's
+consent (--trust_recorded_imports=true, tests/test_trust_imports.py). Tests in this process register
 what they import only until they end (user_modules), so the registry-driven tests of other files
 never see it.
 """
@@ -30,6 +31,7 @@ from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, LayerNorm, RMSNorm
 from spheretnorm.runtime.checkpoint import checkpoint_state, load_checkpoint, read_torch_file, save_safetensors_checkpoint
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ConfigError, parse_config
+from spheretnorm.runtime.imports import consent_to_recorded_imports
 from spheretnorm.runtime.methods import canonical_method
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.zeroshot.harness import load_eval_model
@@ -64,6 +66,7 @@ def user_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     connections = set(CONNECTIONS)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # restored at the end
     yield
+    consent_to_recorded_imports(False)
     forget_the_example()
     for name in set(CONNECTIONS) - connections:
         del CONNECTIONS[name]
@@ -98,32 +101,34 @@ def test_a_connection_of_the_users_folder_travels_through_every_command(project:
                                                "--dataset=openwebtext", "--max_iters=2", "--eval_interval=2")))
     assert json.loads((run / "config.json").read_text())["imports"] == [MODULE]
 
-    # The resume names neither the module nor the connection: the checkpoint records both.
-    ok(command(project, "train.py", *tiny_args(data, run, "--init_from=resume", "--max_iters=4", "--eval_interval=2")))
+    # The resume names neither the module nor the connection: the checkpoint records both, and the flag consents.
+    ok(command(project, "train.py", *tiny_args(data, run, "--init_from=resume", "--max_iters=4", "--eval_interval=2",
+                                               "--trust_recorded_imports=true")))
     ckpt = read_torch_file(run / "ckpt.pt")  # unchecked: load_checkpoint would import my_ideas.gain in this process
     assert ckpt["iter_num"] == 4 and ckpt["train_config"]["imports"] == [MODULE]
     assert ckpt["model_config"]["connection"] == NAME and ckpt["model_config"]["connection_params"] == {"res_gain": 0.25}
 
     # The row is named by the class's title, as in the process that registered it (not 'gain_pre_ln:0.25').
-    assert TITLE in ok(command(project, "scripts/tables.py", "--runs_root", str(project / "runs")))
+    assert TITLE in ok(command(project, "scripts/tables.py", "--runs_root", str(project / "runs"), f"--imports={MODULE}"))
 
     # The other commands run here, each as in a fresh process (forget_the_example: a process
-    # start each would cost seconds), with no flag naming the module.
+    # start each would cost seconds), with no flag naming the module: only the consent to import what it records.
     monkeypatch.chdir(project)
     forget_the_example()
-    assert sample.main([str(run / "ckpt.pt"), "--start=A", "--num_samples=1", "--max_new_tokens=4", "--device=cpu"])
+    trust = "--trust_recorded_imports=true"
+    assert sample.main([str(run / "ckpt.pt"), "--start=A", "--num_samples=1", "--max_new_tokens=4", "--device=cpu", trust])
     forget_the_example()
     # eval/zero_shot.py reads the checkpoint (importing the module) and refuses only its characters' tokenizer.
     with pytest.raises(EvalError, match="was trained with the 'char' tokenizer, but zero-shot benchmarks need"):
         load_eval_model(run / "ckpt.pt")
     assert NAME in CONNECTIONS
     forget_the_example()
-    export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(project / "hf")])
+    export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(project / "hf"), trust])
     assert json.loads((project / "hf" / "config.json").read_text())["imports"] == [MODULE]
     assert (project / "hf" / "gain.py").is_file()  # the module's file ships with the folder
     # A fine-tune of the exported folder imports the module its config.json records, and records it in turn.
     forget_the_example()
-    train.main(tiny_args(data, project / "tuned", f"--init_from=hf:{project / 'hf'}", "--max_iters=1", "--eval_interval=1"))
+    train.main(tiny_args(data, project / "tuned", f"--init_from=hf:{project / 'hf'}", "--max_iters=1", "--eval_interval=1", trust))
     assert json.loads((project / "tuned" / "config.json").read_text())["imports"] == [MODULE]
 
 
@@ -145,7 +150,7 @@ def test_a_checkpoint_whose_module_is_absent_here_is_one_line(project: Path, tmp
     # Elsewhere, where the module is not: sample.py says which module is missing, in one line.
     forget_the_example()
     monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
-    assert sample.cli([str(path), "--device=cpu"]) == 2
+    assert sample.cli([str(path), "--device=cpu", "--trust_recorded_imports=true"]) == 2
     err = capsys.readouterr().err
     assert err == (f"error: Checkpoint {str(path)!r} records imports=['{MODULE}']: module '{MODULE}' could not be imported "
                    f"(ModuleNotFoundError: No module named 'my_ideas'){HOW_TO_FIX}\n")
@@ -168,7 +173,8 @@ def test_the_module_is_imported_before_any_other_key_is_checked(project: Path, u
     # A run folder's config.json (train.py RUN/config.json --eval_only=true) holds the key too.
     (project / "config.json").write_text(json.dumps({"imports": [MODULE], "connection": NAME, "connection_params": {"res_gain": 0.25}}))
     forget_the_example()
-    assert parse_config([str(project / "config.json")], world_size=1).model_config().connection_params == {"res_gain": 0.25}
+    trusted = parse_config([str(project / "config.json"), "--trust_recorded_imports=true"], world_size=1)
+    assert trusted.model_config().connection_params == {"res_gain": 0.25}
     # Several, comma-separated; the last value given wins, as for any key.
     assert parse_config([str(config), "--imports=json, my_ideas.gain"], world_size=1).train.imports == ["json", MODULE]
 
@@ -219,9 +225,10 @@ def test_the_launcher_imports_before_reading_the_methods_and_passes_the_key_on(p
     assert out.count(f"PYTHONPATH={project}") == 1 and os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(project)
 
 
-def test_the_readers_of_run_folders_import_what_config_json_records(project: Path, user_modules: None,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """scripts/tables.py and scripts/plot.py (tabulate.scan_runs), the launcher and the studies (grid.load_run)."""
+def test_the_readers_of_run_folders_import_what_config_json_records_with_consent(project: Path, user_modules: None,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/tables.py and scripts/plot.py (tabulate.scan_runs), the launcher and the studies (grid.load_run):
+    without consent the row keeps the method's own name, and nothing is imported."""
     monkeypatch.chdir(project)
     run = project / "runs" / f"{NAME}-0.25"
     run.mkdir(parents=True)
@@ -230,6 +237,10 @@ def test_the_readers_of_run_folders_import_what_config_json_records(project: Pat
     (run / "metrics.jsonl").write_text("")
     for read in (lambda: tabulate.scan_runs(project / "runs"), lambda: grid.load_run(run)):
         forget_the_example()
+        consent_to_recorded_imports(False)
+        read()
+        assert MODULE not in sys.modules
+        consent_to_recorded_imports(True)
         read()
         assert grid.row_label(f"{NAME}:0.25") == TITLE
 

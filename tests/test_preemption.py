@@ -327,7 +327,7 @@ def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(
     capsys.readouterr()
     train.main([*args, "--max_iters=6", "--init_from=auto"])
     out = capsys.readouterr().out
-    assert "resumed from iter 5" in out and "NOTE: resuming from" in out and f"Delete {stop_name} to resume from {healthy_name}" in out, out
+    assert "resumed from iter 5" in out and f"{stop_name} is the newer; resuming from {tmp_path / stop_name}" in out and f"Delete {stop_name} to resume from {healthy_name}" in out, out
     assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == 6 and not (tmp_path / stop_name).exists()
 
 

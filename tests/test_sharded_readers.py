@@ -26,7 +26,7 @@ from spheretnorm.runtime.checkpoint import (
 )
 from spheretnorm.runtime.config import ConfigError, TrainConfig, optimizer_settings, parse_config
 from spheretnorm.runtime.distributed import DistInfo
-from spheretnorm.runtime.sharded_checkpoint import main as consolidate, save_sharded
+from spheretnorm.runtime.sharded_checkpoint import main as consolidate, resume_checkpoint, save_sharded
 from test_train import data_dir, tiny_args  # noqa: F401 (data_dir: a fixture)
 
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, connection="pre_ln")
@@ -103,7 +103,7 @@ def test_every_reader_and_resume_takes_the_newer_of_ckpt_pt_and_ckpt_dcp(data_di
     with pytest.raises(ConfigError, match=r"ckpt\.dcp \(iter 9\); ckpt\.dcp is the newer, the checkpoint of --parallel=fsdp; resume it with --parallel=fsdp"):
         train.resolve_init_from(parse_config(tiny_args(data_dir, out, "--init_from=auto")).train)
     resumed = train.resolve_init_from(parse_config(tiny_args(data_dir, out, "--init_from=auto", "--parallel=fsdp")).train)
-    assert resumed.init_from == "resume" and "resuming from ckpt.dcp" in capsys.readouterr().out
+    assert resumed.init_from == "resume" and f"ckpt.dcp is the newer; resuming from {out / 'ckpt.dcp'}." in resume_checkpoint(resumed)[1]
 
 
 # -----------------------------------------------------------------------------

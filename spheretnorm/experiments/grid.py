@@ -363,7 +363,9 @@ class Run:
 def load_run(path: Path) -> Run:
     path = Path(path)
     config = json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
-    import_recorded(config, str(path / CONFIG_NAME))  # the user's modules its method's title comes from
+    # The user's modules its method's title comes from: imported only with consent (--imports given
+    # to this command, or --trust_recorded_imports), else the title is the method's own name.
+    import_recorded(config, str(path / CONFIG_NAME), needed=False)
     rows = read_metrics(path / METRICS_NAME) if (path / METRICS_NAME).is_file() else []
     zero_shot, limit = None, None
     if (path / ZERO_SHOT_NAME).is_file():

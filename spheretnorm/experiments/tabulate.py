@@ -77,7 +77,7 @@ from spheretnorm.experiments.grid import (
     sort_rows,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.imports import import_recorded
+from spheretnorm.runtime.imports import add_import_options, import_recorded, use_import_options
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
 TABLE_NUMBERS = ("2", "3", "4", "5")
@@ -183,7 +183,9 @@ def check_value(value: Any, schema: Schema, subject: str, what: str) -> Any:
 def read_checked_config(path: Path) -> dict[str, Any]:
     what = f"train.py's run config, an object with {schema_text(CONFIG_SCHEMA)}"
     config = check_value(read_checked_json(path, what), CONFIG_SCHEMA, str(path), what)
-    import_recorded(config, str(path))  # the user's modules its method's title comes from, as in the training process
+    # The user's modules its method's title comes from, as in the training process: with consent only
+    # (tables over a run root import nothing they were not told to); without, the method's own name.
+    import_recorded(config, str(path), needed=False)
     return config
 
 
@@ -641,6 +643,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--paper", action="store_true", help="show the paper's value in parentheses beside ours")
     p.add_argument("--reference", default=str(REFERENCE_PATH), help="the paper's numbers (default: reference/paper_results.json)")
     p.add_argument("--out", default=None, help="also write the tables to OUT.md and OUT.tex")
+    add_import_options(p)  # the modules of a run's own connection: imported only when named or trusted
     return p.parse_args(argv)
 
 
@@ -657,6 +660,7 @@ def _filter(spec: str | None, what: str) -> set[str] | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        use_import_options(args, UsageError)
         numbers = [n.strip() for n in args.tables.split(",") if n.strip()]
         bad = [n for n in numbers if n not in TABLE_NUMBERS]
         if bad or not numbers:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from spheretnorm.runtime.checkpoint import checkpoint_for
 from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.hf.release import FORMATS, export
 from spheretnorm.hf.folder import HFFolderError
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ckpt", required=True, help="a checkpoint written by train.py (ckpt.pt or ckpt.dcp), or its run folder (the newer of the two)")
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--format", default="hf", choices=FORMATS, help="hf: a transformers model folder; safetensors: weights and config only")
+    add_import_options(parser)
     args = parser.parse_args(argv)
     try:
+        use_import_options(args, ValueError)  # before the checkpoint names a connection of the user's
         written = export(checkpoint_for(args.ckpt, "export_hf", "export", "exporting", ValueError), Path(args.out), args.format)
     except (HFFolderError, EvalError, FileNotFoundError, ValueError) as e:  # EvalError: no GPT-2 BPE files
         print(f"error: {e}", file=sys.stderr)

@@ -37,6 +37,7 @@ from spheretnorm.runtime.checkpoint import (
     check_weights,
     is_state_dict,
     load_model,
+    needs_recorded_code,
     read_safetensors,
     read_torch_file,
     tie_head,
@@ -510,7 +511,8 @@ def folder_model_config(folder: str | Path) -> dict[str, Any]:
     elif model_type == "llama":
         keys = llama_model_config(hf)
     elif model_type == REMOTE_MODEL_TYPE:  # an export, of this code or an older one: its model keys, whatever else it holds
-        import_recorded(hf, repr(str(config_path)), HFFolderError)  # the user's modules that define its connection
+        # The user's modules that define its connection: imported with consent, and only when its connection needs them.
+        import_recorded(hf, repr(str(config_path)), HFFolderError, needs_recorded_code(hf))
         keys = model_keys_of(hf)
     else:
         raise HFFolderError(

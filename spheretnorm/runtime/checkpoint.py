@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import pickle
 import re
 import sys
@@ -30,11 +31,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from spheretnorm.model import GPT, GPTConfig
+from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.imports import import_recorded, recorded_imports
-from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME
+from spheretnorm.runtime.run_folder import CKPT_NAME, CONFIG_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
@@ -88,6 +89,19 @@ class CheckpointError(ValueError):
     ValueError keep working.
     """
 
+
+
+class RecordedImportsError(CheckpointError):
+    """A checkpoint whose connection is defined by modules it records, which cannot be imported
+    here (no consent, or a module that fails): the file may be whole, so it is never taken for
+    damage (sharded_checkpoint._whole_iter)."""
+
+
+def needs_recorded_code(model_config: Any) -> bool:
+    """Whether a model config names a connection that no imported module registered (only the
+    modules a file records could define it)."""
+    name = model_config.get("connection", "pre_ln") if isinstance(model_config, dict) else None
+    return isinstance(name, str) and name not in CONNECTIONS
 
 
 # Keys besides the weights and their config that a checkpoint may hold, and the type each must
@@ -201,7 +215,8 @@ def check_checkpoint(ckpt: Any, where: str = "The checkpoint") -> GPTConfig:
         value = ckpt.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise CheckpointError(f"{where} holds a {type(value).__name__} as {key}, where a {kind.__name__} belongs; it is damaged.")
-    import_recorded(ckpt.get("train_config"), where, CheckpointError)  # the user's modules that define its connection
+    # The user's modules that define its connection: imported with consent, and only when its connection needs them.
+    import_recorded(ckpt.get("train_config"), where, RecordedImportsError, needs_recorded_code(ckpt["model_config"]))
     try:
         config = config_from_dict(ckpt["model_config"])
     except ValueError as exc:
@@ -400,23 +415,73 @@ def checkpoint_iter(path: str | Path) -> int:
     return iteration
 
 
-def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME) -> tuple[Path | None, str]:
-    """Of a run folder's ckpt.pt and ckpt.dcp (and a stop's ckpt.stop.pt or ckpt.stop.dcp, the state
-    a signal saved during a collapse-alarm streak), the one holding the later iteration (`prefer`
-    when several hold the same one), and, when more than one exists, a phrase that says so and which
-    was taken; (None, '') when none exists. A run consolidated and then resumed under the other
-    parallel mode leaves both, the older one stale: taking the newer keeps every reader on the
-    run's last state."""
+HEALTHY_NAMES = (CKPT_NAME, SHARDED_CKPT_NAME)
+STOP_NAMES = (STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME)
+
+
+def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME, max_iters: int | None = None) -> tuple[Path | None, str]:
+    """The one rule, by iteration, for which checkpoint of a run folder a resume and every reader
+    takes: of its ckpt.pt and ckpt.dcp (and a stop's ckpt.stop.pt or ckpt.stop.dcp, the state a
+    signal saved during a collapse-alarm streak), the one holding the latest iteration; on equal
+    iterations a healthy one before a stop's, then `prefer`. A stop's file that cannot be read, or
+    that claims an iteration past `max_iters` (the run could never reach it), is not taken, and
+    said. Returns the file taken and a phrase on why ('' when it is the folder's only one; None
+    and the phrase when none can be taken). A run consolidated and then resumed under the other
+    parallel mode leaves both healthy ones, the older one stale: taking the newer keeps every
+    reader on the run's last state."""
     run_dir = Path(run_dir)
-    names = (CKPT_NAME, SHARDED_CKPT_NAME, STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME)
-    found = [run_dir / name for name in names if (run_dir / name).exists()]
-    if len(found) < 2:
-        return (found[0] if found else None), ""
-    iters = {path: checkpoint_iter(path) for path in found}
-    chosen = max(found, key=lambda path: (iters[path], path.name == prefer))
-    both = " and ".join(f"{path.name} (iter {iters[path]})" for path in found)
-    which = f"; {chosen.name} is the newer" if len(set(iters.values())) > 1 else ", the same iteration"
-    return chosen, f"holds {both}{which}"
+    found = [run_dir / name for name in (*HEALTHY_NAMES, *STOP_NAMES) if (run_dir / name).exists()]
+    if len(found) == 1 and found[0].name in HEALTHY_NAMES:
+        return found[0], ""  # the usual case: nothing to compare, nothing read
+    iters, refused = {}, []
+    for path in found:
+        iteration, why_not = _stop_state_iter(path, max_iters) if path.name in STOP_NAMES else (checkpoint_iter(path), "")
+        if why_not:
+            refused.append(why_not)
+        else:
+            iters[path] = iteration
+    aside = "".join(f"; {why_not}, so it is not taken" for why_not in refused)
+    if not iters:
+        return None, aside.removeprefix("; ")
+    chosen = max(iters, key=lambda path: (iters[path], path.name in HEALTHY_NAMES, path.name == prefer))
+    if len(iters) == 1:
+        return chosen, f"holds {chosen.name} (iter {iters[chosen]}){aside}" if aside else ""
+    both = " and ".join(f"{path.name} (iter {iters[path]})" for path in iters)
+    which = f"; {chosen.name} is the newer" if len(set(iters.values())) > 1 else f", the same iteration; {chosen.name} is taken"
+    return chosen, f"holds {both}{which}{aside}"
+
+
+def _stop_state_iter(path: Path, max_iters: int | None) -> tuple[int, str]:
+    """The iteration of a stop's checkpoint, or why it cannot be taken: damaged (its reader's own
+    error, in short), or past `max_iters`. A damaged stop file must not make a good run unreadable."""
+    if path.is_dir() and not (path / SHARDED_META).is_file():
+        return -1, f"{path.name} beside it is damaged (a folder without the {SHARDED_META} of a sharded checkpoint)"
+    try:
+        iteration = checkpoint_iter(path)
+    except (CheckpointError, OSError) as exc:
+        return -1, f"{path.name} beside it is damaged ({_short_reason(exc, path)})"
+    if max_iters is not None and iteration > max_iters:
+        return -1, f"{path.name} claims iter {iteration}, past the run's max_iters={max_iters}"
+    return iteration, ""
+
+
+def _short_reason(exc: BaseException, path: Path) -> str:
+    """A reader's error about `path` in a few words, for a phrase inside another line: the file
+    called 'it', the detail in its last parentheses left out."""
+    text = str(exc) if isinstance(exc, CheckpointError) else describe_error(exc)
+    for name in (f"Checkpoint {str(path)!r}", repr(str(path))):
+        text = text.replace(name, "it")
+    return re.sub(r"\s*\([^()]*\)\.?$", "", text).rstrip(".").removesuffix("; it is damaged")[:160]
+
+
+def run_max_iters(run_dir: Path) -> int | None:
+    """The max_iters a run folder's config.json records (None when it has no readable one): past
+    it, a stop's checkpoint claims an iteration the run could not reach."""
+    try:
+        value = json.loads((run_dir / CONFIG_NAME).read_text(encoding="utf-8")).get("max_iters")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
@@ -431,13 +496,14 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
         if not path.exists():
             raise FileNotFoundError(f"{str(path)!r} does not exist; give a ckpt.pt file, a ckpt.dcp folder or an out_dir that holds one.")
         return path, ""
-    chosen, why = newest_run_checkpoint(path)
+    chosen, why = newest_run_checkpoint(path, max_iters=run_max_iters(path))
     export = path / EXPORT_NAME
     if chosen is None and export.is_file():
         return export, f"has no {CKPT_NAME} or {SHARDED_CKPT_NAME}"
     if chosen is None:
+        refused = f" ({why})" if why else ""
         raise FileNotFoundError(
-            f"the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {EXPORT_NAME}; give a checkpoint or an out_dir that holds one."
+            f"the out_dir {str(path)!r} has no {CKPT_NAME}, {SHARDED_CKPT_NAME} or {EXPORT_NAME}{refused}; give a checkpoint or an out_dir that holds one."
         )
     if not why and export.is_file():
         why = f"holds {chosen.name} and {EXPORT_NAME}"
@@ -591,6 +657,22 @@ def file_records(folder: Path, names: list[str]) -> dict[str, list]:
     return records
 
 
+_SAID_UNVERIFIABLE: set[Path] = set()
+
+
+def say_unverifiable(path: Path, where: str) -> None:
+    """One line, once per folder and process (rank 0's under torchrun), that a folder written before
+    saves recorded their files has shards nothing can tell from another save's of the same shapes."""
+    if path.resolve() in _SAID_UNVERIFIABLE or os.environ.get("RANK", "0") != "0":
+        return
+    _SAID_UNVERIFIABLE.add(path.resolve())
+    print(
+        f"NOTE: {where} has a {SHARDED_META} without the record of its files (written before saves kept one), "
+        "so its shards cannot be verified as one save's; a shard copied in from another save of the same shapes would go unseen.",
+        file=sys.stderr,
+    )
+
+
 def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool = True) -> None:
     """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
     shard copied in from another save of the same shape would load without a word otherwise): each
@@ -598,6 +680,7 @@ def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool
     recorded them (no files key) has nothing to check against and is taken as it is."""
     recorded = meta.get("files")
     if recorded is None:
+        say_unverifiable(path, where)
         return
     save = f"save {meta.get('save_id')!r}"
     if not isinstance(recorded, dict):

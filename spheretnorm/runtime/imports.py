@@ -3,9 +3,11 @@
 A connection defined outside the package registers itself when its module is imported
 (docs/ARCHITECTURE.md, "Adding a deep connection"). So that its name means the same in every
 process, each command imports the modules a run was given (`--imports=my_ideas.deepnorm`,
-`imports = ["my_ideas.deepnorm"]` in a config file) or recorded (a run folder's config.json, a
-checkpoint's train_config, an exported folder's config.json) before it reads a key, a model config
-or a method name that may need them.
+`imports = ["my_ideas.deepnorm"]` in a config file) before it reads a key, a model config or a
+method name that may need them. The modules a file records (a run folder's config.json, a
+checkpoint's train_config, an exported folder's config.json) are imported only with the user's
+consent, --trust_recorded_imports=true (import_recorded): a file from elsewhere must not choose
+code to run.
 
 A module is looked up on sys.path, then in the current folder: a user runs the commands from their
 project's folder, which `python train.py` does not put on sys.path. The folder of a module found
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.stopping import StartupStopped
 
 KEY = "imports"
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -73,17 +76,75 @@ def import_modules(names: Any, source: str = KEY, error: type[Exception] = Impor
         try:
             _import_top_level_from_current_folder(name.partition(".")[0])
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's code is the same to them: this module
+        except StartupStopped:
+            raise  # a stop signal during the import (train.py's start-up): the signal's, not the module's
+        # Any failure of the user's code is the same to them: this module. A module that calls
+        # sys.exit or raises KeyboardInterrupt as it runs too: its status (3, say) would read as
+        # one of the command's own (train.py's collapse).
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001
             raise error(f"{source}: module {name!r} could not be imported ({_first_line(exc)}); {_HOW_TO_FIX}.") from None
         for folder in folders_off_sys_path([name]):  # the processes this one starts find it too
             _share_with_child_processes(folder)
 
 
-def import_recorded(record: Any, source: str, error: type[Exception] = ImportsError) -> None:
+# The user's consent to import what a file records (--trust_recorded_imports=true): a file read
+# from elsewhere must not choose code to run, as transformers' trust_remote_code. One switch per
+# process, set where a command reads its command line (consent_to_recorded_imports).
+TRUST_KEY = "trust_recorded_imports"
+_consent = {"given": False}
+
+
+def consent_to_recorded_imports(given: bool) -> None:
+    """Whether this process imports the modules that files record (its command line's --trust_recorded_imports)."""
+    _consent["given"] = bool(given)
+
+
+def recorded_imports_trusted() -> bool:
+    return _consent["given"]
+
+
+def consent_text(names: Sequence[str], source: str) -> str:
+    """The one sentence of a reader that needs modules a file records and has no consent to import them."""
+    listed = ",".join(str(name) for name in names)[:200]
+    return (
+        f"{source} records {KEY}={list(names)!r:.200}, code that is imported only with your consent; pass "
+        f"--{KEY}={listed} to import the modules you name, or --{TRUST_KEY}=true to import what the file records "
+        "(only for files you trust: importing a module runs it)."
+    )
+
+
+def import_recorded(record: Any, source: str, error: type[Exception] = ImportsError, needed: bool = True) -> None:
     """Import the modules a saved config records under the key (a checkpoint's train_config, a
-    run's or an exported folder's config.json); a record without it imports nothing."""
-    if isinstance(record, dict) and record.get(KEY):
-        import_modules(record[KEY], f"{source} records {KEY}={record[KEY]!r:.80}", error)
+    run's or an exported folder's config.json), with the user's consent only; a record without
+    it imports nothing. Without consent, a reader that `needed` them (the model names a
+    connection no imported module registered) is one `error` naming them and both ways to
+    consent; one that does not imports nothing."""
+    names = record.get(KEY) if isinstance(record, dict) else None
+    if not names or not (needed or recorded_imports_trusted()):
+        return
+    try:
+        names = check_names(names, f"{source} records {KEY}")
+    except ImportsError as exc:
+        raise error(str(exc)) from None
+    if recorded_imports_trusted():
+        import_modules(names, f"{source} records {KEY}={names!r:.80}", error)
+    elif any(name not in sys.modules for name in names):
+        raise error(consent_text(names, source))
+
+
+def add_import_options(parser: Any) -> None:
+    """--imports and --trust_recorded_imports for a command that reads checkpoints or run folders (argparse)."""
+    parser.add_argument(f"--{KEY}", default="", help="comma-separated modules of your own to import first (a connection they register)")
+    parser.add_argument(
+        f"--{TRUST_KEY}", nargs="?", const="true", default="false", choices=("true", "false"),
+        help="import the modules a checkpoint or config.json records under imports: this runs their code, so only for files you trust",
+    )
+
+
+def use_import_options(args: Any, error: type[Exception]) -> None:
+    """Import what --imports names and record --trust_recorded_imports's consent (add_import_options' values)."""
+    import_modules(comma_list(getattr(args, KEY)), f"--{KEY}", error)
+    consent_to_recorded_imports(getattr(args, TRUST_KEY) == "true")
 
 
 def recorded_imports(ckpt: dict[str, Any]) -> list[str]:

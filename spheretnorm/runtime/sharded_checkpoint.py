@@ -17,6 +17,7 @@ turns a folder into one ckpt.pt of the usual format (consolidate), in one proces
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import shutil
@@ -35,8 +36,11 @@ from spheretnorm.runtime.checkpoint import (
     SHARD_SUFFIX,
     SHARDED_FORMAT,
     SHARDED_META,
+    STOP_NAMES,
     CheckpointError,
+    RecordedImportsError,
     atomic_torch_save,
+    checkpoint_iter,
     checkpoint_state,
     dcp_cause,
     dcp_errors,
@@ -53,7 +57,9 @@ from spheretnorm.runtime.checkpoint import (
 )
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
-from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, OutDirError, checkpoint_path, stop_checkpoint_path
+from spheretnorm.runtime.run_folder import (
+    CKPT_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, OutDirError, checkpoint_path, stop_checkpoint_path,
+)
 
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
@@ -196,24 +202,44 @@ def settle_at_start(train: TrainConfig) -> None:
 
 
 def check_newest_is_own(train: TrainConfig) -> None:
-    """With both ckpt.pt and ckpt.dcp in out_dir (a run consolidated, then resumed under the other
-    mode), train.py resumes from this mode's only when it is the newer (checkpoint.newest_run_checkpoint,
-    the choice every reader makes), saying so; the other mode's newer state is refused, saying how on."""
+    """Refuse, before any process group exists, a resume or evaluation that resume_checkpoint
+    would refuse (the other parallel mode's checkpoint is the newer, or none can be taken); init_from
+    may still be auto here."""
+    resume_checkpoint(dataclasses.replace(train, init_from="resume"))
+
+
+def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
+    """The checkpoint a resume (or --eval_only) starts from, by the rule every reader follows
+    (checkpoint.newest_run_checkpoint: the latest iteration; on a tie the healthy one; a stop's file
+    that is damaged or past max_iters not taken), and the one line that names it when out_dir holds
+    more than one, or when it is a stop's. With both ckpt.pt and ckpt.dcp (a run consolidated, then
+    resumed under the other mode), the other mode's newer state is refused, saying how on."""
     own = checkpoint_path(train)
+    if train.init_from != "resume":
+        return own, None
     try:
-        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name)
-    except ValueError as e:  # a checkpoint whose iteration cannot be read
+        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name, max_iters=train.max_iters)
+    except ValueError as e:  # a healthy checkpoint whose iteration cannot be read
         raise ConfigError(str(e)) from None
-    if not why:
-        return
-    if chosen is not None and chosen.name not in (own.name, stop_checkpoint_path(train).name):  # a stop's state of this mode is its own
+    where = f"out_dir {str(train.out_dir)!r}"
+    if chosen is None:
+        if not why:
+            return own, None  # nothing there: load_resume_checkpoint says so
+        raise ConfigError(f"{where} has no checkpoint to resume: {why}.")
+    if chosen.name not in (own.name, stop_checkpoint_path(train).name):  # a stop's state of this mode is its own
         other = "fsdp" if own.name == CKPT_NAME else "ddp"
         how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
                if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
-        raise ConfigError(
-            f"out_dir {str(train.out_dir)!r} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}."
-        )
-    print0(f"NOTE: out_dir {str(train.out_dir)!r} {why}; {'evaluating' if train.eval_only else 'resuming from'} {own.name}.")
+        raise ConfigError(f"{where} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}.")
+    stop = chosen.name in STOP_NAMES
+    if not why and not stop:
+        return chosen, None
+    doing = "evaluating" if train.eval_only else "resuming from"
+    line = f"NOTE: {where} {why}; {doing} {chosen}" if why else f"NOTE: {doing} {chosen}"
+    if stop:  # why a stop's state: the run's latest, written while the collapse alarm was counting
+        line += (f", a stop's state written while the collapse alarm was counting (its last evaluation was above collapse_cosine). "
+                 f"Delete {chosen.name} to resume from {own.name} instead")
+    return chosen, line + "."
 
 
 def _whole_iter(path: Path) -> int | None:
@@ -221,6 +247,8 @@ def _whole_iter(path: Path) -> int | None:
     digests included), None for one that is not: its writing never finished, or it is damaged."""
     try:
         return read_sharded_meta(path).get("iter_num")
+    except RecordedImportsError:
+        raise  # whole perhaps, but unreadable without the user's modules: never removed as damaged
     except (CheckpointError, OSError):
         return None
 
@@ -306,19 +334,49 @@ def check_consolidate_out(folder: Path, out: Path, overwrite: bool) -> None:
         raise ValueError(f"{str(out)!r} already exists; pass --overwrite to replace it, or give another --out.")
 
 
-def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+def newer_output_text(folder: Path, out: Path, replace_newer: bool) -> str:
+    """'' when `out` is absent or not newer than the folder; else, with replace_newer, the line that
+    says what is replaced; without, a ValueError: --overwrite alone never puts an older state over a newer one."""
+    if not out.is_file():
+        return ""
+    try:
+        held = checkpoint_iter(out)
+    except CheckpointError:
+        return ""  # a damaged file: nothing newer is lost
+    iteration = checkpoint_iter(folder)
+    if held <= iteration:
+        return ""
+    if not replace_newer:
+        raise ValueError(
+            f"{str(out)!r} holds iter {held}, newer than the iter {iteration} of {str(folder)!r}; pass --replace_newer to replace it "
+            "all the same, or give another --out."
+        )
+    return f"NOTE: replacing {out} (iter {held}) by the older iter {iteration} of {folder}, as --replace_newer asks."
+
+
+def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False, replace_newer: bool = False) -> Path:
     """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
     in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it. An
-    existing `out` is replaced only with overwrite (check_consolidate_out)."""
+    existing `out` is replaced only with overwrite (check_consolidate_out), and one holding a later
+    iteration only with replace_newer too, saying so (newer_output_text)."""
     folder, out = Path(folder), Path(out)
     check_consolidate_out(folder, out, overwrite)
+    note = newer_output_text(folder, out, replace_newer)
     ckpt = load_checkpoint(folder, require=("optimizer", "train_config"))  # checked once, the whole weights read
     model = load_model(ckpt)  # then the optimizer state by name into a whole optimizer
     optimizer = build_optimizer(model, optimizer_settings(ckpt["train_config"]))
     load_sharded(folder, model, optimizer)
     fields = {k: v for k, v in ckpt.items() if k not in ("format", "model_config", "model")}
     atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **fields}, out)
+    if note:
+        print(note)
     return out
+
+
+def default_consolidated_name(folder: Path) -> str:
+    """ckpt.pt beside a ckpt.dcp; a stop's state (ckpt.stop.dcp) keeps a stop's name, ckpt.stop.pt,
+    so that it never takes the healthy checkpoint's."""
+    return STOP_CKPT_NAME if folder.resolve().name == SHARDED_STOP_CKPT_NAME else CKPT_NAME
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -332,15 +390,17 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("folder", help="the sharded checkpoint, e.g. out/RUN/ckpt.dcp")
-    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder), never inside the folder")
+    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder; ckpt.stop.pt beside a ckpt.stop.dcp), never inside the folder")
     parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
+    parser.add_argument("--replace_newer", action="store_true", help="with --overwrite: replace it even when it holds a later iteration than the folder")
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     try:
         if not folder.is_dir():
             raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
         # resolve(): the folder's parent, also for `consolidate.py .` run inside it
-        written = consolidate(folder, Path(args.out) if args.out else folder.resolve().parent / CKPT_NAME, args.overwrite)
+        out = Path(args.out) if args.out else folder.resolve().parent / default_consolidated_name(folder)
+        written = consolidate(folder, out, args.overwrite, args.replace_newer)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
