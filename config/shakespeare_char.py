@@ -1,6 +1,6 @@
 # A small character-level model on Tiny Shakespeare that trains on a laptop CPU in minutes.
 #
-#   python data/prepare.py shakespeare_char --input ../shared/data/tinyshakespeare.txt
+#   python data/prepare.py shakespeare_char   # the copy embedded in data/, offline
 #   python train.py config/shakespeare_char.py --connection=p_spheret --spheret_p=0.5
 #
 # 2,000 iterations reach val loss 1.67 (pre_ln). Measured 2026-12-01 on 2 idle CPU cores with torch's

@@ -443,8 +443,8 @@ def test_shakespeare_download_failure_points_to_input(tmp_path, monkeypatch):
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr("urllib.request.urlopen", no_network)
-    with pytest.raises(PrepareError, match=r"Could not download https://.*tinyshakespeare.*--input PATH"):
-        prepare_quiet("shakespeare_char", out_dir=str(tmp_path))
+    with pytest.raises(PrepareError, match=r"Could not download https://.*tinyshakespeare.*embedded copy.*--input PATH"):
+        prepare_quiet("shakespeare_char", out_dir=str(tmp_path), download=True)
     assert not any(tmp_path.iterdir())
 
 

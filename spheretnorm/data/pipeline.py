@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from spheretnorm.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
+from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.runtime.token_files import MAX_TOKEN_KEY, META_FILE, SPLITS, TOKEN_DTYPE, PrepareError, bin_stamps
 
 UINT16_LIMIT = 2**16
@@ -32,6 +33,16 @@ DEFAULT_SEED = 2357  # nanoGPT's split seed, so val sets are comparable with its
 # --------------------------------------------------------------------------------------------
 # The dataset table
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmbeddedText:
+    """A public-domain text shipped in the checkout, compressed (gzip): the default input of the
+    datasets built on it when nothing was downloaded, so the quick start works offline."""
+
+    path: Path  # the .gz file, in the checkout's data/ folder (tracked; data/*/ is not)
+    url: str  # where the text was taken from
+    sha256: str  # of the uncompressed text, checked on every use
 
 
 @dataclass(frozen=True)
@@ -53,9 +64,16 @@ class DatasetSpec:
     text_field: str = "text"
     streaming: bool = False
     url: str | None = None
+    embedded: EmbeddedText | None = None  # used when no input is given and nothing was downloaded
 
 
 _TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+# nanoGPT's default data set (karpathy/char-rnn @6f9487a6, 1,115,394 bytes), public-domain text.
+TINY_SHAKESPEARE = EmbeddedText(
+    path=REPO_ROOT / "data" / "tinyshakespeare.txt.gz",
+    url=_TINY_SHAKESPEARE_URL,
+    sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+)
 
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
@@ -73,8 +91,8 @@ DATASETS: dict[str, DatasetSpec] = {
             hub_config="sample-10BT",
             streaming=True,
         ),
-        DatasetSpec("shakespeare", "gpt2", "contiguous", 0.1, url=_TINY_SHAKESPEARE_URL),
-        DatasetSpec("shakespeare_char", "char", "contiguous", 0.1, url=_TINY_SHAKESPEARE_URL),
+        DatasetSpec("shakespeare", "gpt2", "contiguous", 0.1, url=_TINY_SHAKESPEARE_URL, embedded=TINY_SHAKESPEARE),
+        DatasetSpec("shakespeare_char", "char", "contiguous", 0.1, url=_TINY_SHAKESPEARE_URL, embedded=TINY_SHAKESPEARE),
     )
 }
 

@@ -2,7 +2,8 @@
 
 Writes ``data/DATASET/{train.bin,val.bin,meta.json}`` (or ``--out_dir``). Examples:
 
-  python data/prepare.py shakespeare_char --input ../shared/data/tinyshakespeare.txt
+  python data/prepare.py shakespeare_char          # the embedded copy in data/, offline
+  python data/prepare.py shakespeare_char --download   # fetched from its URL instead
   python data/prepare.py openwebtext --input ../shared/data/openwebtext_sample.jsonl   # offline
   python data/prepare.py openwebtext --num_proc 8                                       # from the hub
   python data/prepare.py fineweb_edu --max_tokens 100_000_000                           # streams
@@ -43,7 +44,7 @@ from spheretnorm.data.pipeline import (
     utc_now_iso,
 )
 from spheretnorm.runtime.token_files import PrepareError
-from spheretnorm.data.sources import DocumentSource, hub_source, local_source, url_source
+from spheretnorm.data.sources import DocumentSource, embedded_source, hub_source, local_source, url_source
 from spheretnorm.data.tokenizer import TokenizerUnavailableError
 
 
@@ -73,6 +74,7 @@ class PrepareOptions:
     data_files: list[str] | None = None
     streaming: bool | None = None
     text_field: str | None = None
+    download: bool = False
     batch_size: int = 512
     progress: bool = True
 
@@ -89,6 +91,12 @@ def _resolve(opts: PrepareOptions, spec: DatasetSpec) -> PrepareOptions:
     hub_options = [f"--{name}" for name in ("hub_id", "hub_config", "revision", "data_files") if getattr(opts, name)]
     if opts.input and hub_options:
         raise PrepareError(f"--input prepares local files and cannot be combined with {', '.join(hub_options)}; drop one.")
+    if opts.download and (opts.input or not spec.url):
+        with_url = ", ".join(name for name, other in DATASETS.items() if other.url)
+        raise PrepareError(
+            f"--download fetches the text of a dataset with a download URL ({with_url}) and takes no --input; "
+            f"drop it for {spec.name!r}{' with --input' if opts.input else ''}."
+        )
     uses_hub = not opts.input and (opts.hub_id is not None or spec.hub_id is not None)
     return replace(
         opts,
@@ -104,8 +112,18 @@ def _resolve(opts: PrepareOptions, spec: DatasetSpec) -> PrepareOptions:
     )
 
 
+def embedded_note(spec: DatasetSpec) -> str:
+    """The line that says a dataset was prepared from the copy shipped in the checkout."""
+    shown = spec.embedded.path.relative_to(REPO_ROOT) if spec.embedded.path.is_relative_to(REPO_ROOT) else spec.embedded.path
+    return (
+        f"{spec.name}: using the embedded copy {shown.as_posix()} (sha256 {spec.embedded.sha256[:12]}... checked; "
+        f"from {spec.embedded.url}); --download fetches it, --input PATH takes another file"
+    )
+
+
 def open_source(spec: DatasetSpec, opts: PrepareOptions) -> DocumentSource:
-    """--input files if given, else the hub dataset, else the dataset's download URL."""
+    """--input files if given, else the hub dataset, else an earlier download or the embedded
+    copy (no network needed), else the dataset's download URL."""
     if opts.input:
         return local_source(opts.input, opts.text_field, opts.batch_size)
     if opts.hub_id:
@@ -120,8 +138,12 @@ def open_source(spec: DatasetSpec, opts: PrepareOptions) -> DocumentSource:
             num_proc=opts.num_proc,
             batch_size=opts.batch_size,
         )
+    cached = Path(opts.out_dir) / "input.txt"  # where --download keeps the text
+    if spec.embedded is not None and not opts.download and not cached.is_file():
+        print(embedded_note(spec), flush=True)
+        return embedded_source(spec.embedded, opts.batch_size)
     if spec.url:
-        return url_source(spec.url, Path(opts.out_dir) / "input.txt", opts.text_field, opts.batch_size)
+        return url_source(spec.url, cached, opts.text_field, opts.batch_size)
     raise PrepareError(f"Dataset {spec.name!r} has no default source; pass --input PATH or --hub_id ID.")
 
 
@@ -253,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("dataset", metavar="DATASET", choices=list(DATASETS), help=f"one of: {', '.join(DATASETS)}")
     parser.add_argument("--input", nargs="+", metavar="PATH", help="local .jsonl (with a text field), .txt or .parquet files; works offline")
+    parser.add_argument(
+        "--download",
+        action="store_true",
+        help="shakespeare, shakespeare_char: fetch the text from its URL (kept as DATASET/input.txt) instead of using the embedded copy in data/",
+    )
     parser.add_argument("--out_dir", help="output directory (default: data/DATASET in the repo)")
     parser.add_argument("--num_proc", type=int, help="tokenizer threads and hub download processes (default: all CPUs)")
     parser.add_argument("--max_docs", type=int, help="stop after this many documents (default: all)")

@@ -8,6 +8,8 @@ a description for meta.json's ``source`` field.
 from __future__ import annotations
 
 import codecs
+import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -21,7 +23,7 @@ from typing import Any
 
 from spheretnorm.runtime.atomic import replace_file
 from spheretnorm.runtime.token_files import PrepareError
-from spheretnorm.data.pipeline import sha256_file
+from spheretnorm.data.pipeline import EmbeddedText, sha256_file
 
 INPUT_FORMATS = {".jsonl": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 
@@ -117,12 +119,16 @@ def _count_jsonl(path: Path) -> int:
     return sum(1 for line in _utf8_lines(path, "jsonl") if line.strip())
 
 
+def _split_txt(text: str) -> list[str]:
+    return [doc for doc in TXT_DOC_SEPARATOR.split(text) if doc]
+
+
 def _txt_documents(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise not_text(path, "txt") from None
-    return [doc for doc in TXT_DOC_SEPARATOR.split(text) if doc]
+    return _split_txt(text)
 
 
 def _parquet_file(path: Path, text_field: str):
@@ -274,12 +280,43 @@ def download(url: str, dest: Path, timeout_s: float = 30.0) -> Path:
         return replace_file(dest, fetch, temp=dest.with_name(dest.name + ".download"))
     except OSError as exc:  # URLError, timeouts and socket errors are all OSErrors
         raise PrepareError(
-            f"Could not download {url} ({exc}); without network, pass a local copy with --input PATH."
+            f"Could not download {url} ({exc}); without network, leave out --download to use the embedded copy, "
+            "or pass a local copy with --input PATH."
         ) from exc
 
 
 def url_source(url: str, cache_path: Path, text_field: str, batch_size: int) -> DocumentSource:
     path = download(url, cache_path)
     source = local_source([path], text_field, batch_size)
-    source.info = {"kind": "url", "url": url, **source.info}
+    source.info = {**source.info, "kind": "url", "url": url}  # the file's own kind ("local") would hide the URL
     return source
+
+
+# --------------------------------------------------------------------------------------------
+# The copy shipped in the checkout (Tiny Shakespeare)
+# --------------------------------------------------------------------------------------------
+
+
+def read_embedded(embedded: EmbeddedText) -> str:
+    """The embedded text, uncompressed; PrepareError when it is missing or not the recorded text."""
+    try:
+        data = gzip.decompress(embedded.path.read_bytes())
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise PrepareError(
+            f"The embedded copy {embedded.path} cannot be read ({exc}); restore it (git checkout -- {embedded.path.name}), "
+            "or pass --download or --input PATH."
+        ) from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != embedded.sha256:
+        raise PrepareError(
+            f"The embedded copy {embedded.path} holds text of sha256 {digest}, not the recorded {embedded.sha256}; "
+            "restore it, or pass --download or --input PATH."
+        )
+    return data.decode("utf-8")
+
+
+def embedded_source(embedded: EmbeddedText, batch_size: int) -> DocumentSource:
+    """Documents of the text shipped in the checkout, checked against its recorded sha256."""
+    docs = _split_txt(read_embedded(embedded))
+    info = {"kind": "embedded", "path": str(embedded.path), "url": embedded.url, "sha256": embedded.sha256, "documents": len(docs)}
+    return DocumentSource(batched(docs, batch_size), len(docs), info)

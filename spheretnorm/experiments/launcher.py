@@ -450,12 +450,35 @@ class Queue:
         if named:  # submitted from elsewhere, or before locks existed
             first = named[0]
             more = f" (and {', '.join(j.job_id for j in named[1:])})" if named[1:] else ""
-            return Active(first.job_id, f"{stage} job {first.job_id}{more} named {first.name} is already {describe_state(first)}")
+            return Active(first.job_id, f"{stage} job {first.job_id}{more} named {first.name} is already {describe_state(first)}{other_folder_text(first.job_id, run)}")
         if lock_path.exists() and submitting:
             self.stale[lock_path] = lock
             why = f"of job {job_id} is stale (squeue no longer lists it)" if job_id is not None else "of a submission that never finished is stale"
             self.notes.append(f"{run.name}: the lock {run.out_dir / lock_path.name} {why}; submitting again")
         return None
+
+
+def job_output_folder(job_id: str) -> Path | None:
+    """The folder of a queued job's log (scontrol's StdOut; sbatch_command puts it in the run
+    folder), or None when scontrol cannot say."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    try:
+        result = subprocess.run([scontrol, "--oneliner", "show", "job", job_id], capture_output=True, text=True, errors="replace", timeout=SQUEUE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(?:^|\s)StdOut=(\S+)", result.stdout) if result.returncode == 0 else None
+    return Path(match.group(1)).parent if match else None
+
+
+def other_folder_text(job_id: str, run: GridRun) -> str:
+    """For a job matched by its name alone: the run folder, and --runs_root, it writes to when that
+    is not this run's (job names leave the root out, so two roots' runs share them)."""
+    folder = job_output_folder(job_id)
+    if folder is None or (REPO_ROOT / folder).resolve() == run.path.resolve():  # sbatch ran in REPO_ROOT
+        return ""
+    return f", writing to {folder} (--runs_root {folder.parent.parent}), not to {run.out_dir}: job names leave out the root, so launch this run again once that job ends"
 
 
 def describe_state(job: QueuedJob) -> str:

@@ -78,6 +78,9 @@ def to_hf_gpt2(model: GPT) -> "GPT2LMHeadModel":
         raise EvalError(
             f"Only pre_ln models with block gpt2 are GPT-2s; a {cfg.connection!r} model with block {cfg.block!r} has no HF GPT-2 equivalent."
         )
+    # GPT-2's <|endoftext|> only where the vocabulary holds it: a character model has no such id,
+    # and transformers warns of one outside the vocabulary (GPT2Config's default is 50256).
+    special = EOT_TOKEN if cfg.vocab_size > EOT_TOKEN else None
     hf = GPT2LMHeadModel(
         GPT2Config(
             vocab_size=cfg.vocab_size,
@@ -90,8 +93,8 @@ def to_hf_gpt2(model: GPT) -> "GPT2LMHeadModel":
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
-            bos_token_id=EOT_TOKEN,
-            eos_token_id=EOT_TOKEN,
+            bos_token_id=special,
+            eos_token_id=special,
             tie_word_embeddings=True,
         )
     )

@@ -3,12 +3,16 @@ loop and the validation loss share."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as torch_dist
+
+from spheretnorm.runtime.run_folder import RunStopped
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,33 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     torch.distributed.init_process_group(backend=backend, **timeout)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size)
 
+
+def leave_process_group(error: BaseException | None) -> None:
+    """Leave the process group (if joined); after a stop that every rank took together, all at once.
+
+    A launcher that sees one worker leave with an error ends the others (torchrun sends them
+    SIGTERM): rank 0 could then be killed while it writes the stop row or says why. So after a
+    shared stop (run_folder.RunStopped.shared) each rank waits at a barrier, bounded by
+    dist_timeout, and they all exit with the same status together.
+    """
+    if not torch_dist.is_initialized():
+        return
+    if isinstance(error, RunStopped) and error.shared and torch_dist.get_world_size() > 1:
+        with contextlib.suppress(RuntimeError):  # a peer gone since: the stop is said all the same
+            torch_dist.barrier()
+    torch_dist.destroy_process_group()
+
+
+def report_stop(error: RunStopped, rank: int | None = None) -> int:
+    """Print a stopped run's one `error:` line and return its exit status.
+
+    A shared stop is said by rank 0 alone (under torchrun every rank raises it, and the other
+    ranks lack the diagnostics rank 0 words it with); a rank's own failure by that rank.
+    """
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank  # set by torchrun
+    if rank == 0 or not error.shared:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    return error.exit_code
 
 
 def print0(*args, **kwargs) -> None:

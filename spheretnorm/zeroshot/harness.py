@@ -30,10 +30,11 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from spheretnorm.runtime.device import autocast_context, get_device, resolve_dtype
-from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding, tokenizer_of
+from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
 from spheretnorm.zeroshot.errors import EvalError
+from spheretnorm.zeroshot.token_check import check_gpt2_tokenizer, resolve_checkpoint_path
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
@@ -46,29 +47,6 @@ TokenRequest = tuple[Any, list[int], list[int]]
 
 # -----------------------------------------------------------------------------
 # Loading checkpoints
-
-
-def resolve_checkpoint_path(path: str | Path) -> Path:
-    """The checkpoint to evaluate (runtime.checkpoint.resolve_checkpoint: a file, a sharded folder,
-    or a run folder's newer of ckpt.pt and ckpt.dcp, with a line on stderr saying which when both
-    are there), or an EvalError saying why there is none."""
-    return checkpoint_for(path, "zero_shot", "evaluate", "evaluating", EvalError)
-
-
-def check_gpt2_tokenizer(ckpt: dict[str, Any], source: str) -> None:
-    """Refuse checkpoints whose token ids are not GPT-2 BPE ids (e.g. char-level models)."""
-    vocab_size = ckpt["model_config"].get("vocab_size", 0)
-    tokenizer = tokenizer_of(ckpt.get("data_meta"), vocab_size)
-    if tokenizer is not None and tokenizer != "gpt2":
-        raise EvalError(
-            f"{source} was trained with the {tokenizer!r} tokenizer, but zero-shot benchmarks need "
-            "a model trained on GPT-2 BPE tokens."
-        )
-    if vocab_size < GPT2_VOCAB_SIZE:
-        raise EvalError(
-            f"{source} has vocab_size {vocab_size}, smaller than GPT-2's {GPT2_VOCAB_SIZE}, so it "
-            "cannot score GPT-2 BPE tokens."
-        )
 
 
 def load_eval_model(path: str | Path) -> tuple[GPT, dict[str, Any]]:
