@@ -61,7 +61,7 @@ from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta
 from spheretnorm.runtime.run_checkpoint import write_run_checkpoint
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, restore_weights, settle_at_start
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, restore_weights, resume_checkpoint, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
@@ -69,14 +69,15 @@ from spheretnorm.runtime.config import (
 from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_paths, resolve_wandb_names, run_neutral_keys, run_suffix
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
-from spheretnorm.runtime.distributed import all_reduce_sum, any_rank
+from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_process_group, report_stop
+from spheretnorm.runtime.start_notes import announce_start
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
-from spheretnorm.kernels import impl_unavailable, sphere_kernel_path
+from spheretnorm.kernels import impl_unavailable, kernel_path_text, sphere_kernel_path
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
     EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
-    check_checkpoint_kind, has_checkpoint, remove_stop_checkpoint, resume_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
+    check_checkpoint_kind, has_checkpoint, remove_stop_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
 )
 from spheretnorm.runtime.token_files import SPLITS
 from spheretnorm.runtime.imports import keep_recorded_imports
@@ -234,7 +235,7 @@ class Trainer:
         self.dtype = resolve_dtype(train.dtype, self.device_type)
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)
-        # The checkpoint a resume starts from: the latest, and a line saying why when it is a stop's.
+        # The checkpoint a resume starts from, by the readers' rule, and the line that names it when there was a choice.
         self.resume_from, self.resume_note = resume_checkpoint(train)
         ckpt = load_resume_checkpoint(train, self.resume_from) if train.init_from == "resume" else None
         if ckpt is not None:
@@ -399,10 +400,10 @@ class Trainer:
         self.evaluator.stop_requested = lambda: any_rank(stop.requested, self.dist, self.device)
         progress.start()
         print0(summary_line(self))
+        if resumed and self.resume_note:  # which checkpoint, when there was a choice (an evaluation's too)
+            print0(self.resume_note)
         if resumed and not cfg.eval_only:
             print0(f"resumed from iter {progress.iter_num} ({progress.latest or progress.checkpoint})")
-            if self.resume_note:
-                print0(self.resume_note)
         if cfg.eval_only:
             try:
                 row = self.evaluator.evaluate()
@@ -482,8 +483,7 @@ def run_config(t: Trainer) -> dict[str, Any]:
     return {
         **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
         "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
-        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t),
-    }
+        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t))}
 
 
 def sphere_kernels(t: Trainer) -> str | None:
@@ -567,6 +567,7 @@ def main(argv: list[str] | None = None) -> None:
         init_process_group_for(parsed.train, dist, backend)
         try:
             device = pick_device(parsed.train, dist)
+            announce_start(parsed.train, parsed.model_config(), device)
             if device.startswith("cuda"):
                 enable_tf32()
             trainer = Trainer(parsed, dist, device)
@@ -575,8 +576,7 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 trainer.close()
         finally:
-            if torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
+            leave_process_group(sys.exc_info()[1])  # after a stop all ranks took, they leave together
 
 
 if __name__ == "__main__":
@@ -589,9 +589,8 @@ if __name__ == "__main__":
     except (DeviceError, OutDirError) as e:  # may be one rank's own (its GPU, its view of the folder)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    except RunStopped as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    except RunStopped as e:  # a stop all ranks took together is said once, by rank 0
+        sys.exit(report_stop(e))
     except StartupStopped as e:
         print(f"Stopped by {e} during start-up; nothing was written.", file=sys.stderr)
         sys.exit(EXIT_OK)

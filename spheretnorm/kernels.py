@@ -132,6 +132,13 @@ def sphere_backward(
 # Kernels: the maths above, compiled once per retraction kind and device type
 
 
+def kernel_path_text(dtype: str, compiled: bool, sphere: str | None) -> str:
+    """A run's numeric path in one string, as config.json records it (kernel_path) and the studies'
+    tables compare it: the dtype, eager or compiled, and the sphere update's path ('none' off the
+    sphere). Runs on two paths agree only up to rounding, which near a collapse can decide it."""
+    return f"{dtype} {'compiled' if compiled else 'eager'} {sphere or 'none'}"
+
+
 def kernels_disabled() -> bool:
     return os.environ.get("SPHERETNORM_EAGER_KERNELS", "") not in ("", "0")
 

@@ -35,7 +35,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from spheretnorm.runtime.imports import OWN_CONNECTION_HINT, comma_list, import_modules
+from spheretnorm.runtime.imports import KEY as IMPORTS_KEY, TRUST_KEY, OWN_CONNECTION_HINT, comma_list, consent_to_recorded_imports, import_modules, import_recorded
 from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import (
     ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, RESTART_FREE,
@@ -78,6 +78,9 @@ class TrainConfig:
     # modules imported before any other key is read (a connection of your own: docs/ARCHITECTURE.md);
     # found on sys.path, then in the current folder; recorded in config.json and the checkpoints
     imports: list[str] = field(default_factory=list, metadata=NEUTRAL)
+    # import the modules that a run folder's config.json or a checkpoint records under imports
+    # (a resume of your own run): this runs their code, so only for files you trust (README)
+    trust_recorded_imports: bool = field(default=False, metadata=NEUTRAL)
     # -- output and checkpoints
     out_dir: str = field(default="", metadata=NEUTRAL)  # "" means out/<config_name>/<method>, plus a suffix when keys differ from the config files
     config_name: str = field(default="", metadata=NEUTRAL)  # "" means the stem of the last config file, else the dataset name
@@ -93,6 +96,9 @@ class TrainConfig:
     eval_interval: int = field(default=1000, metadata=NEUTRAL)  # evaluate (and checkpoint) every N iterations and at max_iters
     eval_iters: int = 200  # micro-batches per split per evaluation, shared among all ranks
     eval_only: bool = field(default=False, metadata=NEUTRAL)  # evaluate once and exit, writing nothing
+    # at max_iters (and with eval_only) also the loss over the whole val split in non-overlapping
+    # windows, the same for every seed and method: val_loss_full, what the studies' tables read
+    full_val_eval: bool = field(default=True, metadata=NEUTRAL)
     log_interval: int = field(default=10, metadata=NEUTRAL)  # print and log the train loss every N iterations
     # -- collapse alarm: stop when every token's final state has become one point
     collapse_cosine: float = field(default=0.95, metadata=NEUTRAL)  # final_cosine above this at an evaluation counts towards a stop
@@ -371,7 +377,7 @@ def _check_choice(key: str, value: Any) -> None:
 
 # What a run folder's config.json records besides the config keys (train.py's run_config): read
 # back as a config file, these are skipped, not refused as unknown keys.
-RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params", "resolved_dtype", "sphere_kernels")
+RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params", "resolved_dtype", "sphere_kernels", "kernel_path")
 CONFIG_SUFFIXES = (".py", ".json")
 
 
@@ -390,7 +396,8 @@ def read_run_config(path: str) -> dict[str, Any]:
         nested.update(params)
     if "out_dir" in values:  # the run is the folder this config.json is in, wherever that folder has moved
         values["out_dir"] = str(Path(path).parent)
-    return {**{k: v for k, v in values.items() if k not in RUN_RECORD_KEYS}, **nested}
+    # Consent to its recorded imports is the user's to give on the command line, never the file's.
+    return {**{k: v for k, v in values.items() if k not in (*RUN_RECORD_KEYS, TRUST_KEY)}, **nested}
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -444,10 +451,26 @@ def grad_accum_steps(global_batch_size: int, batch_size: int, world_size: int) -
 
 def _import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
     """Import the modules of the imports key (the last one given wins, as for any key) before any
-    other key is checked: they register the connections and parameters those keys may name."""
-    given = [check_value("imports", read["imports"], f"in {path}") for path, read in file_values if "imports" in read]
-    given += [parse_value("imports", raw) for key, raw in pairs if key == "imports"]
-    import_modules(given[-1] if given else [], error=ConfigError)
+    other key is checked: they register the connections and parameters those keys may name. A run
+    folder's config.json records its modules rather than gives them: they are imported only with
+    --trust_recorded_imports=true (imports.import_recorded), and only asked for when its connection
+    or optimizer is no registered one."""
+    trust = [check_value(TRUST_KEY, read[TRUST_KEY], f"in {path}") for path, read in file_values if TRUST_KEY in read]
+    trust += [parse_value(TRUST_KEY, raw) for key, raw in pairs if key == TRUST_KEY]
+    consent_to_recorded_imports(bool(trust and trust[-1]))
+    given: list[tuple[str, Any]] = [(path, read) for path, read in file_values if IMPORTS_KEY in read]
+    given += [("", {IMPORTS_KEY: parse_value(IMPORTS_KEY, raw)}) for key, raw in pairs if key == IMPORTS_KEY]
+    path, read = given[-1] if given else ("", {})
+    if path.endswith(".json"):
+        import_recorded(read, repr(path), ConfigError, _names_unregistered(read))
+    else:
+        import_modules(check_value(IMPORTS_KEY, read[IMPORTS_KEY], f"in {path}") if path else read.get(IMPORTS_KEY, []), error=ConfigError)
+
+
+def _names_unregistered(values: dict[str, Any]) -> bool:
+    """Whether a run's config names a connection or an optimizer that no imported module registered."""
+    named = [(values.get("connection"), CONNECTIONS), (values.get("optimizer"), OPTIMIZERS)]
+    return any(isinstance(name, str) and name not in registry for name, registry in named)
 
 
 def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig:
@@ -746,7 +769,7 @@ def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[
     return [
         f"{k}: {have[k]!r} -> {v!r}"
         for k, v in values.items()
-        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite", "fresh_optimizer")
+        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite", "fresh_optimizer", TRUST_KEY)
     ]
 
 

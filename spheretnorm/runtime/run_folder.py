@@ -49,6 +49,9 @@ class RunStopped(RuntimeError):
 
     reason = ""
     exit_code = EXIT_CRASH
+    # Whether every rank decided this stop together, from the same all-reduced numbers: then the
+    # ranks leave together (distributed.leave_process_group) and rank 0 alone says why.
+    shared = False
 
 
 class OutDirError(ValueError):
@@ -78,6 +81,7 @@ class NonFiniteLossError(RunStopped):
 
     reason = "non_finite"
     exit_code = EXIT_NON_FINITE
+    shared = True  # the loss and gradient norm are all-reduced first
 
     @classmethod
     def at(cls, what: str, value: float, iteration: int, kept: str) -> NonFiniteLossError:
@@ -91,6 +95,7 @@ class CollapseError(RunStopped):
 
     reason = "collapse"
     exit_code = EXIT_COLLAPSE
+    shared = True  # rank 0's final_cosine is all-reduced first
 
 
 def checkpoint_path(train: TrainConfig) -> Path:
@@ -106,23 +111,6 @@ def stop_checkpoint_path(train: TrainConfig) -> Path:
 def has_checkpoint(train: TrainConfig) -> bool:
     """Whether out_dir holds a checkpoint of this parallel mode to resume: a healthy one or a stop's."""
     return checkpoint_path(train).exists() or stop_checkpoint_path(train).exists()
-
-
-def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
-    """The checkpoint a resume starts from, and the line that says why when it is not the usual one.
-
-    The latest state: a stop's checkpoint (written by a signal while the collapse alarm was
-    counting) is always newer than the healthy one beside it, because every healthy save removes
-    it (remove_stop_checkpoint). Deleting it makes the resume start from the healthy one.
-    """
-    healthy, stopped = checkpoint_path(train), stop_checkpoint_path(train)
-    if not stopped.exists():
-        return healthy, None
-    beside = f"newer than the last healthy checkpoint {healthy.name}, kept beside it" if healthy.exists() else "no healthy checkpoint was written before it"
-    return stopped, (
-        f"NOTE: resuming from {stopped}, the latest state: a stop signal wrote it while the collapse alarm was "
-        f"counting (its last evaluation was above collapse_cosine); {beside}. Delete {stopped.name} to resume from {healthy.name} instead."
-    )
 
 
 def remove_stop_checkpoint(train: TrainConfig) -> None:

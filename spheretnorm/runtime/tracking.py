@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from spheretnorm.runtime.checkpoint import CheckpointError, checkpoint_iter
 from spheretnorm.runtime.config import ConfigError, TrainConfig, wandb_mode
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME, MetricsLog, WriteFailed, remove_run, write_json_atomic
@@ -174,7 +175,7 @@ class Progress:
     checkpoint: Path  # where this run's checkpoint is (or would be) written
     tokens_per_step: int
     # The checkpoint a resume starts from when it is not `checkpoint`: a stop's during a
-    # collapse-alarm streak (run_folder.resume_checkpoint); saved_iter is its iteration then.
+    # collapse-alarm streak (sharded_checkpoint.resume_checkpoint); saved_iter is its iteration then.
     latest: Path | None = None
     iter_num: int = 0
     best_val_loss: float = math.inf
@@ -270,13 +271,15 @@ class Progress:
         return format_duration(seconds)
 
     def kept_checkpoint_text(self) -> str:
-        """How a stop message names the checkpoint a resume would start from."""
-        at = f" (iter {self.saved_iter})" if self.saved_iter >= 0 else ""
+        """How a stop message names the checkpoint a resume would start from: as it is on disk, its
+        iteration read back (a rank whose writer died believes in a save that never finished), and
+        the temporary file of a write cut short, when one is left beside it."""
+        cut = cut_write_text(self.checkpoint) + (cut_write_text(self.latest) if self.latest is not None else "")
         if self.latest is not None and self.latest.exists():
-            return f"the latest checkpoint {self.latest}{at} is untouched, beside the last healthy one"
+            return f"the latest checkpoint {self.latest}{iter_on_disk_text(self.latest)} is untouched, beside the last healthy one{cut}"
         if self.checkpoint.exists():  # a file, or a sharded folder
-            return f"the last good checkpoint {self.checkpoint}{at} is untouched"
-        return "no checkpoint had been written"
+            return f"the last good checkpoint {self.checkpoint}{iter_on_disk_text(self.checkpoint)} is untouched{cut}"
+        return f"no checkpoint had been written{cut}"
 
     def saved_text(self) -> str:
         """How a stop message names the checkpoint it has just written."""
@@ -287,6 +290,20 @@ class Progress:
             f"checkpoint saved to {self.latest}, beside the healthy one: the last evaluation was above collapse_cosine; "
             f"{kept}. --init_from=auto resumes from the latest"
         )
+
+
+def iter_on_disk_text(path: Path) -> str:
+    """' (iter N)' of the checkpoint at `path` as read back from disk; '' when it cannot be read."""
+    try:
+        return f" (iter {checkpoint_iter(path)})"
+    except (CheckpointError, OSError):
+        return ""
+
+
+def cut_write_text(path: Path) -> str:
+    """'; ckpt.pt.tmp is left by a write cut short' when such a temporary file (or folder) exists."""
+    tmp = path.with_name(path.name + ".tmp")
+    return f"; {tmp.name} is left by a write cut short" if tmp.exists() else ""
 
 
 class RunLog:
@@ -352,10 +369,12 @@ class RunLog:
 
     def log_eval(self, row: dict[str, Any]) -> None:
         if self.progress is not None:  # the ETA leaves evaluation time out of the step rate
-            self.progress.note_eval(sum(row.get(key) or 0.0 for key in ("eval_s", "diag_s")))
+            self.progress.note_eval(sum(row.get(key) or 0.0 for key in ("eval_s", "diag_s", "full_eval_s")))
         if self.is_master:
             ppl = f"{row['val_ppl']:.2f}" if row["val_ppl"] is not None else "inf"
             parts = [f"eval iter {row['iter']}", f"train {row['train_eval_loss']:.4f}", f"val {row['val_loss']:.4f} (ppl {ppl})"]
+            if "val_loss_full" in row:
+                parts.append(f"val, whole split {row['val_loss_full']:.4f} ({row['val_full_tokens']:,} tokens)")
             print(" | ".join(parts + console_diagnostics(row)))
         self.log(row)
 

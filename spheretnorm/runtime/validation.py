@@ -15,6 +15,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+import torch.nn.functional as F
 
 from spheretnorm.runtime.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
 from spheretnorm.diagnostics import parameter_report, pinned_note, residual_stream_report
@@ -150,6 +151,47 @@ class Evaluator:
             self.model.train()
         return out
 
+    @torch.no_grad()
+    def full_split_loss(self, split: str = "val") -> tuple[float, int]:
+        """(mean token loss over the whole split, tokens scored): every full window of block_size
+        tokens from the start, none overlapping, batch_size windows a forward, the batches shared
+        among the ranks. Unlike estimate_loss it depends on no seed, so every run of a study is
+        scored on the same text; a tail shorter than a window is left out."""
+        tokens = self.data.split(split)
+        starts = np.arange((len(tokens) - 1) // self.block_size) * self.block_size
+        batches = [starts[i : i + self.cfg.batch_size] for i in range(0, len(starts), self.cfg.batch_size)]
+        world, rank = self.dist.world_size, self.dist.rank
+        rounds = math.ceil(len(batches) / world)
+        total = 0.0  # in float64 on the host: thousands of batch sums add up
+        progress = EvalProgress(enabled=self.dist.is_master)
+        progress.start(f"{split} (whole split)", len(range(rank, len(batches), world)))
+        self.model.eval()
+        try:
+            for done in range(rounds):
+                if done % STOP_CHECK_ROUNDS == 0 and self.stop_requested():
+                    raise EvalAbandoned(split)
+                i = done * world + rank
+                if i >= len(batches) and not self.sharded:  # as in estimate_loss: FSDP's forward is collective
+                    continue
+                offsets = batches[min(i, len(batches) - 1)]
+                # The last batch is padded to batch_size with its own last window, and only its own
+                # windows count: one shape throughout, so a compiled model compiles nothing new.
+                padded = np.concatenate([offsets, np.repeat(offsets[-1:], self.cfg.batch_size - len(offsets))])
+                x, y = get_batch(tokens, padded, self.block_size, self.device)
+                with self.autocast:
+                    logits, _ = self.fwd_model(x, y)
+                if i < len(batches):
+                    token_losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+                    total += token_losses.view(len(padded), -1)[: len(offsets)].sum().item() / self.block_size
+                    progress.update(done + 1)
+            windows = len(starts)
+            wide = torch.float32 if self.device.startswith("mps") else torch.float64  # MPS has no float64
+            loss = all_reduce_sum(torch.tensor(total, device=self.device, dtype=wide), self.dist).item() / max(windows, 1)
+            progress.finish()
+        finally:
+            self.model.train()
+        return loss, windows * self.block_size
+
     def _eval_offsets(self, split_id: int, index: int) -> np.ndarray:
         n_tokens = self.data.num_tokens(SPLITS[split_id])
         return batch_offsets(self.cfg.seed, EVAL_STREAM + split_id, index, self.cfg.batch_size, n_tokens, self.block_size)
@@ -182,6 +224,10 @@ class Evaluator:
             "elapsed_s": round(progress.elapsed(), 3),
             "eval_s": round(eval_s, 4),  # the two loss estimates, so diag_s can be weighed against them
         }
+        if self.cfg.full_val_eval and (progress.iter_num >= self.cfg.max_iters or self.cfg.eval_only):
+            started = time.perf_counter()
+            row["val_loss_full"], row["val_full_tokens"] = self.full_split_loss("val")
+            row["full_eval_s"] = round(time.perf_counter() - started, 4)
         if self.dist.is_master or self.sharded:  # a sharded model is gathered by all ranks together
             started = time.perf_counter()
             with full_parameters(self.raw_model):
@@ -195,14 +241,16 @@ class Evaluator:
         """Whether this evaluation counts towards a collapse stop; updates the streak on every rank.
 
         Only rank 0 computes the diagnostics, so its final_cosine is shared first: every rank
-        must take the same save and stop decisions. The untrained model at iter 0 never counts.
+        must take the same save and stop decisions. No evaluation during the warm-up counts (iter
+        <= warmup_iters, iter 0's untrained model too): a sphere model's final states start out
+        nearly parallel and only part as it learns, so an alarm then would stop healthy runs.
         A suspect state is not saved mid-run, but the final one (max_iters) always is: when the
         alarm fires at the final evaluation, train.py saves first and then calls
         stop_if_collapsed, so the alarm decides whether a run stops, never whether a run that
         reached its end has a checkpoint.
         """
         cfg, progress = self.cfg, self.progress
-        if not cfg.collapse_evals or progress.iter_num == 0:
+        if not cfg.collapse_evals or progress.iter_num <= cfg.warmup_iters:
             return False
         mine = row.get("final_cosine", 0.0) if self.dist.is_master else 0.0
         cosine = all_reduce_sum(torch.tensor(float(mine), device=self.device), self.dist).item()
@@ -216,7 +264,7 @@ class Evaluator:
             if not final:
                 self._fail_collapse(cosine, final_saved=False)
             self.collapsed_at_end = cosine
-        if suspect:
+        if suspect and self.collapsed_at_end is None:  # a stop says it all in its own one line
             saved = (
                 f"this is the final state (iter {progress.iter_num}): it is checkpointed all the same, "
                 "as every run that reaches max_iters saves its last state"

@@ -7,7 +7,8 @@
 
 --tasks paper means the paper's 11 benchmarks (PAPER_TASKS); any lm-eval task name works too,
 comma-separated. The full lm-eval results JSON goes to --out (default: beside the checkpoint,
-<ckpt stem>_zero_shot.json) with the paper's columns added under "paper_table", and the table
+<ckpt stem>_zero_shot.json; inside a run folder given as --ckpt, ckpt_zero_shot.json, the name the
+tables read) with the paper's columns added under "paper_table", and the table
 is printed: acc_norm for ARC-C, ARC-E, HellaSwag, OBQA, PIQA; acc for BoolQ, LAMBADA, SciQ,
 SocialIQa, WinoGrande (in percent); LAMBADA perplexity and WikiText word perplexity.
 
@@ -49,6 +50,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
+from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.zeroshot.offline import offline_mode
@@ -313,13 +315,24 @@ def limit_text(limit: int | float) -> str:
     return str(limit) if isinstance(limit, int) else f"{limit:g}"
 
 
+def default_results_path(ckpt: Path) -> Path:
+    """<ckpt stem>_zero_shot.json beside a checkpoint; for a run folder, inside it under its
+    ckpt.pt's name (ckpt_zero_shot.json), which is where the tables and the launcher look."""
+    from spheretnorm.runtime.checkpoint import is_sharded_checkpoint
+    from spheretnorm.runtime.run_folder import CKPT_NAME
+
+    if ckpt.is_dir() and not is_sharded_checkpoint(ckpt):
+        ckpt = ckpt / CKPT_NAME
+    return ckpt.with_name(ckpt.stem + "_zero_shot.json")
+
+
 def results_path(ckpt: str | Path, out: str | None, limit: int | float | None) -> Path:
-    """Where results go: --out or <ckpt stem>_zero_shot.json; a --limit run appends _limit<N>.
+    """Where results go: --out or default_results_path; a --limit run appends _limit<N>.
 
     Partial results never take the final file's name, whoever chose it (launch.py passes --out),
     so nothing that checks for the final file mistakes them for a finished evaluation.
     """
-    final = Path(out) if out else Path(ckpt).with_name(Path(ckpt).stem + "_zero_shot.json")
+    final = Path(out) if out else default_results_path(Path(ckpt))
     if limit is None:
         return final
     suffix = f"_limit{limit_text(limit)}"
@@ -453,11 +466,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--include_path", action="append", default=[], help="extra folder of lm-eval task YAMLs (repeatable); each requested task's YAML is checked first (dataset_path, metric names, local data_files). lm-eval's `!function` tag in a YAML imports and runs the Python file it names: a task folder is code, like a config file that is Python, so give only folders you trust")
     p.add_argument("--local_data", default=None, help="folder with the benchmarks' original release files, read instead of the hub (layout in eval/README.md)")
     p.add_argument("--skip_missing", action="store_true", help="with --local_data: leave out the tasks whose files are absent (listed as skipped in the table and the results JSON) instead of loading them from the hub")
-    p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint; with --limit, _limit<N> is appended)")
+    p.add_argument("--out", default=None, help="results JSON (default: <ckpt stem>_zero_shot.json beside the checkpoint, or ckpt_zero_shot.json inside a run folder given as --ckpt; with --limit, _limit<N> is appended)")
     p.add_argument("--bootstrap_iters", type=int, default=100000, help="lm-eval's bootstrap samples for standard errors (0: none)")
     p.add_argument("--wandb", action="store_true", help="log the table and results to Weights & Biases")
     p.add_argument("--wandb_project", default="spheretnorm")
     p.add_argument("--wandb_run_name", default=None)
+    add_import_options(p)
     return p.parse_args(argv)
 
 
@@ -492,12 +506,15 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     offline.offline_mode), None when it is on.
     """
     from spheretnorm.runtime.device import DeviceError
-    from spheretnorm.zeroshot.harness import NanoGPTLM, resolve_checkpoint_path
-    from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
+    from spheretnorm.zeroshot.token_check import refuse_other_tokenizers, resolve_checkpoint_path
 
     check_limit(args.limit)
     check_device(args.device)
-    ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before the slow task index
+    ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before lm-eval and its slow task index
+    refuse_other_tokenizers(ckpt)
+    from spheretnorm.zeroshot.harness import NanoGPTLM
+    from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
+
     tasks = split_task_list(args.tasks)
     for path in args.include_path:
         if not Path(path).is_dir():
@@ -559,6 +576,7 @@ def _run(args: argparse.Namespace, hub_off: str | None) -> int:
 
 def _evaluate_and_write(args: argparse.Namespace, hub_off: str | None) -> int:
     try:
+        use_import_options(args, EvalError)  # before the checkpoint names a connection of the user's
         results, label = evaluate_checkpoint(args, hub_off)
     except EvalError as exc:
         print(f"error: {exc}", file=sys.stderr)
