@@ -1,0 +1,170 @@
+"""What a study's run costs on this machine, path by path: start-up and compile, the step, the evaluations.
+
+    python scripts/run_cost.py                                    # the four study shapes, eager and compiled
+    python scripts/run_cost.py --shapes 24x128 --arms pre_ln --paths compiled --iters 40
+    python scripts/run_cost.py --dtypes float32,bfloat16 --json cost.json
+
+Each (shape, arm, path, dtype) trains the real train.py in a subprocess of one thread, as a
+study's run does (LLaMA's block, the fair sweep's batch and block, its recipe), twice: SHORT and
+LONG iterations (--iters), each ending as a study run ends (eval_iters batches per split,
+diagnostics and the whole validation split). The costs are the processes' CPU seconds, which on
+one thread are what the run takes alone on its core, whatever else the machine is doing: the
+difference of the two lengths is the step; what is left of the short run is the fixed part
+(imports, data, model, compile, checkpoints). A compiled case trains LONG once more first, cold:
+that first compile's extra is `cold_extra_s`, paid by the first run of a shape in a sweep, whose
+later runs find torch.compile's caches. `study_run_s` projects a 600-iteration study run with six
+evaluations. A benchmark, not a test: its numbers belong in the closing note or docs/LOG.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spheretnorm.experiments.fair_comparison import ARM_BY_SLUG, PAPER_RECIPE, SHAPE
+from spheretnorm.experiments.study import DEFAULT_DATA_DIR, as_args, ensure_data, method_settings
+from spheretnorm.runtime.cli import REPO_ROOT, UsageError
+from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
+
+STUDY_ITERS = 600  # the studies' run length
+STUDY_EVALS = 6  # at 0, 120, ..., 600
+PATHS = {"eager": False, "compiled": True}
+
+
+@dataclass(frozen=True)
+class Case:
+    n_layer: int
+    n_embd: int
+    arm: str
+    path: str
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.n_layer}x{self.n_embd} {self.arm} {self.path} {self.dtype}"
+
+
+def train_args(case: Case, iters: int, out_dir: Path, data_dir: Path) -> list[str]:
+    arm = ARM_BY_SLUG[case.arm]
+    settings = {
+        **SHAPE, **PAPER_RECIPE, **method_settings(arm.method), **dict(arm.keys),
+        "n_layer": case.n_layer, "n_embd": case.n_embd, "block": "llama", "learning_rate": 2e-3, "min_lr": 2e-4,
+        "warmup_iters": min(100, iters // 2), "max_iters": iters, "lr_decay_iters": iters, "eval_interval": iters,
+        "log_interval": 1, "compile": PATHS[case.path], "dtype": case.dtype, "device": "cpu", "out_dir": str(out_dir),
+        "data_dir": str(data_dir), "always_save_checkpoint": True, "wandb_log": False,
+    }
+    return [sys.executable, str(REPO_ROOT / "train.py"), *as_args(settings)]
+
+
+def train_once(case: Case, iters: int, data_dir: Path, threads: int) -> tuple[float, list[dict[str, Any]] | str]:
+    """(CPU seconds of the train.py process, its metrics rows or an error line): one case trained
+    for `iters` iterations. CPU time, not wall time: on a machine shared with other work a
+    one-thread run's CPU time is what it would take alone on its core."""
+    with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
+        out = Path(tmp) / "run"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        with open(Path(tmp) / "log", "w+", encoding="utf-8") as log:
+            child = subprocess.Popen(train_args(case, iters, out, data_dir), env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)
+            child.returncode = os.waitstatus_to_exitcode(status)
+            if child.returncode != 0:
+                log.seek(0)
+                tail = log.read().strip().splitlines()[-1:] or ["no output"]
+                return 0.0, f"train.py exited {child.returncode}: {tail[0]}"
+        return usage.ru_utime + usage.ru_stime, read_metrics(out / METRICS_NAME)
+
+
+def measure(case: Case, short: int, long: int, data_dir: Path, threads: int = 1) -> dict[str, Any]:
+    """One case trained twice, `short` and `long` iterations: the difference of their CPU times is
+    the cost of long - short steps, and what is left of the short run is the fixed part (start-up,
+    compile, the final evaluation, checkpoints). Compiled cases run the short one second, so that
+    both find torch.compile's caches as a sweep's later runs do; the first compile's cold cost is
+    reported on its own."""
+    first_cpu, first = train_once(case, long, data_dir, threads)
+    short_cpu, rows = train_once(case, short, data_dir, threads)
+    long_cpu, long_rows = (train_once(case, long, data_dir, threads) if PATHS[case.path] else (first_cpu, first))
+    for result in (first, rows, long_rows):
+        if isinstance(result, str):
+            return {"case": case.name, "error": result}
+    return costs(case, rows, short_cpu, long_cpu, short, long, first_cpu)
+
+
+def costs(case: Case, short_rows: list[dict[str, Any]], short_cpu: float, long_cpu: float, short: int, long: int,
+          first_cpu: float) -> dict[str, Any]:
+    """The parts of a run's cost and a study run's projected cost (CPU seconds of one thread)."""
+    step = (long_cpu - short_cpu) / (long - short)
+    final = [r for r in short_rows if r.get("kind") == "eval"][-1]
+    one_eval = (final.get("eval_s") or 0.0) + (final.get("diag_s") or 0.0)
+    full = final.get("full_eval_s") or 0.0
+    fixed = short_cpu - step * short - one_eval - full  # start-up, compile, checkpoint writes
+    return {
+        "case": case.name, "n_layer": case.n_layer, "n_embd": case.n_embd, "arm": case.arm, "path": case.path, "dtype": case.dtype,
+        "fixed_s": round(fixed, 1), "cold_extra_s": round(first_cpu - long_cpu, 1), "step_ms": round(1000 * step, 1),
+        "eval_s": round(one_eval, 2), "full_eval_s": round(full, 2),
+        "study_run_s": round(fixed + STUDY_ITERS * step + STUDY_EVALS * one_eval + full, 0),
+    }
+
+
+def parse_shape(spec: str) -> tuple[int, int]:
+    layers, _, width = spec.partition("x")
+    if not (layers.isdigit() and width.isdigit()):
+        raise UsageError(f"--shapes entry {spec!r} is not LAYERSxWIDTH, e.g. 24x128.")
+    return int(layers), int(width)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--shapes", default="12x128,24x128,12x256,36x128", help="LAYERSxWIDTH, comma-separated")
+    p.add_argument("--arms", default="pre_ln,p_spheret-0.5", help="fair-sweep arms, comma-separated")
+    p.add_argument("--paths", default="eager,compiled", help="eager, compiled or both (comma-separated)")
+    p.add_argument("--dtypes", default="float32", help="float32, bfloat16 (bf16 only where the CPU has it natively)")
+    p.add_argument("--iters", default="20,60", help="SHORT,LONG: the two lengths each case trains (their difference gives the step)")
+    p.add_argument("--jobs", type=int, default=2, help="cases at a time (one thread each)")
+    p.add_argument("--json", default="", help="also write the rows to this file")
+    args = p.parse_args(argv)
+    for key, valid in (("arms", ARM_BY_SLUG), ("paths", PATHS), ("dtypes", ("float32", "bfloat16"))):
+        bad = [v for v in getattr(args, key).split(",") if v not in valid]
+        if bad:
+            raise UsageError(f"--{key}: {', '.join(bad)} unknown; use some of: {', '.join(valid)}.")
+    lengths = args.iters.split(",")
+    if len(lengths) != 2 or not all(n.isdigit() for n in lengths) or not 0 < int(lengths[0]) < int(lengths[1]) or args.jobs < 1:
+        raise UsageError(f"--iters must be SHORT,LONG with 0 < SHORT < LONG (e.g. 20,60) and --jobs >= 1, got {args.iters!r} and {args.jobs}.")
+    args.short, args.long = map(int, lengths)
+    return args
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    keys = ("case", "fixed_s", "cold_extra_s", "step_ms", "eval_s", "full_eval_s", "study_run_s")
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    return "\n".join(lines + ["| " + " | ".join(str(r.get(k, r.get("error", ""))) for k in keys) + " |" for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ensure_data(DEFAULT_DATA_DIR)
+    cases = [Case(n, d, arm, path, dtype) for n, d in shapes for arm in args.arms.split(",") for dtype in args.dtypes.split(",")
+             for path in args.paths.split(",")]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = []
+        for row in pool.map(lambda c: measure(c, args.short, args.long, DEFAULT_DATA_DIR), cases):
+            print(f"  {row['case']}: " + (row.get("error") or f"{row['study_run_s']:.0f} s a study run ({row['step_ms']} ms a step)"), file=sys.stderr, flush=True)
+            rows.append(row)
+    print(f"run_cost: CPU seconds of one thread; each case trained {args.short} and {args.long} iterations, {args.jobs} at a time, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return 0
