@@ -323,29 +323,34 @@ def test_each_optimizer_extends_and_seeds_on_its_own_grid() -> None:
 
 
 def test_the_summary_gives_each_optimizer_its_gap_to_pre_ln_with_it_and_with_adamw() -> None:
+    from spheretnorm.experiments.study import Seeds
+
     def run(arm: str, optimizer: str, lr: float, seed: int, loss: float | None, status: str = "ok") -> dict[str, object]:
         return {"block": "llama", "arm": arm, "optimizer": optimizer, "lr": lr, "seed": seed, "val_loss": loss, "status": status}
 
-    rows = [run("pre_ln", "adamw", 2e-3, 1, 2.00), run("pre_ln", "adamw", 2e-3, 2, 2.10),  # best: mean 2.05
+    rows = [run("pre_ln", "adamw", 2e-3, 1, 2.00), run("pre_ln", "adamw", 2e-3, 2, 2.10),  # seed 1 selects 2e-3; held out: 2.10
             run("pre_ln", "adamw", 4e-3, 1, 2.05), run("pre_ln", "adamw", 4e-3, 2, 2.20),
-            run("pre_ln", "muon", 0.02, 1, 1.90), run("pre_ln", "muon", 0.02, 2, 1.96),  # best: the one-seed 0.04 does not count
-            run("pre_ln", "muon", 0.04, 1, 1.85),
-            run("p_spheret-0.5", "muon", 0.02, 1, 1.85), run("p_spheret-0.5", "muon", 0.02, 2, 1.95),
-            run("p_spheret-0.5", "muon", 0.04, 1, 1.80), run("p_spheret-0.5", "muon", 0.04, 2, 1.88),  # best: mean 1.84
+            run("pre_ln", "muon", 0.02, 1, 1.90), run("pre_ln", "muon", 0.02, 2, 1.96),  # seed 1 selects 0.02; held out: 1.96
+            run("pre_ln", "muon", 0.04, 1, 1.95),
+            run("p_spheret-0.5", "muon", 0.02, 1, 1.85), run("p_spheret-0.5", "muon", 0.02, 2, 1.80),
+            run("p_spheret-0.5", "muon", 0.04, 1, 1.80), run("p_spheret-0.5", "muon", 0.04, 2, 1.88),  # seed 1 selects 0.04 (its 1.80)
             run("p_spheret-0.5", "muon", 0.08, 1, None, "diverged")]
     arms = [fair_sweep.ARM_BY_SLUG[s] for s in ("pre_ln", "p_spheret-0.5", "ngpt")]
-    summary = fair_sweep.best_rows(rows, ["llama"], arms, ["adamw", "muon"])
+    summary = fair_sweep.best_rows(rows, ["llama"], arms, Seeds(1, (2,)), "val_loss", ["adamw", "muon"])
     assert [(s["arm"], s["optimizer"]) for s in summary] == [("pre_ln", "adamw"), ("p_spheret-0.5", "adamw"), ("ngpt", "adamw"),
                                                             ("pre_ln", "muon"), ("p_spheret-0.5", "muon")]
     mine = summary[-1]
-    # Paired by seed: with Muon, 1.80 - 1.90 and 1.88 - 1.96; with AdamW, 1.80 - 2.00 and 1.88 - 2.10.
-    assert (mine["best_lr"], mine["seeds"], mine["unstable"]) == (0.04, 2, [0.08])
-    assert [mine[k] for k in ("gap_mean", "gap_low", "gap_high")] == pytest.approx([-0.09, -0.10, -0.08])
-    assert [mine[k] for k in ("adamw_gap_mean", "adamw_gap_low", "adamw_gap_high")] == pytest.approx([-0.21, -0.22, -0.20])
-    assert summary[3]["best_lr"] == 0.02 and summary[3]["adamw_gap_mean"] == pytest.approx(-0.12)  # (1.90 - 2.00 + 1.96 - 2.10) / 2
-    table = fair_sweep.markdown_table(summary, fair_sweep.best_columns(True)).splitlines()
-    assert "| minus Pre-LN, same optimizer (same seed), mean | range | minus Pre-LN AdamW (same seed), mean | range |" in table[0]
-    assert table[-1].startswith("| LLaMA | 0.5-SpheretNorm | Muon | 0.04 | 2 | 1.840 | 1.800 to 1.880 | -0.090 | -0.100 to -0.080 | -0.210 | -0.220 to -0.200 |")
+    # The held-out seed 2 at each arm's own selected rate, never the mean with the selection seed (which would pick 0.02 here):
+    # with Muon 1.88 - 1.96, with AdamW 1.88 - 2.10. One held-out seed: no SD, no interval.
+    assert (mine["best_lr"], mine["selection_loss"], mine["headline"], mine["unstable"]) == (0.04, 1.80, "1.880", [0.08])
+    assert (mine["gap_mean"], mine["gap_sd"], mine["gap_low"]) == (pytest.approx(-0.08), None, None)
+    assert mine["adamw_gap_mean"] == pytest.approx(-0.22)
+    assert summary[3]["best_lr"] == 0.02 and summary[3]["adamw_gap_mean"] == pytest.approx(-0.14)  # 1.96 - 2.10
+    table = fair_sweep.markdown_table(summary, fair_sweep.best_columns(True, Seeds(1, (2,)))).splitlines()
+    assert ("| minus Pre-LN, same optimizer (same seed), each | mean | SD | 95% interval | minus Pre-LN AdamW (same seed), mean | 95% interval |"
+            in table[0])
+    assert table[-1].startswith("| LLaMA | 0.5-SpheretNorm | Muon | 0.04 | 1.800 | 2: 1.880 | 1.880 | 2: -0.080 | -0.080 | - | "
+                                "no interval (1 seed; it needs 3) | -0.220 | no interval (1 seed; it needs 3) | - |")
 
 
 @pytest.mark.parametrize("flag,valid", [("--grid=sgd=0.1,0.2", "with OPT one of --optimizers (adamw, muon)"),

@@ -416,15 +416,21 @@ def test_depth_study_seed_summary_pairs_each_seed_with_its_baseline() -> None:
 
     def summary(losses: dict) -> str:
         points = [point(method=m, seed=s, alpha_index=a) for m, s, a in losses]
-        rows = {p: {**p.values, "val_loss": loss} for p, loss in zip(points, losses.values())}
-        return paired_seed_summary(name_rows(sweep, points, rows), "Pre-LN")
+        rows = {p: {**p.values, "val_loss": loss, "status": "ok" if loss is not None else "diverged"} for p, loss in zip(points, losses.values())}
+        return paired_seed_summary(name_rows(sweep, points, rows), "Pre-LN")[0]
 
-    lines = summary({("pre_ln", 1, "block"): 2.0, ("pre_ln", 2, "block"): 2.2, ("geonorm", 1, "block"): 1.9,
-                     ("geonorm", 2, "block"): 2.15, ("geonorm", 3, "block"): None, ("p_spheret:0.5", 1, "sublayer"): 2.1}).splitlines()
+    pre_ln = {("pre_ln", 1, "block"): 2.0, ("pre_ln", 2, "block"): 2.2, ("pre_ln", 3, "block"): 2.1}
+    lines = summary({**pre_ln, ("geonorm", 1, "block"): 1.9, ("geonorm", 2, "block"): 2.15, ("geonorm", 3, "block"): 2.0,
+                     ("p_spheret:0.5", 1, "sublayer"): 2.1}).splitlines()
     geo = next(line for line in lines if line.startswith("| GeoNorm |"))
-    # mean 2.025; gaps -0.10 and -0.05 against the same seed's Pre-LN (not against Pre-LN's mean 2.1)
-    assert geo == "| GeoNorm | 2 | 2.025 | 1.900 to 2.150 | -0.075 | -0.100 to -0.050 |"
-    assert any(line.startswith("| 0.5-SpheretNorm (alpha_index=sublayer) | 1 | 2.100 |") for line in lines)
+    # mean 2.01667, SD 0.12583; gaps -0.10, -0.05, -0.10 against the same seed's Pre-LN (not against Pre-LN's mean 2.1):
+    # mean -0.08333, SD 0.028868, half width 4.302653 * 0.028868 / sqrt(3) = 0.071711
+    assert geo == "| GeoNorm | 3 | 2.017 | 0.126 | -0.083 | 0.029 | -0.155 to -0.012 |"
+    assert any(line.startswith("| 0.5-SpheretNorm (alpha_index=sublayer) | 1 | 2.100 | - | +0.100 | - | no interval (1 seed; it needs 3) |")
+               for line in lines)
+    # A seed that diverged fails the variant's cell: never the mean of the two that trained.
+    failed = summary({**pre_ln, ("geonorm", 1, "block"): 1.9, ("geonorm", 2, "block"): 2.15, ("geonorm", 3, "block"): None}).splitlines()
+    assert "| GeoNorm | 3 | failed (seed 3 diverged) | - | failed (seed 3: the arm failed) | - | - |" in failed
     assert summary({("pre_ln", 1, "block"): 2.0, ("geonorm", 1, "block"): 1.9}) == ""  # one seed: nothing
 
 

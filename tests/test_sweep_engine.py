@@ -142,8 +142,11 @@ def test_the_p_sweep_plans_five_p_by_two_seeds_and_runs_end_to_end(tmp_path: Pat
     record = json.loads((tmp_path / "out" / "p_sweep.json").read_text())
     assert [(r["spheret_p"], r["seed"], r["name"], r["last_eval_iter"]) for r in record["runs"]] == [
         (0.5, 1337, "p_spheret, spheret_p=0.5", 6), (1.0, 1337, "p_spheret, spheret_p=1", 6)]
-    assert record["runs"][1]["gap"] == 0.0 and record["runs"][0]["gap"] == pytest.approx(record["runs"][0]["val_loss"] - record["runs"][1]["val_loss"])
+    metric = record["metric"]  # the whole val split: every run here has val_loss_full
+    assert metric == "val_loss_full" and all(r["val_loss_full"] is not None for r in record["runs"])
+    assert record["runs"][1]["gap"] == 0.0 and record["runs"][0]["gap"] == pytest.approx(record["runs"][0][metric] - record["runs"][1][metric])
     table = (tmp_path / "out" / "p_sweep.md").read_text().splitlines()
-    assert table[0] == "| run | seed | val loss | minus p=1 | final cosine | status |"
-    assert re.match(r"\| p_spheret, spheret_p=1 \| 1337 \| \d\.\d{3} \| \+0\.000 \| \d\.\d{3} \| [\w ]+ \|$", table[3])
+    assert table[0].startswith("Gaps and the summary over the seeds: val_loss_full, the whole validation split")
+    assert table[2] == "| run | seed | val loss | minus p=1 | final cosine | status |"
+    assert re.match(r"\| p_spheret, spheret_p=1 \| 1337 \| \d\.\d{3} \| \+0\.000 \| \d\.\d{3} \| [\w ]+ \|$", table[5])
     assert capsys.readouterr().out.count(": done in ") == 2

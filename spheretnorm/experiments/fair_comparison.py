@@ -10,9 +10,11 @@
 The design, per block (GPT-2's and LLaMA's): Pre-LN, 0.5-SpheretNorm, GeoNorm and nGPT, then
 0.5-SpheretNorm with alpha_cap=none, with alpha_decay=none, with sphere_input_gain=true and with
 alpha_cap_grad=straight_through (the paper's fixed choices opened up, docs/CONNECTIONS.md). Every arm first runs each learning rate of
---lrs with the first seed. Where its best rate lies at an end of the grid, the grid grows by one
-step beyond that end (once), so that the best is bracketed. Then the best rate and its two
-neighbours run with every other seed. The plan is a function of the finished runs alone: a
+--lrs with the selection seed (the first of --seeds, or --selection_seed). Where its best rate lies
+at an end of the grid, the grid grows by one step beyond that end (once), so that the best is
+bracketed; with --refine the midpoints on each side of the best (a sqrt(2) step on a grid of
+factor 2) run too. Then the selection seed's best rate and its two neighbours run with every
+held-out seed (the other seeds). The plan is a function of the finished runs alone: a
 re-run skips what is done, resumes what was cut short and adds what the finished runs call for.
 SIGINT or SIGTERM to the sweep (kill -INT, Ctrl-C) is passed on to its running train.py jobs,
 which save a checkpoint and exit; no new run starts, and the same command resumes. A run folder
@@ -37,10 +39,15 @@ AdamW betas 0.9 and 0.99); nGPT's own (no warm-up, no weight decay, cosine to 0,
 64, batch 16, fp32, one thread per run; the MLP keeps each block's own width for every arm.
 
 Runs go to OUT_DIR/<block>/<arm>/lr<LR>_s<SEED>/ (AdamW), OUT_DIR/<block>/<arm>+<optimizer>/lr<RATE>_s<SEED>/
-(another optimizer). Writes OUT_DIR/fair_sweep.md (each arm and optimizer at its best rate: mean
-and range over seeds, the gap to the same block's Pre-LN paired by seed, with the same optimizer
-and, with several optimizers, with AdamW, the pinned fractions of the sphere's step size and
-radius; then every run), OUT_DIR/fair_sweep.json and OUT_DIR/fair_sweep.{png,pdf}: final val loss
+(another optimizer). Writes OUT_DIR/fair_sweep.md (each arm and optimizer at the rate its
+selection seed chose: that seed's loss, each held-out seed's there and their mean (the headline),
+the gap to the same block's Pre-LN at Pre-LN's own rate paired by held-out seed with its mean, SD
+and 95% t-interval (from 3 held-out seeds), with the same optimizer and, with several optimizers,
+with AdamW; "failed (seed N collapsed)" instead of a mean where a held-out seed failed; the rates
+where a held-out seed failed; the pinned fractions of the sphere's step size and radius; then each
+--rule with its verdict, and every run), on val_loss_full where every run has it, on one kernel
+path unless --mix_kernel_paths; OUT_DIR/fair_sweep.json (the --rule given are written into it
+before any run starts) and OUT_DIR/fair_sweep.{png,pdf}: final val loss
 against the rate, one panel per block (with several optimizers, a row per block and a column per
 optimizer) on one y-range, each seed a point, one line per arm through the seeds' mean where every
 seed trained, and an x of the arm's colour at the top where a seed collapsed or diverged.
@@ -66,10 +73,12 @@ from spheretnorm.experiments.figures import (
     LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
 )
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
+from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, UNSTABLE, Axis, Column, Point, Sweep, add_common_options, best_rate_follow_up, final_loss,
-    dry_run_summary, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points, publish, rate_grids, start_study,
-    study_main, study_parser, train_argv,
+    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, Axis, Column, Point, Seeds, Sweep, add_common_options, add_table_options, best_rate_follow_up,
+    declared_rules, dry_run_summary, failed_at_text, gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings,
+    parse_number_list, parse_train_args, plan_points, publish, rate_grids, rule_lines, seed_order, selected_cell, start_study, study_main,
+    study_parser, table_metric, train_argv,
 )
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
 from spheretnorm.optim import OPTIMIZERS
@@ -134,13 +143,14 @@ ARMS: tuple[Arm, ...] = (
 ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 
 
-def design_size(design: Sweep) -> int:
+def design_size(design: Sweep, refine: bool = False) -> int:
     """The most runs the design can hold: per (block, arm, optimizer), every rate of its grid and
-    the extension with the first seed, then the best rate and its two neighbours with every other
-    seed (best_rate_follow_up). The plan of no finished runs is every group's grid."""
+    the extension with the selection seed, with refine the two midpoints beside its best, then the
+    best rate and its two neighbours with every held-out seed (best_rate_follow_up). The plan of no
+    finished runs is every group's grid."""
     first = plan_points(design, {})
     groups = {(p["block"], p["arm"], optimizer_of(p)) for p in first}
-    return len(first) + len(groups) * (EXTENSIONS + 3 * (len(design.values("seed")) - 1))
+    return len(first) + len(groups) * (EXTENSIONS + 2 * refine + 3 * (len(design.values("seed")) - 1))
 
 
 def design_grids(design: Sweep) -> dict[str, list[float]]:
@@ -176,10 +186,12 @@ def keeps(p: Point) -> bool:
 
 
 def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int,
-                 grids: dict[str, tuple[float, ...]] | None = None, base_lr: float = DEFAULT_BASE_LR) -> Sweep:
+                 grids: dict[str, tuple[float, ...]] | None = None, base_lr: float = DEFAULT_BASE_LR, refine: bool = False,
+                 rules: tuple[Rule, ...] = ()) -> Sweep:
     """Each (block, arm, optimizer) at its own best rate of its optimizer's grid (grids; default
-    AdamW's lrs alone): study.best_rate_follow_up plans the runs from the finished ones alone, so a
-    re-run resumes the design. A design of AdamW alone has no optimizer axis, so its points, and
+    AdamW's lrs alone): study.best_rate_follow_up plans the runs from the finished ones alone (with
+    refine, the midpoints beside the selection seed's best too), so a re-run resumes the design.
+    The first of seeds is the selection seed; rules are judged on the held-out seeds' gaps. A design of AdamW alone has no optimizer axis, so its points, and
     its runs' settings and folders, are those of the study before the axis."""
     grids = grids or {ADAMW: tuple(lrs)}
     rates = tuple(sorted({r for grid in grids.values() for r in grid}))
@@ -207,9 +219,10 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
         settings=settings,
         label=label,
         keep=keeps,
-        follow_up=best_rate_follow_up(EXTENSIONS, grid=lambda group: grids[optimizer_of(group)]),
+        follow_up=best_rate_follow_up(EXTENSIONS, grid=lambda group: grids[optimizer_of(group)], refine=refine),
         extra=lambda p, out_dir: {"optimizer": optimizer_of(p), **step_size_record(out_dir)},
         diagnostics=True,
+        rules=rules,
     )
 
 
@@ -234,61 +247,47 @@ def history_text(history: list[float] | None) -> str | None:
 # The table and the plot
 
 
-def seed_losses(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str = ADAMW) -> dict[float, dict[int, float]]:
-    """{rate: {seed: val loss}} of an arm's runs with an optimizer that trained (diverged and collapsed ones left out)."""
-    out: dict[float, dict[int, float]] = {}
-    for r in rows:
-        if (r["block"], r["arm"], optimizer_of(r)) == (block, arm, optimizer) and math.isfinite(final_loss(r)):
-            out.setdefault(r["lr"], {})[r["seed"]] = r["val_loss"]
-    return out
+def group_runs(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str = ADAMW) -> list[dict[str, Any]]:
+    """The runs of one arm with one optimizer in one block, every rate and seed."""
+    return [r for r in rows if (r["block"], r["arm"], optimizer_of(r)) == (block, arm, optimizer)]
 
 
-def best_rate(by_lr: dict[float, dict[int, float]]) -> float | None:
-    """The rate with the lowest mean over the most seeds any rate has (so a one-seed rate never
-    beats the two-seed ones by luck)."""
-    if not by_lr:
-        return None
-    most = max(len(s) for s in by_lr.values())
-    return min((lr for lr, s in by_lr.items() if len(s) == most), key=lambda lr: statistics.fmean(by_lr[lr].values()))
-
-
-def at_best_rate(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str) -> tuple[float | None, dict[int, float]]:
-    """(the best rate of an arm with an optimizer, {seed: val loss} there); (None, {}) before any run trained."""
-    by_lr = seed_losses(rows, block, arm, optimizer)
-    lr = best_rate(by_lr)
-    return lr, by_lr.get(lr, {}) if lr is not None else {}
-
-
-def paired_gaps(prefix: str, mine: dict[int, float], base: dict[int, float]) -> dict[str, float | None]:
-    """Mean, low and high of mine minus base over the seeds both have (paired, so that what a seed does to both cancels)."""
-    gaps = [loss - base[s] for s, loss in mine.items() if s in base]
-    return {f"{prefix}_mean": statistics.fmean(gaps) if gaps else None, f"{prefix}_low": min(gaps, default=None), f"{prefix}_high": max(gaps, default=None)}
-
-
-def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[dict[str, Any]]:
-    """One summary per (block, arm, optimizer) of the design: its best rate, the seeds' mean and
-    range there, the gaps to Pre-LN of the same block at Pre-LN's best rate, paired by seed, with
-    the same optimizer ("gap") and with AdamW ("adamw_gap"), and the pinned fractions."""
+def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], seeds: Seeds, metric: str = "val_loss",
+              optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[dict[str, Any]]:
+    """One summary per (block, arm, optimizer) of the design: its rate selected on the selection
+    seed alone and that seed's loss there; the held-out seeds there (each, and their mean: the
+    headline); the gaps to Pre-LN of the same block, each arm at its own selected rate, paired by
+    held-out seed, with the same optimizer ("gap") and with AdamW ("adamw_gap"), each with its mean,
+    SD and 95% interval; the rates where a held-out seed failed; and the pinned fractions."""
     out = []
     for block in blocks:
-        _, base_adamw = at_best_rate(rows, block, BASELINE, ADAMW)
+        base_adamw = selected_cell(group_runs(rows, block, BASELINE, ADAMW), seeds, metric)["held_out"]
         for optimizer in optimizers:
-            _, base = at_best_rate(rows, block, BASELINE, optimizer)
+            base = selected_cell(group_runs(rows, block, BASELINE, optimizer), seeds, metric)["held_out"]
             for arm in (a for a in arms if keeps({"arm": a.slug, "optimizer": optimizer})):
-                lr, mine = at_best_rate(rows, block, arm.slug, optimizer)
-                group = [r for r in rows if (r["block"], r["arm"], optimizer_of(r)) == (block, arm.slug, optimizer)]
-                at_best = [r for r in group if r["lr"] == lr]
+                group = group_runs(rows, block, arm.slug, optimizer)
+                cell = selected_cell(group, seeds, metric)
+                held = cell["held_out"]
+                at_best = [r for r in group if r["lr"] == cell["rate"] and r["seed"] in seeds.held_out]
                 out.append({
                     "block": block, "arm": arm.slug, "title": arm.title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
-                    "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": lr, "seeds": len(mine),
-                    "mean": statistics.fmean(mine.values()) if mine else None,
-                    "low": min(mine.values(), default=None), "high": max(mine.values(), default=None),
-                    **paired_gaps("gap", mine, base), **paired_gaps("adamw_gap", mine, base_adamw),
+                    "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": cell["rate"], "selection_loss": cell["selection_loss"],
+                    "held_out": held.record(), "held_out_text": held.seeds_text(), "headline": held.text(),
+                    # Pre-LN against itself has no gap (a column of zeros would look like a result)
+                    **gap_record("gap", gap_values(held, base) if arm.slug != BASELINE else {}),
+                    **gap_record("adamw_gap", gap_values(held, base_adamw) if (arm.slug, optimizer) != (BASELINE, ADAMW) else {}),
+                    "held_out_failed_at": failed_at_text(cell["held_out_failed_at"]),
                     "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "step_ratio": ratio_span(at_best), "radius": mean_of(at_best, "radius"),
                     "radius_pinned": mean_of(at_best, "radius_pinned"),
                     "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
                 })
     return out
+
+
+def rule_verdicts(summary: list[dict[str, Any]], several: bool) -> list[tuple[str, dict[int, float | None]]]:
+    """(the arm's name, its held-out gaps to Pre-LN with the same optimizer) of every arm but Pre-LN, for the rules."""
+    return [(f"{s['title']} ({BLOCK_TITLES[s['block']]}{', ' + s['optimizer_title'] if several else ''})", s["gaps"])
+            for s in summary if s["arm"] != BASELINE]
 
 
 def mean_history(rows: list[dict[str, Any]]) -> list[float]:
@@ -308,22 +307,20 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def spread(low: str, high: str, fmt: str) -> Callable[[dict[str, Any]], str | None]:
-    """A range cell 'low to high' of a summary row, '-' where it has none."""
-    return lambda s: None if s[low] is None else f"{s[low]:{fmt}} to {s[high]:{fmt}}"
-
-
-def best_columns(several: bool) -> tuple[Column, ...]:
-    """The summary's columns; with several optimizers the rate is each one's rate key, and a second
-    gap, to Pre-LN with AdamW, says what the optimizer gains over the study's first design."""
-    same = "minus Pre-LN, same optimizer (same seed), mean" if several else "minus Pre-LN (same seed), mean"
-    to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_mean", "+.3f"),
-                Column("range", spread("adamw_gap_low", "adamw_gap_high", "+.3f"))) if several else ()
+def best_columns(several: bool, seeds: Seeds) -> tuple[Column, ...]:
+    """The summary's columns: the selection seed's rate and loss, the held-out seeds (each, and the
+    mean: the headline), and the paired gap to Pre-LN over the held-out seeds; with several
+    optimizers the rate is each one's rate key, and a second gap, to Pre-LN with AdamW, says what
+    the optimizer gains over the study's first design."""
+    same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
+    to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_text"), Column("95% interval", "adamw_gap_interval")) if several else ()
     return (
         Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
-        Column("optimizer", "optimizer_title", align=":--"), Column(f"best {rate_header(several)}", "best_lr", "g"),
-        Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"), Column("range", spread("low", "high", ".3f")),
-        Column(same, "gap_mean", "+.3f"), Column("range", spread("gap_low", "gap_high", "+.3f")), *to_adamw,
+        Column("optimizer", "optimizer_title", align=":--"), Column(f"best {rate_header(several)} (seed {seeds.selection})", "best_lr", "g"),
+        Column(f"seed {seeds.selection}", "selection_loss", ".3f"), Column("held-out seeds", "held_out_text", align=":--"),
+        Column("held-out mean", "headline"), Column(f"{same}, each", lambda s: gaps_text(s["gaps"]), align=":--"),
+        Column("mean", "gap_text"), Column("SD", "gap_sd", ".3f"), Column("95% interval", "gap_interval"), *to_adamw,
+        Column("held-out failed at", "held_out_failed_at", align=":--"),
         Column("alpha pinned", "step_pinned", ".2f"), Column("alpha below cap, by evaluation", lambda s: history_text(s["below_cap"]), align=":--"),
         Column("alpha / its start, at the end", lambda s: f"{s['step_ratio'][0]:.2f} to {s['step_ratio'][1]:.2f}" if s["step_ratio"] else None),
         Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
@@ -336,11 +333,11 @@ def rate_header(several: bool) -> str:
     return "rate" if several else "lr"
 
 
-def run_columns(several: bool) -> tuple[Column, ...]:
+def run_columns(several: bool, metric: str = "val_loss") -> tuple[Column, ...]:
     return (
         Column("block", lambda r: BLOCK_TITLES[r["block"]], align=":--"), Column("arm", lambda r: ARM_BY_SLUG[r["arm"]].title, align=":--"),
         Column("optimizer", lambda r: OPTIMIZERS[optimizer_of(r)].title, align=":--"), Column(rate_header(several), "lr", "g"),
-        Column("seed", "seed"), Column("val loss", "val_loss", ".3f"), Column("status", "status", align=":--"),
+        Column("seed", "seed"), Column(metric, metric, ".3f"), Column("status", "status", align=":--"),
         Column("alpha pinned", "step_pinned", ".2f"), Column("radius pinned", "radius_pinned", ".0f"), Column("s", "seconds", ".0f"),
     )
 
@@ -423,7 +420,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    help="an optimizer's first-seed rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4); repeatable")
     p.add_argument("--base_lr", type=float, default=DEFAULT_BASE_LR,
                    help=f"learning_rate of another optimizer's AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g})")
-    p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the sweep's seed, then the seeds of the best rates (default {DEFAULT_SEEDS})")
+    p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the selection seed, then the held-out seeds of the best rates (default {DEFAULT_SEEDS})")
+    p.add_argument("--selection_seed", type=int, default=None, help="the seed of --seeds that selects each arm's rate (default: the first)")
+    p.add_argument("--refine", action="store_true", help="add the midpoints beside the selection seed's best rate (a sqrt(2) step) before the held-out seeds run")
     p.add_argument("--blocks", default="gpt2,llama", help="the blocks (default gpt2,llama)")
     p.add_argument("--arms", default="all", help=f"'all' or a comma-separated subset of: {', '.join(ARM_BY_SLUG)} (default all)")
     p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
@@ -434,6 +433,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --blocks and --optimizers (e.g. two widths), "
                    "a row of panels each, as OUT_DIR/fair_sweep_compare.png")
     add_common_options(p)
+    add_table_options(p)
     return p.parse_known_args(argv)
 
 
@@ -453,8 +453,9 @@ def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
         raise UsageError(f"--blocks {args.blocks!r} is not valid; choose from: {', '.join(BLOCK_TITLES)}.")
     if not 0 <= args.warmup_iters < args.max_iters:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
-    seeds = list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int)))
-    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, grids, args.base_lr)
+    seeds = seed_order(list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int))), args.selection_seed)
+    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, grids, args.base_lr, args.refine,
+                        tuple(map(parse_rule, args.rule)))
 
 
 def optimizer_grids(args: argparse.Namespace, lrs: list[float]) -> dict[str, tuple[float, ...]]:
@@ -493,23 +494,28 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     found, place, unigram = start_study(design, args, overrides)
     model = parse_train_args(train_argv(design, plan_points(design, {})[0], place)).model_config()
     if args.dry_run:
-        print(dry_run_summary("fair_sweep", place, found, design_size(design), estimated_run_seconds(model, args.max_iters)))
+        print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine), estimated_run_seconds(model, args.max_iters)))
         return 0
     optimizers = design_optimizers(design)
     several = optimizers != [ADAMW]
     rows = sorted(found, key=lambda r: (r["block"], r["arm"], optimizers.index(optimizer_of(r)), r["lr"], r["seed"]))
     blocks, slugs = list(design.values("block")), design.values("arm")
-    summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], optimizers)
+    seeds, metric = Seeds.of(design.values("seed")), table_metric(rows)
+    summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], seeds, metric, optimizers)
+    rules = declared_rules(place)
     mup = f", μP from width {model.mup_base_width}" if model.mup_base_width else ""
     shape = f"{model.n_layer} x {model.n_embd}{mup}, {args.max_iters} iterations"
     against = "each optimizer's rate" if several else "the learning rate"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
-    text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr, [ARM_BY_SLUG[a] for a in slugs])}Each arm at its best {'rate' if several else 'learning rate'}:\n\n"
-            f"{markdown_table(summary, best_columns(several))}\n\nEvery run:\n\n{markdown_table(rows, run_columns(several))}\n")
+    text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr, [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine)} "
+            f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
+            f"{markdown_table(summary, best_columns(several, seeds))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
+            f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
     record = {"shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
-              "optimizers": optimizers, "grids": grids, "base_lr": args.base_lr, "seeds": list(design.values("seed")), "best": summary, "runs": rows}
+              "optimizers": optimizers, "grids": grids, "base_lr": args.base_lr, "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
+              "held_out_seeds": list(seeds.held_out), "refine": args.refine, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
 
@@ -545,6 +551,14 @@ def read_sweep_record(folder: Path) -> dict[str, Any]:
         raise UsageError(f"--compare: {path} does not exist; run the sweep (or its --table_only) in {folder} first.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--compare: {path} is not a fair sweep's JSON record ({e}); run --table_only in {folder} to write it again.") from None
+
+
+def seeds_note(seeds: Seeds, metric: str, refine: bool) -> str:
+    """The table's line on how its numbers were chosen: the selection and held-out seeds, the grid, the loss."""
+    held = ", ".join(map(str, seeds.held_out)) or "none"
+    grid = " on the grid refined by the midpoints beside its best" if refine else ""
+    return (f"Each arm's rate is chosen on seed {seeds.selection} alone{grid}; the headline is the held-out seeds' ({held}) mean there, "
+            f"the gap is paired by held-out seed, each arm at its own rate. Loss: {METRIC_TEXT[metric]}.")
 
 
 def optimizers_note(optimizers: list[str], base_lr: float, arms: list[Arm]) -> str:

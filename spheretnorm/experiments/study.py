@@ -29,9 +29,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from spheretnorm.diagnostics import DIAGNOSTICS
+from spheretnorm.kernels import kernel_path_text
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.token_files import load_meta
 from spheretnorm.data.preparation import prepare
@@ -51,6 +52,7 @@ from spheretnorm.experiments.grid import (
     stopped_row,
     unigram_loss,
 )
+from spheretnorm.experiments.stats import Rule, Spread, parse_rule, spread, verdict
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.config import ConfigError, ParsedConfig, config_keys, parse_config
 from spheretnorm.runtime.methods import method_args
@@ -340,6 +342,9 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
         "status": status,
         "reason": reason,
         "val_loss": final["val_loss"] if final and status != "diverged" else None,
+        # the whole val split, in the final eval row of runs since train.py had it (FULL_METRIC)
+        FULL_METRIC: final.get(FULL_METRIC) if final and status != "diverged" else None,
+        "kernel_path": kernel_path_of(run.config) if run else None,
         "train_loss_avg": run.final_train_loss if run and status != "diverged" else None,
         "final_cosine": final.get("final_cosine") if final else None,
         "last_eval_iter": final["iter"] if final else None,
@@ -347,6 +352,51 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
         "reused": result.reused,
         "out_dir": str(result.job.out_dir),
     }
+
+
+FULL_METRIC = "val_loss_full"  # the final eval row's loss over the whole val split (non-overlapping windows)
+SAMPLED_METRIC = "val_loss"  # the eval_iters random batches every evaluation has; what runs before FULL_METRIC have
+
+
+def table_metric(rows: Iterable[dict[str, Any]]) -> str:
+    """The loss a table (and the plan's selection) ranks: FULL_METRIC where every run that ran to
+    its end has it, else SAMPLED_METRIC for all, so that no table compares one run's whole split
+    with another's sampled batches."""
+    trained = [r for r in rows if r["status"] in ("ok", STUCK_AT_UNIGRAM)]  # the ones with a final eval row at max_iters
+    return FULL_METRIC if trained and all(r.get(FULL_METRIC) is not None for r in trained) else SAMPLED_METRIC
+
+
+METRIC_TEXT = {FULL_METRIC: "val_loss_full, the whole validation split in non-overlapping windows",
+               SAMPLED_METRIC: "val_loss, the mean of eval_iters sampled batches (some run lacks val_loss_full)"}
+
+
+def kernel_path_of(config: dict[str, Any]) -> str:
+    """A run's numeric path as config.json's kernel_path says ('float32 compiled fused_in_model_compile'),
+    or for a run from before that key, derived from its dtype, compile and sphere_kernels: dtype
+    'auto' is float32 on a CPU and unknown elsewhere, a missing compile is False, and a missing
+    sphere_kernels 'unknown' (whether SPHERETNORM_EAGER_KERNELS was set is not recorded)."""
+    if config.get("kernel_path"):
+        return str(config["kernel_path"])
+    dtype = config.get("resolved_dtype") or config.get("dtype") or "unknown"
+    if dtype == "auto":
+        dtype = "float32" if config.get("device") == "cpu" else "unknown"
+    return kernel_path_text(dtype, bool(config.get("compile", False)), config["sphere_kernels"] if "sphere_kernels" in config else "unknown")
+
+
+NO_SPHERE = "none"  # kernel_path_text's sphere path of a run off the sphere: it fits any sphere path
+
+
+def kernel_paths_line(rows: Iterable[dict[str, Any]], mix: bool) -> str:
+    """'Kernel path: float32 eager fused_eager.': the paths of a table's runs (a run off the sphere
+    fits the sphere runs' path). Several are a UsageError unless mix (--mix_kernel_paths), since
+    runs on two paths agree only up to rounding, which near a collapse can decide one."""
+    paths = sorted({r["kernel_path"] for r in rows if r.get("kernel_path")})
+    numeric = {p.rsplit(" ", 1)[0] for p in paths}
+    sphere = {p.rsplit(" ", 1)[-1] for p in paths} - {NO_SPHERE}
+    if (len(numeric) > 1 or len(sphere) > 1) and not mix:
+        raise UsageError(f"the runs of this table ran on {len(paths)} kernel paths ({'; '.join(paths)}); give --mix_kernel_paths "
+                         f"to tabulate them together, or tabulate runs of one path.")
+    return f"Kernel path{'s' if len(paths) > 1 else ''}: {'; '.join(paths) or 'none recorded'}."
 
 
 def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
@@ -414,26 +464,30 @@ def diagnostic_summary(row: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str) -> str:
-    """Val loss per variant over the seeds: mean, range, and the gap to its baseline's run of the
-    same seed (paired, so that what a seed does to every variant cancels). Reads each row's "name"
-    and "gap" (name_rows); empty when no variant has two seeds."""
-    by_name: dict[str, list[dict[str, Any]]] = {}
+def paired_seed_summary(rows: list[dict[str, Any]], baseline_title: str, metric: str = SAMPLED_METRIC) -> tuple[str, list[tuple[str, Gaps]]]:
+    """The loss per variant over its seeds (each seed counts: these studies select nothing): mean
+    and SD, and the gap to its baseline's run of the same seed (paired, so that what a seed does to
+    every variant cancels) with its mean, SD and 95% interval; a variant with a failed seed says so
+    and has no mean. Reads each row's "name", "seed" and "baseline" (name_rows). The table ('' when
+    no variant has two seeds) and each variant's gaps (for the rules' verdicts)."""
+    by_name: dict[str, dict[Any, dict[str, Any]]] = {}
     for r in rows:
-        if r["val_loss"] is not None:
-            by_name.setdefault(r["name"], []).append(r)
+        by_name.setdefault(r["name"], {})[r.get("seed")] = r
     if max(map(len, by_name.values()), default=0) < 2:
-        return ""
-
-    def spread(values: list[float], fmt: str) -> dict[str, Any]:
-        return {"mean": statistics.fmean(values), "range": f"{min(values):{fmt}} to {max(values):{fmt}}"} if values else {}
-
-    summary = [{"name": name, "seeds": len(mine), **spread([r["val_loss"] for r in mine], ".3f"),
-                **{f"gap_{k}": v for k, v in spread([r["gap"] for r in mine if r.get("gap") is not None], "+.3f").items()}}
-               for name, mine in by_name.items()]
-    return markdown_table(summary, (Column("method", "name", align=":--"), Column("seeds", "seeds"), Column("val loss, mean", "mean", ".3f"),
-                                    Column("range", "range"), Column(f"minus {baseline_title} (same seed), mean", "gap_mean", "+.3f"),
-                                    Column("range", "gap_range")))
+        return "", []
+    summary, verdicts = [], []
+    for name, mine in by_name.items():
+        cell = seed_cell(mine, mine, metric)
+        base = next((r["baseline"] for r in mine.values() if r.get("baseline")), None)
+        gaps = gap_values(cell, seed_cell(by_name.get(base, {}), mine, metric)) if base and base != name else {}
+        loss = cell.spread()
+        summary.append({"name": name, "seeds": len(mine), "loss": cell.text(), "sd": loss.sd if loss else None, **gap_record("gap", gaps)})
+        if gaps:
+            verdicts.append((name, gaps))
+    table = markdown_table(summary, (Column("method", "name", align=":--"), Column("seeds", "seeds"), Column("loss, mean", "loss"),
+                                     Column("SD", "sd", ".3f"), Column(f"minus {baseline_title} (same seed), mean", "gap_text"),
+                                     Column("SD", "gap_sd", ".3f"), Column("95% interval", "gap_interval")))
+    return table, verdicts
 
 
 # -----------------------------------------------------------------------------
@@ -518,6 +572,7 @@ class Sweep:
     follow_up: Callable[["Sweep", dict[Point, float]], list[Point]] | None = None  # the plan, from the finished runs' losses
     extra: Callable[[Point, Path], dict[str, Any]] | None = None  # more row keys, read from the run's folder
     diagnostics: bool = False  # whether rows hold the last evaluation's diagnostic summaries
+    rules: tuple[Rule, ...] = ()  # decision rules on each variant's gaps to its baseline, declared before the runs (declare)
 
     def values(self, key: str) -> tuple[Any, ...]:
         """The values of the axis named key."""
@@ -564,6 +619,7 @@ class Place:
     table_only: bool = False  # run nothing: only the runs already in their folders count
     dry_run: bool = False  # as table_only, and print the runs the plan holds
     listed: dict[str, str] = field(default_factory=dict)  # dry run: folder -> its state, as printed
+    declared: dict[str, Any] = field(default_factory=dict)  # the sweep's declaration (declare), once start_study made it
 
     @staticmethod
     def of(args: Any, overrides: list[str]) -> "Place":
@@ -636,9 +692,10 @@ def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: i
 UNSTABLE = ("diverged", STUCK_AT_UNIGRAM, STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
 
 
-def final_loss(row: dict[str, Any]) -> float:
-    """What a follow-up rule ranks: the final val loss, inf for a run that diverged or collapsed."""
-    return row["val_loss"] if row["status"] == "ok" and row["val_loss"] is not None else math.inf
+def final_loss(row: dict[str, Any], metric: str = SAMPLED_METRIC) -> float:
+    """What a follow-up rule and a table rank: the final loss by `metric` (table_metric), inf for a
+    run that diverged or collapsed."""
+    return row[metric] if row["status"] == "ok" and row.get(metric) is not None else math.inf
 
 
 def has_ended(row: dict[str, Any]) -> bool:
@@ -679,9 +736,9 @@ def distinct_labels(sweep: Sweep, points: list[Point]) -> Callable[[Point], str]
     return lambda p: ", ".join([method(p), *(f"{k}={value_text(p.get(k))}" for k in varying.get(method(p), keys))])
 
 
-def name_rows(sweep: Sweep, points: list[Point], rows: dict[Point, dict[str, Any]]) -> list[dict[str, Any]]:
+def name_rows(sweep: Sweep, points: list[Point], rows: dict[Point, dict[str, Any]], metric: str = SAMPLED_METRIC) -> list[dict[str, Any]]:
     """The rows in the plan's order, each with its name, and with a baseline its baseline's name
-    and its val loss minus the same seed's baseline run's ('gap')."""
+    and its loss by `metric` minus the same seed's baseline run's ('gap')."""
     name = sweep.label or distinct_labels(sweep, points)
     out = []
     for p in points:
@@ -691,8 +748,8 @@ def name_rows(sweep: Sweep, points: list[Point], rows: dict[Point, dict[str, Any
         if sweep.baseline:
             base = rows.get(sweep.baseline(p), {})
             row["baseline"] = name(sweep.baseline(p))
-            both = row["val_loss"] is not None and base.get("val_loss") is not None
-            row["gap"] = row["val_loss"] - base["val_loss"] if both else None
+            both = row.get(metric) is not None and base.get(metric) is not None
+            row["gap"] = row[metric] - base[metric] if both else None
         out.append(row)
     return out
 
@@ -706,10 +763,11 @@ def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
     rows: dict[Point, dict[str, Any]] = {}
     tried: set[Point] = set()
     while True:
-        points = plan_points(sweep, {p: final_loss(r) for p, r in rows.items() if has_ended(r)})
+        metric = table_metric(rows.values())  # the plan selects on the loss its table will show
+        points = plan_points(sweep, {p: final_loss(r, metric) for p, r in rows.items() if has_ended(r)})
         todo = [p for p in points if p not in tried]
         if not todo:
-            return name_rows(sweep, points, rows)
+            return name_rows(sweep, points, rows, table_metric(rows.values()))
         tried.update(todo)
         for p, result in run_points(sweep, todo, place).items():
             rows[p] = point_row(sweep, p, result, unigram)
@@ -726,8 +784,12 @@ def diagnostic_columns() -> list[Column]:
 
 
 def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, Any]) -> list[Path]:
-    """OUT_DIR/<stem>.md (unless text is None) and <stem>.json; their paths."""
+    """OUT_DIR/<stem>.md (unless text is None) and <stem>.json; their paths. The declaration that
+    <stem>.json held (declare, written before the runs) stays in it as it was."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        declared = json.loads((out_dir / f"{stem}.json").read_text(encoding="utf-8")).get("declared")
+        record = {**record, "declared": declared} if declared is not None else record
     (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     if text is None:
         return [out_dir / f"{stem}.json"]
@@ -735,10 +797,21 @@ def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, 
     return [out_dir / f"{stem}.md", out_dir / f"{stem}.json"]
 
 
-def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = "") -> str:
-    """The table of runs, then, with a baseline and two seeds, the summary over the seeds."""
-    summary = paired_seed_summary(rows, baseline_title) if sweep.baseline else ""
-    return markdown_table(rows, sweep.columns) + (f"\n\nOver the seeds:\n\n{summary}" if summary else "")
+def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = "", declared: dict[str, Any] | None = None,
+              mix: bool | None = None) -> str:
+    """The loss and kernel path lines, the table of runs, then, with a baseline and two seeds, the
+    summary over the seeds and the rules' verdicts. mix: --mix_kernel_paths (None: a command
+    without the option, whose table names every path and refuses none)."""
+    metric = table_metric(rows)
+    paths = kernel_paths_line(rows, True if mix is None else mix)
+    text = f"Gaps and the summary over the seeds: {METRIC_TEXT[metric]}. {paths}\n\n{markdown_table(rows, sweep.columns)}"
+    summary, verdicts = paired_seed_summary(rows, baseline_title, metric) if sweep.baseline else ("", [])
+    if summary:
+        text += f"\n\nOver the seeds:\n\n{summary}"
+    if sweep.rules or (declared or {}).get("rules"):
+        rules = sweep.rules or tuple(parse_rule(t) for t in (declared or {})["rules"])
+        text += "\n\n" + rule_lines(rules, verdicts, declared or {})
+    return text
 
 
 def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dict[str, Any]], Place, float]:
@@ -749,6 +822,7 @@ def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dic
         print(f"note: {place.data_dir} holds no prepared {DATASET}; the sweep would prepare it there first (a dry run writes nothing)")
     else:
         ensure_data(place.data_dir, args.input)
+    place.declared = declare(sweep, place)  # before any run starts
     rows = run_sweep(sweep, place)
     return rows, place, unigram_loss(place.data_dir) if (place.data_dir / "meta.json").is_file() else math.nan
 
@@ -825,36 +899,249 @@ def swept_rates(lrs: list[float], losses: dict[float, float], extensions: int = 
         rates = sorted([*rates, best * step if at_top else best / step])
 
 
+def refined_rates(rates: list[float], losses: dict[float, float]) -> list[float]:
+    """The rates with the geometric midpoints (a sqrt(2) step on a grid of factor 2) between the
+    best and each of its neighbours; at an end of the grid, the midpoint of one grid step beyond."""
+    best = rates.index(min(rates, key=lambda lr: losses[lr]))
+    midpoints = []
+    for side in (-1, 1):
+        if 0 <= best + side < len(rates):
+            neighbour = rates[best + side]
+        else:  # one step of the grid's factor at that end
+            neighbour = rates[best] * (rates[1] / rates[0] if side < 0 else rates[-1] / rates[-2]) ** side
+        midpoints.append(float(f"{math.sqrt(rates[best] * neighbour):.6g}"))  # 6 digits: the folder names' precision
+    return sorted({*rates, *midpoints})
+
+
 def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed",
-                        grid: Callable[[Point], tuple[float, ...]] | None = None) -> Callable[[Sweep, dict[Point, float]], list[Point]]:
-    """The rule 'each group (every axis but the rate and the seed) at its own best rate': the first
-    seed at each rate of the group's grid (grid(group); without one, the rate axis's values),
-    extended past the best (swept_rates); once those are finished, every other seed at the best
-    rate and its neighbours. In the order to run them: every sweep point, then the seeds at the
-    best rates, then at their neighbours (so a sweep cut short misses the least telling runs).
-    The points sweep.keep leaves out are left out of the plan too (a whole group, such as nGPT
-    with an optimizer other than AdamW); a group's rates differ by `grid`, not by keep, since the
-    extension lies outside every grid."""
+                        grid: Callable[[Point], tuple[float, ...]] | None = None, refine: bool = False) -> Callable[[Sweep, dict[Point, float]], list[Point]]:
+    """The rule 'each group (every axis but the rate and the seed) at its own best rate': the
+    selection seed (the seed axis's first value, Seeds) at each rate of the group's grid
+    (grid(group); without one, the rate axis's values), extended past the best (swept_rates); with
+    refine, once those are finished, the midpoints on each side of the best (refined_rates). Once
+    the selection seed's rates are all finished, the held-out seeds run at its best rate and that
+    rate's neighbours. The best is the selection seed's alone, so the held-out seeds' losses there
+    are free of the choice (selected_cell). In the order to run them: every selection run, then
+    the held-out seeds at the best rates, then at their neighbours (so a sweep cut short misses
+    the least telling runs). The points sweep.keep leaves out are left out of the plan too (a
+    whole group, such as nGPT with an optimizer other than AdamW); a group's rates differ by
+    `grid`, not by keep, since the extension lies outside every grid."""
 
     def follow_up(sweep: Sweep, done: dict[Point, float]) -> list[Point]:
-        axis_rates, (first, *others) = tuple(sweep.values(rate)), sweep.values(seed)
+        axis_rates, seeds = tuple(sweep.values(rate)), Seeds.of(sweep.values(seed))
         groups = grid_points(Sweep(sweep.name, sweep.base, tuple(a for a in sweep.axes if a.key not in (rate, seed)), sweep.folder))
         sweeps: list[Point] = []
         at_best: list[Point] = []
         beside: list[Point] = []
         for group in groups:
             lrs = list(grid(group) if grid else axis_rates)
-            losses = {lr: loss for lr in set(lrs) | {p[rate] for p in done} if (loss := done.get(group.but(**{rate: lr, seed: first}))) is not None}
+            losses = {lr: loss for lr in set(lrs) | {p[rate] for p in done} if (loss := done.get(group.but(**{rate: lr, seed: seeds.selection}))) is not None}
             rates, finished = swept_rates(lrs, losses, extensions)
-            sweeps += [group.but(**{rate: lr, seed: first}) for lr in rates]
+            if refine and finished and math.isfinite(min(losses[lr] for lr in rates)):
+                rates = refined_rates(rates, losses)
+                finished = all(lr in losses for lr in rates)
+            sweeps += [group.but(**{rate: lr, seed: seeds.selection}) for lr in rates]
             if not finished or not math.isfinite(min(losses[lr] for lr in rates)):
                 continue  # still sweeping, or every rate diverged or collapsed: no best to seed
             best = rates.index(min(rates, key=lambda lr: losses[lr]))
-            at_best += [group.but(**{rate: rates[best], seed: s}) for s in others]
-            beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in others]
+            at_best += [group.but(**{rate: rates[best], seed: s}) for s in seeds.held_out]
+            beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in seeds.held_out]
         return [p for p in sweeps + at_best + beside if sweep.keep(p)]
 
     return follow_up
+
+
+# -----------------------------------------------------------------------------
+# Selection and held-out seeds: the statistics of a study's table (stats.py has the maths)
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """A study's seeds: its best rate is chosen on `selection` alone, and the held-out seeds'
+    losses at that rate are its headline, so that the luck of the choice does not flatter it."""
+
+    selection: int
+    held_out: tuple[int, ...]
+
+    @staticmethod
+    def of(values: Iterable[int]) -> "Seeds":
+        """The first seed selects, the others are held out (a seed axis, --seeds)."""
+        first, *others = values
+        return Seeds(first, tuple(others))
+
+
+def seed_order(seeds: list[int], selection: int | None) -> list[int]:
+    """--seeds with the selection seed first (--selection_seed; None: the first of --seeds)."""
+    if selection is None:
+        return seeds
+    if selection not in seeds:
+        raise UsageError(f"--selection_seed {selection} is not one of --seeds ({', '.join(map(str, seeds))}); give one of them.")
+    return [selection, *(s for s in seeds if s != selection)]
+
+
+# What the table says of a run that did not learn (UNSTABLE), in "failed (seed 1338 collapsed)".
+FAILURE_WORDS = {"diverged": "diverged", STOPPED_COLLAPSE: "collapsed", STUCK_AT_UNIGRAM: "stuck at unigram"}
+
+
+@dataclass(frozen=True)
+class SeedCell:
+    """One variant's runs over some seeds (at one rate): the losses of those that trained, what
+    went wrong with those that failed, and the seeds whose run is not there (yet)."""
+
+    losses: dict[int, float]
+    failed: dict[int, str]  # seed -> a FAILURE_WORDS word
+    missing: tuple[int, ...]
+
+    def values(self) -> dict[int, float | None]:
+        """{seed: loss}, inf for a failed run and None for a missing one (what a gap subtracts)."""
+        out: dict[int, float | None] = {s: math.inf for s in self.failed}
+        out.update(self.losses)
+        return {**out, **{s: None for s in self.missing}}
+
+    def spread(self) -> Spread | None:
+        """The losses' mean, SD and interval where every seed trained, else None: a failed seed is
+        never averaged away, and a missing one leaves the cell open."""
+        return spread(list(self.losses.values())) if self.losses and not self.failed and not self.missing else None
+
+    def text(self, fmt: str = ".3f") -> str | None:
+        """The headline cell: the mean, 'failed (seed 1338 collapsed)' or 'runs missing (seed 1339)'."""
+        if self.failed:
+            return "failed (" + ", ".join(f"seed {s} {word}" for s, word in self.failed.items()) + ")"
+        if self.missing:
+            return f"runs missing (seed {', '.join(map(str, self.missing))})"
+        s = self.spread()
+        return None if s is None else format(s.mean, fmt)
+
+    def seeds_text(self, fmt: str = ".3f") -> str | None:
+        """Each seed: '1338: 2.031, 1339: collapsed, 1340: -'."""
+        def one(seed: int) -> str:
+            return format(self.losses[seed], fmt) if seed in self.losses else self.failed.get(seed, "-")
+        return ", ".join(f"{s}: {one(s)}" for s in sorted(self.values())) or None
+
+    def record(self) -> dict[str, Any]:
+        s = self.spread()
+        return {"losses": self.losses, "failed": self.failed, "missing": list(self.missing),
+                "mean": s.mean if s else None, "sd": s.sd if s else None, "low": s.low if s else None, "high": s.high if s else None}
+
+
+def seed_cell(runs: dict[int, dict[str, Any]], seeds: Iterable[int], metric: str) -> SeedCell:
+    """The SeedCell of `seeds` from their rows ({seed: row}); a run that crashed or is unfinished is missing."""
+    losses, failed, missing = {}, {}, []
+    for s in seeds:
+        row = runs.get(s)
+        if row is None or not has_ended(row):
+            missing.append(s)
+        elif math.isfinite(loss := final_loss(row, metric)):
+            losses[s] = loss
+        else:
+            failed[s] = FAILURE_WORDS.get(row["status"], row["status"])
+    return SeedCell(losses, failed, tuple(missing))
+
+
+def selected_cell(runs: list[dict[str, Any]], seeds: Seeds, metric: str, rate: str = "lr") -> dict[str, Any]:
+    """A group's runs (one arm, all rates and seeds) as its table shows them: the rate where the
+    selection seed's loss is lowest, that loss, the held-out seeds there (a SeedCell, the
+    headline), and each rate where the selection seed trained but a held-out seed failed."""
+    by = {(r[rate], r["seed"]): r for r in runs}
+    chosen = {lr: final_loss(r, metric) for (lr, s), r in by.items() if s == seeds.selection and has_ended(r)}
+    trained = {lr: loss for lr, loss in chosen.items() if math.isfinite(loss)}
+    best = min(trained, key=trained.__getitem__) if trained else None
+    held = seed_cell({s: r for (lr, s), r in by.items() if lr == best}, seeds.held_out, metric)
+    failed_beside = [(lr, s, word) for lr in sorted(trained) for s, word in
+                     seed_cell({q: r for (x, q), r in by.items() if x == lr}, seeds.held_out, metric).failed.items()]
+    return {"rate": best, "selection_loss": trained.get(best) if best is not None else None, "held_out": held, "held_out_failed_at": failed_beside}
+
+
+def failed_at_text(failed: list[tuple[float, int, str]]) -> str:
+    """'0.004 (seed 1338 collapsed)': the rates where the selection seed trained and a held-out seed did not."""
+    return ", ".join(f"{lr:g} (seed {s} {word})" for lr, s, word in failed) or "-"
+
+
+Gaps = dict[int, "float | None"]  # {held-out seed: arm minus baseline}; see gap_values
+
+
+def gap_values(mine: SeedCell, base: SeedCell) -> Gaps:
+    """Per seed, the arm's loss minus the baseline's, each at its own selected rate: None where
+    either run is missing, +inf where the arm failed and the baseline trained, -inf the reverse,
+    nan where both failed (a failure counts against its side, stats.verdict)."""
+    a, b = mine.values(), base.values()
+    return {s: None if a[s] is None or b.get(s) is None else a[s] - b[s] for s in a}  # type: ignore[operator]
+
+
+def gap_spread(gaps: Gaps) -> Spread | None:
+    """The gaps' mean, SD and interval where every seed has a finite gap, else None."""
+    values = list(gaps.values())
+    return spread(values) if values and all(v is not None and math.isfinite(v) for v in values) else None  # type: ignore[arg-type]
+
+
+def gap_text(gaps: Gaps, fmt: str = "+.3f") -> str | None:
+    """The mean gap, or why there is none: 'failed (seed 1338: the arm failed)', 'runs missing (seed 1339)'."""
+    sides = {1: "the arm failed", -1: "the baseline failed"}
+    failed = [f"seed {s}: {sides.get(int(math.copysign(1, g)), 'both failed') if not math.isnan(g) else 'both failed'}"
+              for s, g in gaps.items() if g is not None and not math.isfinite(g)]
+    missing = [str(s) for s, g in gaps.items() if g is None]
+    if failed:
+        return f"failed ({', '.join(failed)})"
+    if missing:
+        return f"runs missing (seed {', '.join(missing)})"
+    s = gap_spread(gaps)
+    return None if s is None else format(s.mean, fmt)
+
+
+def gap_record(prefix: str, gaps: Gaps) -> dict[str, Any]:
+    """A summary row's keys of a gap: each seed's, the mean, SD and interval (None where there is none)."""
+    s = gap_spread(gaps)
+    return {f"{prefix}s": gaps, f"{prefix}_text": gap_text(gaps), f"{prefix}_mean": s.mean if s else None, f"{prefix}_sd": s.sd if s else None,
+            f"{prefix}_low": s.low if s else None, f"{prefix}_high": s.high if s else None,
+            f"{prefix}_interval": s.interval_text() if s else None}
+
+
+def gaps_text(gaps: Gaps, fmt: str = "+.3f") -> str | None:
+    """Each seed's gap: '1338: -0.012, 1339: +inf'."""
+    return ", ".join(f"{s}: {'-' if g is None else format(g, fmt)}" for s, g in sorted(gaps.items())) or None
+
+
+def rule_lines(rules: tuple[Rule, ...] | list[Rule], verdicts: list[tuple[str, Gaps]], declared: dict[str, Any]) -> str:
+    """The decision rules with each arm's verdict ('- rule every_gap<-0.02 (...): 0.5-SpheretNorm -> holds'),
+    and when they were declared; 'Decision rule: none declared.' without one."""
+    if not rules:
+        return "Decision rule: none declared (--rule)."
+    before = declared.get("runs_in_folder", 0)
+    when = "before any run" if not before else f"after {before} run folder(s) were already there"
+    lines = [f"Decision rules, declared {when} ({declared.get('declared_at', 'now')}):"]
+    for rule in rules:
+        lines += [f"- rule {rule.text} ({rule.describe()}): {name} -> {verdict(rule, gaps)}" for name, gaps in verdicts]
+    return "\n".join(lines)
+
+
+def declare(sweep: Sweep, place: Place) -> dict[str, Any]:
+    """The sweep's declaration: its rules and seeds, written into OUT_DIR/<name>.json before any run
+    starts (write_outputs keeps it there), so that a rule cannot be chosen after the results. A
+    sweep that declared rules keeps them: no rules given means the declared ones, other rules are a
+    UsageError. A dry run writes nothing."""
+    path = place.out_dir / f"{sweep.name}.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        record = {}  # a damaged record: publish writes it anew
+    given = [r.text for r in sweep.rules]
+    old = record.get("declared")
+    if old is not None:
+        if given and given != old.get("rules", []):
+            raise UsageError(f"--rule {' '.join(given)} differs from the rule(s) declared in {path} before its runs "
+                             f"({' '.join(old.get('rules', [])) or 'none'}); give those, or use another --out_dir.")
+        return old
+    seeds = Seeds.of(sweep.values("seed")) if any(a.key == "seed" for a in sweep.axes) else None
+    declared = {"rules": given, "selection_seed": seeds.selection if seeds else None, "held_out_seeds": list(seeds.held_out) if seeds else [],
+                "declared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs_in_folder": sum(1 for _ in place.out_dir.glob(f"**/{CONFIG_NAME}"))}
+    if not place.dry_run:
+        place.out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**record, "declared": declared}, indent=2) + "\n", encoding="utf-8")
+    return declared
+
+
+def declared_rules(place: Place) -> tuple[Rule, ...]:
+    return tuple(parse_rule(text) for text in place.declared.get("rules", []))
 
 
 # -----------------------------------------------------------------------------
@@ -882,23 +1169,35 @@ def narrowed(sweep: Sweep, specs: list[str]) -> Sweep:
     return replace(sweep, axes=tuple(axes.values()))
 
 
+def add_table_options(parser: Any) -> None:
+    """The options of a table of held-out seeds, gaps and rules (sweep_main, fair_sweep)."""
+    parser.add_argument("--rule", action="append", default=[], metavar="RULE",
+                        help="a decision rule on each arm's held-out gaps to the baseline, e.g. every_gap<-0.02 or upper<0 "
+                             "(QUANTITY<N or >N, QUANTITY one of every_gap, upper, lower); recorded before the runs; repeatable")
+    parser.add_argument("--mix_kernel_paths", action="store_true", help="tabulate runs of several kernel paths together (default: refuse)")
+
+
 def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", baseline_title: str = "the baseline") -> int:
-    """A command that runs a sweep as declared: the common options, --axis to run part of it, and
-    any train.py --key=value for every run; writes OUT_DIR/<name>.md and .json."""
+    """A command that runs a sweep as declared: the common options, --axis to run part of it,
+    --rule and --mix_kernel_paths, and any train.py --key=value for every run; writes
+    OUT_DIR/<name>.md and .json."""
     p = study_parser(doc or f"The {sweep.name} sweep.")
     p.add_argument("--axis", action="append", default=[], help="KEY=V1,V2: run only these values of an axis (repeatable)")
     p.add_argument("--out_dir", default=f"out/{sweep.name}", help=f"where the runs and the table go (default out/{sweep.name})")
     p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
     p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds; run nothing")
     add_common_options(p)
+    add_table_options(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         started = time.perf_counter()
         check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in config_keys()}})
-        chosen = narrowed(sweep, args.axis)
+        chosen = replace(narrowed(sweep, args.axis), rules=sweep.rules + tuple(map(parse_rule, args.rule)))
         rows, place, unigram = start_study(chosen, args, overrides)
-        text = runs_text(chosen, rows, baseline_title)
-        return 0 if place.dry_run else publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, [], rows, started)
+        if place.dry_run:
+            return 0
+        text = runs_text(chosen, rows, baseline_title, place.declared, args.mix_kernel_paths)
+        return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "metric": table_metric(rows), "runs": rows}, [], rows, started)
 
     return study_main(p.parse_known_args, run, argv)
 
