@@ -46,7 +46,7 @@ import torch
 import torch.distributed as torch_dist
 
 from spheretnorm.runtime.batches import TRAIN_STREAM, TokenData, batch_offsets, get_batch, load_data
-from spheretnorm.runtime.schedule import learning_rate_at
+from spheretnorm.runtime.schedule import apply_schedule, learning_rate_at
 from spheretnorm.runtime.device import (
     DeviceError,
     autocast_context,
@@ -58,10 +58,10 @@ from spheretnorm.runtime.device import (
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta
-from spheretnorm.runtime.run_checkpoint import write_run_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta, rng_from_plain
+from spheretnorm.runtime.run_checkpoint import restore_training_state, write_run_checkpoint
 from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, restore_weights, resume_checkpoint, settle_at_start
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, resume_checkpoint, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
@@ -270,12 +270,12 @@ class Trainer:
         self.outputs = RunLog(self.cfg, dist.is_master, self.progress)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        restore_weights(self.cfg, ckpt, self.raw_model, self.optimizer, self.resume_from)  # sharded_checkpoint.py
+        restore_training_state(self.cfg, ckpt, self.raw_model, self.optimizer, self.resume_from)  # the current settings' groups
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.progress.restore(ckpt)
         if len(ckpt["rng"]) == self.dist.world_size:
-            set_rng_state(ckpt["rng"][self.dist.rank])
+            set_rng_state(rng_from_plain(ckpt["rng"][self.dist.rank]))
         else:
             print0(
                 f"NOTE: the checkpoint was written by {len(ckpt['rng'])} process(es), this run has "
@@ -293,11 +293,7 @@ class Trainer:
         """Run optimizer step `step`; returns (mean loss, grad norm, stop requested on any rank,
         metrics write failed on any rank)."""
         cfg = self.cfg
-        lr = learning_rate_at(step, cfg)
-        for group in self.optimizer.param_groups:
-            # Each group's peak rate in units of learning_rate (μP's factor, Muon's rate:
-            # spheretnorm/optim.py); absent in older checkpoints.
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        apply_schedule(self.optimizer.param_groups, step, cfg)  # each group's own peak rate, scaled
         block = self.model_cfg.block_size
         offsets = batch_offsets(cfg.seed, TRAIN_STREAM, step, cfg.global_batch_size, self.data.num_tokens("train"), block)
         mine = offsets.reshape(self.dist.world_size, self.accum, cfg.batch_size)[self.dist.rank]

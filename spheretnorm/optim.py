@@ -17,8 +17,11 @@ Four entries ship:
   on each hidden matrix's Frobenius sphere of fixed radius; AdamW for the rest.
 docs/OPTIMIZERS.md writes out the equations and every choice the papers leave open.
 
-The learning-rate schedule sets every group's lr to schedule(step) * group["lr_scale"], so a
-group's lr_scale is its peak rate in units of learning_rate (Muon's: muon_lr / learning_rate).
+A recipe sets each group's "lr" to the peak rate it means (Muon's: muon_lr, μP's factors
+included); build_optimizer stamps it as the group's "peak_lr", and the schedule
+(runtime/schedule.py) scales that peak by its warm-up and decay. A resume re-applies the current
+settings' groups over the checkpoint's (apply_group_settings), except the keys a recipe declares
+`resume_fixed`, whose change is refused.
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class OptimizerRecipe:
     title = ""  # the name in tables and messages
     params: tuple[MethodParam, ...] = ()  # the training keys of this optimizer (shared ones: the same MethodParam)
     rate_key = "learning_rate"  # the key that sets the hidden matrices' peak rate (what a rate sweep moves)
+    # Keys whose value the optimizer keeps in its state from the first step on (the Hyperball's
+    # radius): a resume cannot apply a change to them, so it refuses one.
+    resume_fixed: tuple[str, ...] = ()
     mup_step: str | None = None  # how it moves hidden matrices (a key of mup.HIDDEN_LR_EXPONENTS); None: no μP rule
 
     @classmethod
@@ -179,7 +185,47 @@ def build_optimizer(model: nn.Module, settings: OptimizerSettings, device_type: 
         raise ValueError(f"Unknown optimizer {settings.optimizer!r}; valid optimizers are: {', '.join(OPTIMIZERS)}.")
     optimizers = OPTIMIZERS[settings.optimizer].build(model, settings, device_type)
     check_groups(model, optimizers)
+    stamp_peak_rates(optimizers)
     return optimizers
+
+
+PEAK_LR = "peak_lr"  # a group's peak rate, which the schedule scales (runtime/schedule.py)
+
+
+def stamp_peak_rates(optimizers: Optimizers) -> None:
+    """Each group's rate as its recipe built it is its peak: the schedule scales it, so a recipe
+    sets the rates it means and nothing else."""
+    for group in optimizers.param_groups:
+        group[PEAK_LR] = group["lr"]
+
+
+def group_settings(optimizers: Optimizers) -> list[dict[str, Any]]:
+    """Every group's hyperparameters (all but its parameters), as the current settings built them."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizers.param_groups]
+
+
+def apply_group_settings(optimizers: Optimizers, settings: list[dict[str, Any]]) -> None:
+    """Put `settings` (group_settings of a fresh build) over groups a checkpoint's state replaced:
+    load_state_dict restores the saved groups whole, so without this a resume would train with
+    the checkpoint's rates, betas and decay whatever the command line says."""
+    for group, fresh in zip(optimizers.param_groups, settings, strict=True):
+        if "lr_scale" not in fresh:  # an earlier commit's factor of a group that no longer has one
+            group.pop("lr_scale", None)
+        group.update(fresh)
+
+
+def refused_resume_change(settings: OptimizerSettings, saved_params: dict[str, Any]) -> str | None:
+    """The one-sentence refusal of a changed key whose value lives in the optimizer's state
+    (OptimizerRecipe.resume_fixed), or None; saved_params: the checkpoint's optimizer_params."""
+    recipe, keys = OPTIMIZERS[settings.optimizer], settings.optimizer_params
+    changed = [k for k in recipe.resume_fixed if k in saved_params and saved_params[k] != keys[k]]
+    if not changed:
+        return None
+    k = changed[0]
+    return (
+        f"Refusing to resume with {k}={keys[k]!r}: the checkpoint's optimizer state holds the value it was trained with, "
+        f"{saved_params[k]!r}, which a resume cannot change; pass --{k}={saved_params[k]}, or --fresh_optimizer=true to start a new optimizer state."
+    )
 
 
 def check_groups(model: nn.Module, optimizers: Optimizers) -> None:
@@ -196,8 +242,10 @@ def check_groups(model: nn.Module, optimizers: Optimizers) -> None:
 
 
 def adamw_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], weight_decay: float, learning_rate: float) -> list[dict[str, Any]]:
-    """AdamW's groups over `named` parameters: the connection's rule (decay, LR factor) and μP's
-    factor of each parameter's kind; equal (decay, lr_scale) make one group, in first-seen order."""
+    """AdamW's groups over `named` parameters, at peak rates learning_rate (a recipe passes its own
+    rate) times the connection's rule (decay, LR factor) and μP's factor of each parameter's kind;
+    equal (decay, factor) make one group, in first-seen order. "lr_scale" keeps the factor
+    unrounded: the schedule uses it where it is the peak in units of the run's learning_rate."""
     config = model.config
     connection = CONNECTIONS[config.connection]
     ratio = config.mup_ratio
@@ -434,12 +482,12 @@ def hidden_split(named: list[tuple[str, nn.Parameter]]) -> tuple[list[tuple[str,
     return hidden, [(n, p) for n, p in named if id(p) not in ids]
 
 
-def hidden_lr_scale(model: nn.Module, settings: OptimizerSettings, peak: float, step: str) -> float:
-    """A hidden group's lr_scale: its peak rate in units of learning_rate (so the schedule's warm-up
-    and decay shape it as they shape AdamW's), times μP's factor for the step that moves it."""
+def hidden_peak(model: nn.Module, peak: float, step: str) -> float:
+    """A hidden group's peak rate: the optimizer's own (muon_lr, hyperball_lr) times μP's factor
+    for the step that moves it."""
     ratio = model.config.mup_ratio
     mup = lr_scale("hidden", ratio, step) if ratio != 1.0 else 1.0
-    return peak * mup / settings.learning_rate if settings.learning_rate > 0 else 0.0
+    return peak * mup
 
 
 def rest_adamw(model: nn.Module, rest: list[tuple[str, nn.Parameter]], settings: OptimizerSettings, device_type: str) -> torch.optim.AdamW:
@@ -493,12 +541,12 @@ class MuonAdamW(OptimizerRecipe):
         keys = settings.optimizer_params
         hidden, rest = hidden_split(trainable(model))
         connection = CONNECTIONS[model.config.connection]
-        scale = hidden_lr_scale(model, settings, keys["muon_lr"], cls.hidden_step(keys))
+        peak = hidden_peak(model, keys["muon_lr"], cls.hidden_step(keys))
         by_decay: dict[bool, list[nn.Parameter]] = {True: [], False: []}  # the connection's rule decides, as for AdamW
         for n, p in hidden:
             by_decay[connection.optimizer_rule(n, p).decay].append(p)
         groups = [
-            {"params": ps, "weight_decay": settings.weight_decay if decays else 0.0, "lr": settings.learning_rate * scale, "lr_scale": scale}
+            {"params": ps, "weight_decay": settings.weight_decay if decays else 0.0, "lr": peak}
             for decays, ps in by_decay.items() if ps
         ]
         muon = Muon(groups, lr=keys["muon_lr"], weight_decay=settings.weight_decay, momentum=keys["muon_momentum"],
@@ -512,6 +560,7 @@ class Hyperball(OptimizerRecipe):
     docs/OPTIMIZERS.md), AdamW with the paper's groups for the rest."""
 
     rate_key = "hyperball_lr"
+    resume_fixed = ("hyperball_radius",)  # each matrix's radius is fixed in the state at its first step
 
     @classmethod
     def check(cls, model_config: Any, settings: OptimizerSettings) -> None:
@@ -536,8 +585,7 @@ class Hyperball(OptimizerRecipe):
             zero = next((n for n, p in hidden if frobenius(p).item() == 0), None)
             if zero is not None:  # its initial norm, 0, would keep it at 0 for ever
                 raise ValueError(f"{zero} starts at norm 0, so hyperball_radius=0 (each matrix's initial norm) would hold it there; set hyperball_radius > 0.")
-        scale = hidden_lr_scale(model, settings, keys["hyperball_lr"], cls.mup_step)
-        groups = [{"params": [p for _, p in hidden], "weight_decay": 0.0, "lr": settings.learning_rate * scale, "lr_scale": scale}]
+        groups = [{"params": [p for _, p in hidden], "weight_decay": 0.0, "lr": hidden_peak(model, keys["hyperball_lr"], cls.mup_step)}]
         return Optimizers([cls.matrix_optimizer(groups, settings, device_type), rest_adamw(model, rest, settings, device_type)])
 
 

@@ -136,7 +136,7 @@ def test_mup_scales_each_optimizers_hidden_rate_by_its_own_exponent(optimizer: s
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=n, block_size=16, vocab_size=64, mup_base_width=base))
         opt = build_optimizer(model, parsed.train)
         names = {id(p): name for name, p in model.named_parameters()}
-        rates[base] = {names[id(p)]: g["lr_scale"] * lr for g in opt.param_groups for p in g["params"]}
+        rates[base] = {names[id(p)]: g["peak_lr"] for g in opt.param_groups for p in g["params"]}
     for name, rate in rates[n0].items():
         if re.fullmatch(r"transformer\.h\.\d+\.(attn|mlp)\.c_\w+\.weight", name):  # the blocks' matrices
             assert rates[0][name] == pytest.approx(peak), name  # standard: the optimizer's own peak rate

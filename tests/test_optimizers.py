@@ -90,8 +90,8 @@ def test_muon_owns_the_block_matrices_and_adamw_the_rest(block: str, connection:
     expected = {n for n, p in model.named_parameters() if p.dim() == 2 and in_blocks.match(n)}
     assert {name[id(p)] for g in muon.param_groups for p in g["params"]} == expected
     assert {name[id(p)] for g in adamw.param_groups for p in g["params"]} == set(name.values()) - expected
-    # The schedule scales every group from learning_rate; Muon's peak is muon_lr.
-    assert all(g["lr_scale"] * 6e-4 == pytest.approx(0.02) for g in muon.param_groups)
+    # Every group scales its own peak rate; Muon's is muon_lr.
+    assert all(g["peak_lr"] == 0.02 for g in muon.param_groups)
     decays = {g["weight_decay"] for g in muon.param_groups}
     assert decays == ({0.0} if connection == "ngpt" else {0.1})  # nGPT decays nothing
 

@@ -755,8 +755,20 @@ def print_plan(todo: list[Job], skipped: list[str], notes: list[str] = ()) -> No
         print(f"# {len(todo) + len(skipped)} runs: {len(todo)} to run, {len(skipped)} skipped")
 
 
+def check_torchrun_found(todo: list[Job]) -> None:
+    """Refuse in one line, before any run starts, when torchrun is not on PATH (a venv's python
+    called by its path leaves the venv's bin folder off PATH): subprocess would end in a traceback."""
+    if any(job.command[0] == "torchrun" for job in todo) and shutil.which("torchrun") is None:
+        bin_dir = Path(sys.executable).parent
+        raise UsageError(
+            f"torchrun was not found on PATH; activate the environment that has torch (source {bin_dir / 'activate'}) "
+            f"or add {bin_dir} to PATH, then launch again (or run each printed command with {sys.executable} -m torch.distributed.run)."
+        )
+
+
 def execute(todo: list[Job], mode: str) -> int:
     """Run the commands one after another on this machine; returns the number that failed."""
+    check_torchrun_found(todo)
     failed = []
     for i, job in enumerate(todo, start=1):
         run = job.run

@@ -119,13 +119,32 @@ def describe_error(exc: BaseException) -> str:
 
 
 
+def rng_to_plain(state: dict[str, Any]) -> dict[str, Any]:
+    """device.rng_state() in tensors and plain values only, so that a checkpoint loads with plain
+    torch.load(path) (weights_only=True since torch 2.6): numpy's state holds an ndarray."""
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    numpy = {"bit_generator": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+             "has_gauss": has_gauss, "cached_gaussian": cached}
+    return {**state, "numpy": numpy}
+
+
+def rng_from_plain(state: dict[str, Any]) -> dict[str, Any]:
+    """What rng_to_plain wrote, back in device.set_rng_state's form; an earlier commit's state
+    (numpy's as the tuple numpy gives) is that form already."""
+    numpy = state["numpy"]
+    if not isinstance(numpy, dict):
+        return state
+    keys = np.asarray(numpy["keys"].numpy(), dtype=np.uint32)
+    return {**state, "numpy": (numpy["bit_generator"], keys, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"])}
+
+
 def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
     """What torch.save wrote to `path`, unpickled safely; any failure is a CheckpointError naming it.
 
     Unpickling runs with weights_only=True: besides tensors and plain Python values, only the
-    allow-list below may be rebuilt, which is what train.py saves beyond those (numpy's RNG
-    state holds an ndarray). A file carrying anything else, such as a pickled callable, is
-    refused before any of it runs. mmap=True maps the tensors' storage instead of reading it,
+    allow-list below may be rebuilt: numpy's RNG state as earlier commits saved it, an ndarray
+    (rng_to_plain now saves plain values). A file carrying anything else, such as a pickled
+    callable, is refused before any of it runs. mmap=True maps the tensors' storage instead of reading it,
     for a look at their names and shapes (torch.save's zip archives only).
     """
     path = Path(path)
