@@ -1,6 +1,6 @@
 """What a study's run costs here, path by path (eager, compiled; fp32, bf16): python scripts/run_cost.py --help.
 
-The code lives in `spheretnorm.experiments.run_cost`; this file is the command.
+The code lives in `spheretnorm.experiments.study_cost`; this file is the command.
 """
 
 import sys
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's pac
 from spheretnorm.runtime.cli import explain_missing_packages
 
 explain_missing_packages(__file__)  # before any third-party import
-from spheretnorm.experiments.run_cost import main
+from spheretnorm.experiments.study_cost import main
 
 if __name__ == "__main__":
     sys.exit(main())

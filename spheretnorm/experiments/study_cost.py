@@ -1,14 +1,16 @@
 """What a study's run costs on this machine, path by path: start-up and compile, the step, the evaluations.
 
     python scripts/run_cost.py                                    # the four study shapes, eager and compiled
-    python scripts/run_cost.py --shapes 24x128 --arms pre_ln --paths compiled --iters 40
+    python scripts/run_cost.py --shapes 24x128 --arms pre_ln --paths compiled --iters 20,100
     python scripts/run_cost.py --dtypes float32,bfloat16 --json cost.json
 
 Each (shape, arm, path, dtype) trains the real train.py in a subprocess of one thread, as a
 study's run does (LLaMA's block, the fair sweep's batch and block, its recipe), twice: SHORT and
 LONG iterations (--iters), each ending as a study run ends (eval_iters batches per split,
 diagnostics and the whole validation split). The costs are the processes' CPU seconds, which on
-one thread are what the run takes alone on its core, whatever else the machine is doing: the
+one thread are about what the run takes alone on its core: less moved by other work on the machine
+than wall time, not immune to it (a core's sibling thread and the shared caches slow it too, by
+up to 2x in one measurement here), so measure on an idle machine. The
 difference of the two lengths is the step; what is left of the short run is the fixed part
 (imports, data, model, compile, checkpoints). A compiled case trains LONG once more first, cold:
 that first compile's extra is `cold_extra_s`, paid by the first run of a shape in a sweep, whose
@@ -66,8 +68,7 @@ def train_args(case: Case, iters: int, out_dir: Path, data_dir: Path) -> list[st
 
 def train_once(case: Case, iters: int, data_dir: Path, threads: int) -> tuple[float, list[dict[str, Any]] | str]:
     """(CPU seconds of the train.py process, its metrics rows or an error line): one case trained
-    for `iters` iterations. CPU time, not wall time: on a machine shared with other work a
-    one-thread run's CPU time is what it would take alone on its core."""
+    for `iters` iterations. CPU time, not wall time: less moved by other work on the machine."""
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
         out = Path(tmp) / "run"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
