@@ -384,6 +384,7 @@ def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_di
         "--arms=pre_ln", "--blocks=llama", "--lrs=1e-2,3e-2", "--seeds=5,6", "--max_iters=30", "--warmup_iters=3",
         f"--out_dir={out}", f"--data_dir={data_dir}", "--jobs=2",
         "--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--global_batch_size=4", "--eval_iters=2",
+        "--compile=false",  # the studies compile by default; four tiny compiles would only slow the suite
     ]
     assert fair_sweep.main(argv) == 0
     first = capsys.readouterr().out

@@ -136,7 +136,7 @@ def test_the_p_sweep_plans_five_p_by_two_seeds_and_runs_end_to_end(tmp_path: Pat
     play.write_text("\n".join(f"{who}: the {what} is {how}." for who in ("ANN", "BEN") for what in ("sea", "king") for how in ("near", "gone")) * 60)
     ensure_data(tmp_path / "data", str(play))
     tiny = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--global_batch_size=4", "--eval_iters=2",
-            "--max_iters=6", "--lr_decay_iters=6", "--warmup_iters=1", "--eval_interval=6", "--log_interval=2"]
+            "--max_iters=6", "--lr_decay_iters=6", "--warmup_iters=1", "--eval_interval=6", "--log_interval=2", "--compile=false"]
     argv = ["--axis", "spheret_p=0.5,1", "--axis", "seed=1337", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}", *tiny]
     assert p_sweep.main(argv) == 0
     record = json.loads((tmp_path / "out" / "p_sweep.json").read_text())

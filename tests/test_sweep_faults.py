@@ -101,12 +101,18 @@ def test_a_dry_run_writes_nothing_and_says_how_many_runs_and_how_long(tmp_path: 
     lines = capsys.readouterr().out.splitlines()
     assert sum(line.endswith("(to run)") for line in lines) == 2
     assert lines[-1].startswith("fair_sweep: 2 runs in the plan now (2 to run); the follow-ups may add up to 4 more (at most 6). Time: about ")
-    per_run = 50 * fair_comparison.SECONDS_PER_ITER  # --max_iters 50, no finished run to time
+    # --max_iters 50, no finished run to time: the compiled path's fixed part, steps and final evaluation
+    per_run = fair_comparison.RUN_FIXED_SECONDS[True] + (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[True]
     assert f"about {per_run:.0f} s for the 2 to run or resume" in lines[-1]
     assert lines[-1].endswith(f"at 2 at a time (about {per_run:.0f} s a run, estimated).")
     # Twice the width, about twice the time (12 x 128 runs took about 2.2x the 12 x 64 ones).
     assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--n_embd=128"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {2 * per_run:.0f} s a run, estimated).")
+    steps = (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[True]
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {per_run + steps:.0f} s a run, estimated).")
+    # The eager path: no compile, a slower step.
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--compile=false"]) == 0
+    eager = fair_comparison.RUN_FIXED_SECONDS[False] + (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[False]
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {eager:.0f} s a run, estimated).")
 
 
 # A dry run only looks, so a folder it cannot make (proc) is found when the sweep runs.
@@ -129,3 +135,14 @@ def test_a_run_whose_config_is_not_json_is_one_line(tmp_path: Path, capsys: pyte
     assert fair_comparison.main(["--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "no_data"), *SMALL]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {run / 'config.json'} is not JSON")
+
+
+def test_a_finished_runs_time_counts_its_start_up_and_final_evaluation() -> None:
+    """A run found finished is timed as a whole (what the dry run's estimate uses): train.py's
+    elapsed_s at the last evaluation leaves out the start-up and that evaluation's own work."""
+    from spheretnorm.experiments.study import START_UP_SECONDS, finished_run_seconds
+
+    final = {"kind": "eval", "iter": 600, "elapsed_s": 100.0, "eval_s": 0.5, "diag_s": 1.0, "full_eval_s": 9.0}
+    assert finished_run_seconds(final) == 110.0 + START_UP_SECONDS
+    assert finished_run_seconds({"kind": "eval", "iter": 600, "elapsed_s": 50.0}) == 50.0 + START_UP_SECONDS  # before the whole-split evaluation
+    assert finished_run_seconds(None) is None

@@ -99,18 +99,26 @@ DEFAULT_BASE_LR = 2e-3  # the AdamW part's peak rate beside another optimizer: t
 # Every Hyperball optimizer (AdamH, MuonH) runs every arm at this radius: at the initial norm
 # (hyperball_radius=0) MuonH barely trains a sphere connection (docs/OPTIMIZERS.md).
 HYPERBALL_RADIUS = 1.0
-# Seconds an iteration of SHAPE takes on one thread, evaluations and start-up included: the
-# default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores (docs/LOG.md).
-# The dry run's estimate until finished runs give their own times.
-SECONDS_PER_ITER = 0.145
+# Seconds an iteration of SHAPE takes on one thread on the eager path, its evaluations included:
+# the default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores
+# (docs/LOG.md, 2026-12-01). The compiled path's step measured 1.5x faster (bench.py round-robin,
+# 12 x 128, docs/LOG.md 2026-12-04). The dry run's estimate until finished runs give their own times.
+SECONDS_PER_ITER = {False: 0.145, True: 0.145 / 1.5}
+# What a run costs besides its steps: start-up (imports, data, model) and, compiled, torch.compile's
+# first trace and its kernels from the cache a sweep's earlier runs filled (the very first compile of a
+# shape costs about a minute more); and the final evaluation over the whole val split, about as much
+# as FULL_EVAL_ITERS training steps (111k characters: 109 forward-only batches of 16 x 64).
+RUN_FIXED_SECONDS = {False: 10.0, True: 40.0}
+FULL_EVAL_ITERS = 40
 
 
-def estimated_run_seconds(model: GPTConfig, max_iters: int) -> float:
-    """A run's seconds before any has finished: SECONDS_PER_ITER scaled by depth times width. At
-    these small widths the per-token overheads keep the cost about linear in n_embd (LLaMA's block,
-    AdamW: 12 x 64 runs took 76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
+def estimated_run_seconds(model: GPTConfig, max_iters: int, compiled: bool) -> float:
+    """A run's seconds before any has finished, on its path: the fixed part, then the steps and
+    the final evaluation at SECONDS_PER_ITER scaled by depth times width. At these small widths the
+    per-token overheads keep the cost about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took
+    76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
     scale = (model.n_layer * model.n_embd) / (SHAPE["n_layer"] * SHAPE["n_embd"])
-    return max_iters * SECONDS_PER_ITER * scale
+    return RUN_FIXED_SECONDS[compiled] + (max_iters + FULL_EVAL_ITERS) * SECONDS_PER_ITER[compiled] * scale
 
 
 @dataclass(frozen=True)
@@ -492,9 +500,10 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
                               parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
-    model = parse_train_args(train_argv(design, plan_points(design, {})[0], place)).model_config()
+    parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
     if args.dry_run:
-        print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine), estimated_run_seconds(model, args.max_iters)))
+        estimate = estimated_run_seconds(parsed.model_config(), args.max_iters, parsed.train.compile)
+        print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine), estimate))
         return 0
     optimizers = design_optimizers(design)
     several = optimizers != [ADAMW]

@@ -64,7 +64,10 @@ SHARED_CORPUS = SHARED_DIR / "data" / "tinyshakespeare.txt"
 LOG_NAME = "train.log"
 
 # The model and batch of every CPU study; each script adds its schedule. Block 64 x batch 16
-# keeps a step near half a second on one core.
+# keeps a step near half a second on one core. Compiled, fp32: the fastest path measured for
+# these shapes (docs/LOG.md, 2026-12-04: a step 1.5x faster than eager; bf16 autocast is slower
+# still on a CPU without native bf16); --compile=false gives the eager path, which the LOG's runs
+# before 2026-12-04 used. Each run's config.json records the path (kernel_path).
 CPU_MODEL: dict[str, Any] = {
     "dataset": DATASET,
     "n_layer": 24,
@@ -77,7 +80,7 @@ CPU_MODEL: dict[str, Any] = {
     "log_interval": 10,
     "device": "cpu",
     "dtype": "float32",
-    "compile": False,
+    "compile": True,
     "wandb_log": False,
 }
 # Keys the studies set per run, and the option to use instead (the method's keys: check_overrides).
@@ -332,12 +335,12 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
     """What a finished job left: status (ok / stuck at unigram / stopped: collapse / diverged / ...), final losses, time.
 
     val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
-    is this job's wall-clock, or train.py's own elapsed time for a run found finished.
+    is this job's wall-clock, or finished_run_seconds for a run found finished.
     """
     run = load_run(result.job.out_dir) if (result.job.out_dir / CONFIG_NAME).is_file() else None
     status, reason = classify(run, result.returncode, unigram, result.message)
     final = run.final_eval if run else None
-    seconds = result.seconds if not result.reused else (final or {}).get("elapsed_s")
+    seconds = result.seconds if not result.reused else finished_run_seconds(final)
     return {
         "status": status,
         "reason": reason,
@@ -352,6 +355,20 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
         "reused": result.reused,
         "out_dir": str(result.job.out_dir),
     }
+
+
+# A run's start-up before train.py's clock starts (imports, data, model): what a finished run's
+# elapsed_s leaves out, besides its final evaluation's own seconds (measured: 5 to 10 s on 2 cores).
+START_UP_SECONDS = 8.0
+
+
+def finished_run_seconds(final: dict[str, Any] | None) -> float | None:
+    """The whole time of a run found finished: train.py's elapsed_s at its last evaluation (its
+    steps, compile and earlier evaluations), that evaluation's diagnostics and whole-split loss,
+    and the start-up before the clock started; None without an evaluation row."""
+    if not final or final.get("elapsed_s") is None:
+        return None
+    return final["elapsed_s"] + sum(final.get(key) or 0.0 for key in ("diag_s", "full_eval_s")) + START_UP_SECONDS
 
 
 FULL_METRIC = "val_loss_full"  # the final eval row's loss over the whole val split (non-overlapping windows)
@@ -669,7 +686,8 @@ def run_state(job: Job) -> str:
 def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: int, default_seconds: float) -> str:
     """The dry run's last line: the runs of the plan now by state, the most the design can grow
     to, and the time the remaining ones would take at --jobs at a time. A run's time is the mean
-    of the finished runs' own (train.py's elapsed_s), else `default_seconds`."""
+    of the finished runs' own (finished_run_seconds: their whole time, start-up and final
+    evaluation included), else `default_seconds`."""
     states = list(place.listed.values())
     counts = ", ".join(f"{states.count(s)} {s}" for s in RUN_STATES if states.count(s))
     measured = [r["seconds"] for r in rows if r.get("reused") and r.get("seconds")]
