@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Step time and MFU of every connection at the paper's S shape on one GPU, compiled, bf16:
 # both blocks under AdamW, Pre-LN and 0.5-SpheretNorm under Muon too (its step does not depend
-# on the connection), then a profile of the slowest compiled connection. Sized for one call of
-# about 10 minutes on an H100/H200, every part bounded by its own timeout, the most telling first:
+# on the connection), then a profile of the slowest compiled connection. One block per call of
+# about 10 minutes on an H100/H200 (BLOCKS=gpt2, then BLOCKS=llama: both blocks in one call did
+# not fit 600 s on 2026-12-04, see docs/LOG.md), every part bounded by its own timeout:
 #   1. warm torch.compile's caches: one process per (block, connection), a few at a time, one
 #      step each (compilation is CPU work; these timings are thrown away);
 #   2. bench.py per block, every connection in one process, timed round-robin from warm caches;
 #   3. Muon: Pre-LN and 0.5-SpheretNorm in both blocks;
 #   4. bench.py --profile on the slowest connection of part 2 beside Pre-LN.
 #
-#   bash scripts/gpu_speed.sh                    # torch with CUDA
-#   OUT=results/ bash scripts/gpu_speed.sh       # where the log and the JSON go
+#   BLOCKS=gpt2 bash scripts/gpu_speed.sh        # torch with CUDA; BLOCKS="gpt2 llama" for both
+#   OUT=results/ BLOCKS=llama bash scripts/gpu_speed.sh   # where the log and the JSON go
 set -uo pipefail
 if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -22,6 +23,7 @@ mkdir -p "$OUT"
 PY=$(command -v python || command -v python3)
 export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/spheretnorm_inductor}
+BLOCKS=${BLOCKS:-gpt2}
 WARM_AT_ONCE=${WARM_AT_ONCE:-5}  # at most ~20 GB of GPU memory each at S, batch 16
 S="config/openwebtext_s.py --batch_size=16 --dtype=bfloat16 --device=cuda --compile=True"
 CONNECTIONS=$("$PY" -c "from spheretnorm.model import CONNECTIONS; print(' '.join(CONNECTIONS))") || exit 1
@@ -38,17 +40,19 @@ warm() {
 }
 export -f warm
 export PY S OUT
-for block in gpt2 llama; do for c in $CONNECTIONS; do echo "$block $c"; done; done \
-  | timeout 270 xargs -P "$WARM_AT_ONCE" -L 1 bash -c 'warm "$0" "$1"'
+for block in $BLOCKS; do for c in $CONNECTIONS; do echo "$block $c"; done; done \
+  | timeout 200 xargs -P "$WARM_AT_ONCE" -L 1 bash -c 'warm "$0" "$1"'
 
-for block in gpt2 llama; do
+# From warm caches a Euclidean connection compiles in 2-4 s, a sphere one (Triton ops) in 15-17 s,
+# nGPT in over 50 s (2026-12-04): 240 s for the eleven.
+for block in $BLOCKS; do
   section "2. bench, $block block: every connection under AdamW"
-  timeout 170 "$PY" bench.py $S --blocks=$block --connections=all --steps=10 --warmup=2 \
+  timeout 240 "$PY" bench.py $S --blocks=$block --connections=all --steps=10 --warmup=2 \
     --json="$OUT/bench_${block}_adamw.json" 2>>"$OUT/stderr.log" | grep '^|'
 done
 
-section "3. bench: Muon, pre_ln and p_spheret in both blocks"
-timeout 80 "$PY" bench.py $S --blocks=gpt2,llama --connections=pre_ln,p_spheret --optimizers=muon --steps=10 --warmup=2 \
+section "3. bench: Muon, pre_ln and p_spheret"
+timeout 80 "$PY" bench.py $S --blocks="${BLOCKS// /,}" --connections=pre_ln,p_spheret --optimizers=muon --steps=10 --warmup=2 \
   --json="$OUT/bench_muon.json" 2>>"$OUT/stderr.log" | grep '^|'
 
 section "4. profile of the slowest compiled connection beside pre_ln"
