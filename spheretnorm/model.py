@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, fields
+import sys
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 import torch
@@ -422,18 +423,80 @@ def register_connection(name: str) -> Callable[[type], type]:
     def register(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, Connection)):
             raise TypeError(f"@register_connection({name!r}) needs a Connection subclass, got {cls!r}.")
-        if name in CONNECTIONS and CONNECTIONS[name] is not cls:
-            raise ValueError(f"Connection name {name!r} is already registered to {CONNECTIONS[name].__name__}.")
-        for param in cls.params:
-            if param.key in MODEL_FIELDS:
-                raise ValueError(f"{cls.__name__} declares {param.key!r} as a parameter; it is a GPTConfig field.")
-            other = declared_params().get(param.key)
-            if other is not None and other != param:
-                raise ValueError(f"{cls.__name__} declares parameter {param.key!r} unlike another connection does ({other}).")
+        check_registration("connection", name, cls, __name__)
         CONNECTIONS[name] = cls
         return cls
 
     return register
+
+
+# The registries of classes that declare keys (MethodParam), by kind: CONNECTIONS here, optim.py
+# adds OPTIMIZERS. check_registration keeps each name to one class and each key to one kind, so
+# that a user's module can neither replace a built-in nor capture another entry's key.
+KEYED_REGISTRIES: dict[str, dict[str, type]] = {"connection": CONNECTIONS}
+TRAIN_CONFIG_MODULE = "spheretnorm.runtime.config"
+
+
+def check_registration(kind: str, name: str, cls: type, home: str) -> None:
+    """Refuse, in one sentence naming cls's module, to register cls as `kind` `name` where the
+    name is another class's (a built-in one: defined in `home`, the registry's module) or a key
+    it declares is the model's, training's or another entry's. The same class registered again
+    (its module imported again) replaces itself."""
+    registry = KEYED_REGISTRIES[kind]
+    taken = registry.get(name)
+    if taken is not None and not same_class(taken, cls):
+        whose = "a built-in name" if taken.__module__ == home else f"taken by {taken.__qualname__} of module {taken.__module__!r}"
+        raise ValueError(f"Module {cls.__module__!r} is refused: {kind} name {name!r} is {whose}; register yours under a name of its own.")
+    owners = key_owners(kind, name, cls.params)
+    clash = [param.key for param in cls.params if param.key in owners]
+    if clash:
+        raise ValueError(
+            f"Module {cls.__module__!r} is refused: {kind} {name!r} declares {clash}, already keys of {owners[clash[0]]}; "
+            "give yours names of their own."
+        )
+
+
+def same_class(old: type, new: type) -> bool:
+    """Whether `new` is `old` as its module defines it when imported again (under the same name,
+    or from the same file under another): the same qualified name, module or file."""
+    if old is new:
+        return True
+    return old.__qualname__ == new.__qualname__ and (old.__module__ == new.__module__ or module_file(old) == module_file(new) is not None)
+
+
+def module_file(cls: type) -> str | None:
+    return getattr(sys.modules.get(cls.__module__), "__file__", None)
+
+
+def key_owners(kind: str, name: str, params: tuple[MethodParam, ...]) -> dict[str, str]:
+    """{key: its owner, as the refusal says it} of every key an entry `name` of `kind` declaring
+    `params` may not declare: the model's fields, training's keys, another kind's keys and
+    another entry's of its kind unless declared alike (muon and muonh share muon_momentum)."""
+    mine = {param.key: param for param in params}
+    training = f"training ({TRAIN_CONFIG_MODULE}.TrainConfig)"
+    owners = {**{key: "the model (GPTConfig)" for key in MODEL_FIELDS}, **{key: training for key in training_keys() if key not in MODEL_FIELDS}}
+    for other_kind, registry in KEYED_REGISTRIES.items():
+        for other, other_cls in registry.items():
+            owner = f"the model (connection {other!r})" if other_kind == "connection" else f"{other_kind} {other!r}"
+            for param in other_cls.params:
+                shared = other_kind == kind and (other == name or alike(param, mine.get(param.key)))
+                if not shared:
+                    owners.setdefault(param.key, owner)
+    return owners
+
+
+def alike(param: MethodParam, other: MethodParam | None) -> bool:
+    """Whether two declarations of a key mean the same: equal but for their check's function
+    object, which a module imported again makes anew (`must` says what it checks)."""
+    return other is not None and replace(param, check=None) == replace(other, check=None)
+
+
+def training_keys() -> tuple[str, ...]:
+    """TrainConfig's keys, where runtime/config.py is loaded. It imports this module, so it is looked
+    up, not imported: every command loads it before it imports a user's module (the readers of
+    --imports do); where it is not loaded (tests/conftest.py's --imports option, an exported
+    folder's copy of this file) a key of training alone goes unchecked."""
+    return tuple(getattr(sys.modules.get(TRAIN_CONFIG_MODULE), "TRAIN_KEYS", ()))
 
 
 def declared_params() -> dict[str, MethodParam]:

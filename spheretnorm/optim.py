@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 import torch.nn as nn
 
-from .model import CONNECTIONS, MODEL_FIELDS, Connection, MethodParam, declared_params
+from .model import CONNECTIONS, KEYED_REGISTRIES, Connection, MethodParam, check_registration
 from .mup import lr_scale, param_kind
 
 # Newton-Schulz's quintic coefficients (K. Jordan's Muon; torch.optim.Muon's defaults): they
@@ -133,22 +133,17 @@ class OptimizerRecipe:
 
 
 OPTIMIZERS: dict[str, type[OptimizerRecipe]] = {}
+KEYED_REGISTRIES["optimizer"] = OPTIMIZERS  # its names and keys checked with the connections'
 
 
 def register_optimizer(name: str) -> Callable[[type[OptimizerRecipe]], type[OptimizerRecipe]]:
-    """Class decorator: make an OptimizerRecipe available as --optimizer=name. Its keys must not
-    clash with another optimizer's (they are training keys of their own)."""
+    """Class decorator: make an OptimizerRecipe available as --optimizer=name. A built-in's name,
+    or a key of the model, of training or of another optimizer, is refused (model.check_registration)."""
 
     def wrap(cls: type[OptimizerRecipe]) -> type[OptimizerRecipe]:
         if not (isinstance(cls, type) and issubclass(cls, OptimizerRecipe)):
             raise TypeError(f"@register_optimizer({name!r}) needs an OptimizerRecipe subclass, got {cls!r}")
-        # Entries may share a key by declaring the same MethodParam (muon and muonh: muon_momentum).
-        shared = {id(p) for p in cls.params}
-        taken = {p.key: f"optimizer {n!r}" for n, c in OPTIMIZERS.items() if n != name for p in c.params if id(p) not in shared}
-        taken |= {k: "the model" for k in (*MODEL_FIELDS, *declared_params())}
-        clash = [p.key for p in cls.params if p.key in taken]
-        if clash:
-            raise ValueError(f"optimizer {name!r} declares {clash}, already keys of {taken[clash[0]]}")
+        check_registration("optimizer", name, cls, __name__)
         OPTIMIZERS[name] = cls
         return cls
 

@@ -356,12 +356,14 @@ PANEL_INCHES = (5.2, 3.8)
 
 def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, title: str, out: Path,
                 optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[Path]:
-    """Final val loss against the rate: with AdamW alone one panel per block, with several
+    """Final val loss (table_metric's) against the rate: with AdamW alone one panel per block, with several
     optimizers a row per block and a column per optimizer (x: its rate key), all on one y-range;
     per arm each seed a point and a line through the seeds' means where every seed trained; a
     diverged or collapsed run is an x of its arm's colour at the panel's top, a loss more than
     Y_SPAN above the figure's best a triangle there."""
     several = list(optimizers) != [ADAMW]
+    metric = table_metric(rows)  # the loss the table reads: the whole split where every run has it
+    rows = [{**r, "val_loss": r.get(metric)} for r in rows] if metric != "val_loss" else rows
     panels = [[Panel(rows, block, o, unigram, f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[o].title}") for o in optimizers] for block in blocks] \
         if several else [[Panel(rows, block, ADAMW, unigram, f"{BLOCK_TITLES[block]} block") for block in blocks]]
     return panel_figure(panels, title, out)
@@ -426,8 +428,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--optimizers", default=ADAMW, help=f"comma-separated optimizers, of: {', '.join(OPTIMIZERS)} (default {ADAMW})")
     p.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
                    help="an optimizer's first-seed rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4); repeatable")
-    p.add_argument("--base_lr", type=float, default=DEFAULT_BASE_LR,
-                   help=f"learning_rate of another optimizer's AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g})")
+    p.add_argument("--base_lr", type=float, default=None,
+                   help=f"learning_rate of another optimizer's AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g}); "
+                        "refused with --optimizers adamw alone, where it has no effect")
     p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the selection seed, then the held-out seeds of the best rates (default {DEFAULT_SEEDS})")
     p.add_argument("--selection_seed", type=int, default=None, help="the seed of --seeds that selects each arm's rate (default: the first)")
     p.add_argument("--refine", action="store_true", help="add the midpoints beside the selection seed's best rate (a sqrt(2) step) before the held-out seeds run")
@@ -439,7 +442,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
     p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
     p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --blocks and --optimizers (e.g. two widths), "
-                   "a row of panels each, as OUT_DIR/fair_sweep_compare.png")
+                   "a row of panels each, as OUT_DIR/fair_sweep_compare.png; two folders at least")
     add_common_options(p)
     add_table_options(p)
     return p.parse_known_args(argv)
@@ -462,19 +465,28 @@ def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     if not 0 <= args.warmup_iters < args.max_iters:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
     seeds = seed_order(list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int))), args.selection_seed)
-    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, grids, args.base_lr, args.refine,
+    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, grids, base_lr_of(args), args.refine,
                         tuple(map(parse_rule, args.rule)))
 
 
 def optimizer_grids(args: argparse.Namespace, lrs: list[float]) -> dict[str, tuple[float, ...]]:
     """Each optimizer of --optimizers with its first-seed rates (study.rate_grids), sorted; two at least."""
-    if not (math.isfinite(args.base_lr) and args.base_lr > 0):
-        raise UsageError(f"--base_lr {args.base_lr:g} must be a positive number, such as {DEFAULT_BASE_LR:g}.")
+    base_lr = base_lr_of(args)
+    if not (math.isfinite(base_lr) and base_lr > 0):
+        raise UsageError(f"--base_lr {base_lr:g} must be a positive number, such as {DEFAULT_BASE_LR:g}.")
     grids = {o: tuple(sorted(set(g))) for o, g in rate_grids(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"), lrs, args.grid).items()}
+    if args.base_lr is not None and list(grids) == [ADAMW]:
+        raise UsageError(f"--base_lr {args.base_lr:g} sets the AdamW part beside another optimizer, and --optimizers {args.optimizers!r} has none, "
+                         "so it would change nothing; drop it, or add an optimizer to --optimizers.")
     short = [o for o, grid in grids.items() if len(grid) < 2]
     if short:
         raise UsageError(f"--grid {short[0]}= needs at least two rates, to have a best with neighbours.")
     return grids
+
+
+def base_lr_of(args: argparse.Namespace) -> float:
+    """--base_lr, or its default where not given (None: a given value with AdamW alone is refused)."""
+    return DEFAULT_BASE_LR if args.base_lr is None else args.base_lr
 
 
 def design_optimizers(design: Sweep) -> list[str]:
@@ -495,14 +507,15 @@ def parse_arms(spec: str) -> list[Arm]:
 
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
-    if args.compare:
+    if args.compare is not None:  # --compare= too: it runs nothing, as any --compare
         return compare_sweeps(args.compare, Path(args.out_dir), parse_choices(args.blocks, BLOCK_TITLES, "blocks"),
                               parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
     parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
+    model = parsed.model_config()
     if args.dry_run:
-        estimate = estimated_run_seconds(parsed.model_config(), args.max_iters, parsed.train.compile)
+        estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile)
         print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine), estimate))
         return 0
     optimizers = design_optimizers(design)
@@ -517,13 +530,13 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     against = "each optimizer's rate" if several else "the learning rate"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
-    text = (f"{shape}\n\n{optimizers_note(optimizers, args.base_lr, [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine)} "
+    text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine)} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several, seeds))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
     record = {"shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
-              "optimizers": optimizers, "grids": grids, "base_lr": args.base_lr, "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
+              "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
@@ -554,12 +567,16 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
 def read_sweep_record(folder: Path) -> dict[str, Any]:
     """A finished sweep's fair_sweep.json, or one sentence saying what to run first."""
     path = folder / "fair_sweep.json"
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--compare: {folder} is a file, not a sweep's folder; give the --out_dir folders of finished sweeps.")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--compare: {path} does not exist; run the sweep (or its --table_only) in {folder} first.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--compare: {path} is not a fair sweep's JSON record ({e}); run --table_only in {folder} to write it again.") from None
+    except OSError as e:  # a folder in its place, a file where a folder of its path should be, no permission
+        raise UsageError(f"--compare: {path} cannot be read ({e.strerror or e}); give the --out_dir folders of finished sweeps.") from None
 
 
 def seeds_note(seeds: Seeds, metric: str, refine: bool) -> str:

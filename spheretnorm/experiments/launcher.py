@@ -51,7 +51,8 @@ running, and reads the lock each submission leaves in its run folder (slurm_trai
 slurm_zero_shot.lock: the job id); a run whose job is still listed is skipped, one line saying
 which job, and a lock whose job squeue no longer lists is stale and ignored. Every job id is
 also recorded in the run folder's slurm_jobs.json (a damaged one is kept as slurm_jobs.json.damaged,
-said in a line). sbatch is given SBATCH_TIMEOUT_S to answer, then stopped and its lock released;
+said in a line). sbatch is given SBATCH_TIMEOUT_S to answer, then stopped and its lock released
+(squeue and scontrol SQUEUE_TIMEOUT_S, a line saying what went unchecked);
 a job id sbatch returns for a second run is not recorded; a lock or record that is a folder is
 refused before the first submission; a record that cannot be written (a full disk) is one line
 naming the submitted job id. --chain_zero_shot (with --stage train) also
@@ -385,7 +386,7 @@ class Active:
 
 # A lock without a job id is a submission under way; one older than this was abandoned.
 PENDING_LOCK_S = 600.0
-# How long squeue and sbatch may take: a hung slurmctld must not hold a run's lock for ever.
+# How long squeue (and scontrol) and sbatch may take: a hung slurmctld must not hold a run's lock for ever.
 SQUEUE_TIMEOUT_S = 120.0
 SBATCH_TIMEOUT_S = 300.0
 
@@ -416,7 +417,9 @@ class Queue:
             # A job name or warning in another encoding must not stop the launch: such bytes become
             # U+FFFD, and the names asked for (ASCII) still match.
             result = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=SQUEUE_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
+        except subprocess.TimeoutExpired:
+            return cls(None, f"squeue did not answer within {SQUEUE_TIMEOUT_S:g} s and was stopped")
+        except OSError as e:
             return cls(None, f"squeue failed: {e}")
         if result.returncode != 0:
             detail = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
@@ -466,7 +469,11 @@ def job_output_folder(job_id: str) -> Path | None:
         return None
     try:
         result = subprocess.run([scontrol, "--oneliner", "show", "job", job_id], capture_output=True, text=True, errors="replace", timeout=SQUEUE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
+    except subprocess.TimeoutExpired:  # said: the folder check it skips is what keeps two roots' runs apart
+        print(f"warning: scontrol did not answer within {SQUEUE_TIMEOUT_S:g} s about job {job_id} and was stopped, "
+              "so the run folder it writes to is not checked.", file=sys.stderr)
+        return None
+    except OSError:
         return None
     match = re.search(r"(?:^|\s)StdOut=(\S+)", result.stdout) if result.returncode == 0 else None
     return Path(match.group(1)).parent if match else None

@@ -56,7 +56,7 @@ from spheretnorm.experiments.stats import Rule, Spread, parse_rule, spread, verd
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.config import ConfigError, ParsedConfig, config_keys, parse_config
 from spheretnorm.runtime.methods import method_args
-from spheretnorm.runtime.run_folder import OutDirError, check_folder
+from spheretnorm.runtime.run_folder import METRICS_NAME, OutDirError, check_folder
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
@@ -640,8 +640,16 @@ class Place:
 
     @staticmethod
     def of(args: Any, overrides: list[str]) -> "Place":
-        return Place(Path(args.out_dir), Path(args.data_dir), overrides, args.jobs, args.threads,
+        return Place(Path(args.out_dir), Path(args.data_dir), overrides, positive_count(args.jobs, "jobs"), positive_count(args.threads, "threads"),
                      getattr(args, "table_only", False), getattr(args, "dry_run", False))
+
+
+def positive_count(value: int, option: str) -> int:
+    """The value of --jobs or --threads, refused below 1 before anything runs (0 divided the dry
+    run's estimate; -1 printed 'at -1 at a time')."""
+    if value < 1:
+        raise UsageError(f"--{option} {value} is not valid; give a positive integer, such as 1 or 2.")
+    return value
 
 
 def train_argv(sweep: Sweep, p: Point, place: Place) -> list[str]:
@@ -664,10 +672,19 @@ def run_points(sweep: Sweep, points: list[Point], place: Place) -> dict[Point, J
             print(f"{job.label}: {job.out_dir} ({place.listed[folder]})")
     if place.table_only or place.dry_run:
         results = {f: JobResult(job, None, 0.0, "") for f, job in jobs.items() if (job.out_dir / CONFIG_NAME).is_file()}
+        note_runs_without_config(jobs.values())
     else:
         print(f"{sweep.name}: {len(jobs)} runs to run or reuse, {place.jobs} at a time, {place.threads} thread(s) each", flush=True)
         results = dict(zip(jobs, run_jobs(list(jobs.values()), place.jobs, place.threads)))
     return {p: results[sweep.folder(p)] for p in points if sweep.folder(p) in results and not results[sweep.folder(p)].busy}
+
+
+def note_runs_without_config(jobs: Iterable[Job]) -> None:
+    """A note for each folder that holds metrics rows but no config.json (copied in part, or its
+    config lost): the table cannot read its settings, so it leaves the run out, and says so."""
+    for job in jobs:
+        if (job.out_dir / METRICS_NAME).is_file() and not (job.out_dir / CONFIG_NAME).is_file():
+            print(f"note: {job.out_dir} holds {METRICS_NAME} but no {CONFIG_NAME}, so the table leaves its run out.")
 
 
 # A dry run's states of a run folder; RUN_STATES[:2] cost no training time.

@@ -264,7 +264,20 @@ def load_checked_run(folder: Run) -> CheckedRun:
     zero_shot, limit, skipped = None, None, {}
     if (folder.path / ZERO_SHOT_NAME).is_file():
         zero_shot, limit, skipped = read_checked_zero_shot(folder.path / ZERO_SHOT_NAME)
-    return CheckedRun(folder.path, folder.config, rows, zero_shot, limit, zero_shot_skipped=skipped, row_lines=row_lines)
+    run = CheckedRun(folder.path, folder.config, rows, zero_shot, limit, zero_shot_skipped=skipped, row_lines=row_lines)
+    warn_of_rows_past_max_iters(run)
+    return run
+
+
+def warn_of_rows_past_max_iters(run: CheckedRun) -> None:
+    """One warning line for a run whose eval rows go past its max_iters, which train.py never
+    reaches (rows of another run appended, a hand edit): tables and plots show them all the same,
+    as they always have, but not without a word."""
+    max_iters = run.config["max_iters"]
+    late = [row for row in run.rows if row["kind"] == "eval" and row["iter"] > max_iters]
+    if late:
+        print(f"warning: {run.path / METRICS_NAME} has {len(late)} eval row(s) past the run's max_iters {max_iters} (the first at iteration "
+              f"{late[0]['iter']}, line {line_of(run, late[0])}), which train.py never reaches; they are tabulated and plotted as they are.", file=sys.stderr)
 
 
 def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:
