@@ -37,7 +37,6 @@ import ctypes
 import gc
 import itertools
 import json
-import math
 import os
 import resource
 import statistics
@@ -61,7 +60,8 @@ from spheretnorm.runtime.imports import import_modules, imports_of_overrides
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, parse_config, parse_value, wants_help
 from spheretnorm.runtime.methods import method_key
 from spheretnorm.runtime.distributed import DistInfo, init_distributed
-from spheretnorm.runtime.parallel import build_model, clip_grad_norm, init_process_group_for, is_sharded, wrap_model
+from spheretnorm.runtime.parallel import build_model, init_process_group_for, is_sharded, wrap_model
+from spheretnorm.runtime.step import backward_step
 
 BENCH_OPTIONS = {
     "--connections=all": "connections to measure: all, or a comma-separated list of names",
@@ -191,15 +191,12 @@ def make_step(model: GPT, fwd: torch.nn.Module, train: TrainConfig, x: torch.Ten
     train.optimizer and returns its seconds, and those of the optimizer's step within it."""
     device_type = device.split(":")[0]
     optimizer = build_optimizer(model, train, device_type)
-    clip = train.grad_clip if train.grad_clip > 0 else math.inf
 
     def step() -> tuple[float, float]:
         synchronize(device)
         t0 = time.perf_counter()
-        with autocast_context(device_type, dtype):
-            _, loss = fwd(x, y)
-        loss.backward()
-        clip_grad_norm(model, clip)  # the global norm, over the shards too
+        # train.py's step (its loss terms included), on one micro-batch; the clip's norm is global, over the shards too
+        backward_step(fwd, lambda _: (x, y), train, autocast=autocast_context(device_type, dtype), clip=model)
         synchronize(device)
         t1 = time.perf_counter()
         optimizer.step()

@@ -60,7 +60,9 @@ from spheretnorm.runtime.device import (
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta, rng_from_plain
 from spheretnorm.runtime.run_checkpoint import restore_training_state, write_run_checkpoint
-from spheretnorm.runtime.parallel import build_model, clip_grad_norm, grad_sync, init_process_group_for, wrap_model
+from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
+from spheretnorm.runtime.step import backward_step
+from spheretnorm.runtime.loss_terms import active_loss_terms
 from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, resume_checkpoint, settle_at_start
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
@@ -298,29 +300,15 @@ class Trainer:
         offsets = batch_offsets(cfg.seed, TRAIN_STREAM, step, cfg.global_batch_size, self.data.num_tokens("train"), block)
         mine = offsets.reshape(self.dist.world_size, self.accum, cfg.batch_size)[self.dist.rank]
         tokens = self.data.split("train")
-        x, y = get_batch(tokens, mine[0], block, self.device)
-        loss_sum = torch.zeros((), device=self.device)
-        for micro in range(self.accum):
-            last = micro == self.accum - 1
-            with grad_sync(self.model, last, self.dist):  # gradients reduced on the last micro-step only
-                with self.autocast:
-                    _, loss = self.model(x, y)
-                if step + 1 == cfg.debug_nan_at_iter:
-                    loss = loss * float("nan")
-                if step + 1 == cfg.debug_crash_at_iter:
-                    raise RuntimeError(f"debug_crash_at_iter={cfg.debug_crash_at_iter}: a deliberate crash for the tests")
-                loss = loss / self.accum
-                if not last:
-                    x, y = get_batch(tokens, mine[micro + 1], block, self.device)  # while the GPU works
-                self.scaler.scale(loss).backward()
-            loss_sum += loss.detach().float()
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = clip_grad_norm(self.raw_model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        # One all-reduce for the four things every rank must agree on.
+        grads = backward_step(
+            self.model, lambda micro: get_batch(tokens, mine[micro], block, self.device), cfg, accum=self.accum, autocast=self.autocast,
+            scaler=self.scaler, sync=lambda last: grad_sync(self.model, last, self.dist), loss_hook=lambda loss: debug_faults(cfg, step, loss),
+            clip=self.raw_model, optimizer=self.optimizer)
+        # One all-reduce for the five things every rank must agree on.
         flag = torch.tensor(float(stop.requested), device=self.device)
         failed = torch.tensor(float(self.outputs.write_error is not None), device=self.device)
-        stats = all_reduce_sum(torch.stack([loss_sum, grad_norm.float(), flag, failed]), self.dist)
-        loss_val, norm_val, stop_val, failed_val = (v / self.dist.world_size for v in stats.tolist())
+        stats = all_reduce_sum(torch.stack([grads.loss, grads.grad_norm.float(), flag, failed, grads.total]), self.dist)
+        loss_val, norm_val, stop_val, failed_val, self.total_loss = (v / self.dist.world_size for v in stats.tolist())
         # fp16's GradScaler skips steps with inf gradients by design; elsewhere they are fatal.
         if not math.isfinite(loss_val):
             raise NonFiniteLossError.at("loss", loss_val, step + 1, self.progress.kept_checkpoint_text())
@@ -365,11 +353,15 @@ class Trainer:
         self.evaluator.stop_if_collapsed()  # an alarm at the final evaluation: after the save
 
     def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, row: bool = True) -> None:
-        """The train row and its console line; row=False: the console line only (a session's first step)."""
+        """The train row and its console line; row=False: the console line only (a session's first step).
+        train_loss stays the cross-entropy; with a loss term on, the total is train_loss_total."""
         mfu = None
         if self.peak_flops:
             mfu = estimate_mfu(self.raw_model, self.cfg.batch_size * self.accum, step_time, self.peak_flops)
-        (self.outputs.log_train if row else self.outputs.show_first_step)(loss, grad_norm, lr, step_time, mfu)
+        if row:
+            self.outputs.log_train(loss, grad_norm, lr, step_time, mfu, {"train_loss_total": self.total_loss} if active_loss_terms(self.cfg) else None)
+        else:
+            self.outputs.show_first_step(loss, grad_norm, lr, step_time, mfu)
 
     def run(self, stop: StopSignal) -> None:
         """The training loop, with a stop row for every way it can end early."""
@@ -459,6 +451,13 @@ class Trainer:
 
     def close(self) -> None:
         self.outputs.close()
+
+
+def debug_faults(cfg: TrainConfig, step: int, loss: torch.Tensor) -> torch.Tensor:
+    """The tests' fault injection in step `step` (debug_* keys): its loss made NaN, or a crash."""
+    if step + 1 == cfg.debug_crash_at_iter:
+        raise RuntimeError(f"debug_crash_at_iter={cfg.debug_crash_at_iter}: a deliberate crash for the tests")
+    return loss * float("nan") if step + 1 == cfg.debug_nan_at_iter else loss
 
 
 def saves_this_state(cfg: TrainConfig, progress: Progress, suspect: bool, improved: bool) -> bool:

@@ -495,13 +495,13 @@ def test_eval_only_with_the_runs_own_config_json(
     """A run folder's config.json is a config file: `train.py RUN/config.json --eval_only=true`
     evaluates the run as it was trained (the keys it records besides the configs, such as method
     and num_params, are skipped, not refused), and gives the last evaluation's val loss again."""
-    from spheretnorm.runtime.config import MODEL_KEYS, RUN_RECORD_KEYS, TRAIN_KEYS
+    from spheretnorm.runtime.config import KEY_HOLDERS, MODEL_KEYS, RUN_RECORD_KEYS, TRAIN_KEYS
 
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, f"--connection={connection}", "--max_iters=2", "--eval_interval=2", "--collapse_evals=0"))
     recorded = json.loads((out / "config.json").read_text())
     # The list of recorded keys keeps step with what train.py writes.
-    assert set(recorded) - set(TRAIN_KEYS) - set(MODEL_KEYS) - {"connection_params", "optimizer_params"} == set(RUN_RECORD_KEYS)
+    assert set(recorded) - set(TRAIN_KEYS) - set(MODEL_KEYS) - set(KEY_HOLDERS) == set(RUN_RECORD_KEYS)
     evals = read_metrics(out, "eval")
     want = evals[-1]["val_loss"]
     capsys.readouterr()

@@ -58,7 +58,10 @@ import matplotlib.pyplot as plt
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.mup import param_kind
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
-from spheretnorm.runtime.config import TrainConfig
+from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_value
+from spheretnorm.runtime.imports import comma_list, import_modules
+from spheretnorm.runtime.loss_terms import loss_term_params
+from spheretnorm.runtime.step import backward_step
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
 from spheretnorm.experiments.figures import figure_legend, save_figure, titled_grid
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
@@ -86,12 +89,13 @@ class Setup:
     weight_decay: float = 0.0
     seed: int = 0
     rates: tuple[tuple[str, float], ...] = ()  # (optimizer, its hidden rate) where not the rate key's default
+    loss_keys: tuple[tuple[str, float], ...] = ()  # (a loss term's key, its value): the terms on (runtime/loss_terms.py)
 
     def train_config(self, optimizer: str) -> TrainConfig:
         """The optimizer's keys: --lr constant (min_lr 0 is never reached: no schedule runs here), its own rate."""
         rate = dict(self.rates).get(optimizer)
         keys = {"learning_rate": self.lr, **({OPTIMIZERS[optimizer].rate_key: rate} if rate is not None else {})}
-        return TrainConfig(optimizer=optimizer, min_lr=0.0, weight_decay=self.weight_decay, **keys)
+        return TrainConfig(optimizer=optimizer, min_lr=0.0, weight_decay=self.weight_decay, **keys, **dict(self.loss_keys))
 
     def rate_text(self, optimizer: str) -> str:
         train = self.train_config(optimizer)
@@ -168,15 +172,15 @@ def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
 def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tensor]], probe: torch.Tensor,
           optimizer: str = "adamw") -> dict[str, list[list[float]]]:
     """Train `steps` steps on batches; per layer, delta_rms and angle after each step (index t - 1)."""
-    opt = build_optimizer(model, setup.train_config(optimizer))
+    train = setup.train_config(optimizer)
+    opt = build_optimizer(model, train)
     first = previous = layer_states(model, probe)
     out: dict[str, list[list[float]]] = {m: [[] for _ in first] for m in METRICS}
     for x, y in batches[: setup.steps]:
         inputs = hidden_inputs(model, probe)
         before = {name: m.weight.detach().float().clone() for name, (_, m) in hidden_linears(model).items()}
-        _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        backward_step(model, lambda _: (x, y), train)  # train.py's loss (its terms too); no clip
         opt.step()
         now = layer_states(model, probe)
         for layer, (h0, h_prev, h) in enumerate(zip(first, previous, now)):
@@ -387,7 +391,7 @@ def load_record(path: Path) -> tuple[Setup, tuple[str, ...], dict[str, Any]]:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         keys = record["setup"]
-        setup = Setup(**{**keys, "rates": tuple(tuple(pair) for pair in keys.get("rates", ()))})
+        setup = Setup(**{**keys, **{k: tuple(tuple(pair) for pair in keys.get(k, ())) for k in ("rates", "loss_keys")}})
         results = {row: {param: {int(w): s for w, s in by_width.items()} for param, by_width in by_param.items()}
                    for row, by_param in record["results"].items()}
     except FileNotFoundError:
@@ -417,11 +421,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=defaults.steps, help=f"optimizer steps (default {defaults.steps})")
     p.add_argument("--lr", type=float, default=defaults.lr, help=f"AdamW's learning rate (and every optimizer's AdamW part), constant (default {defaults.lr:g})")
     p.add_argument("--rates", default="", help="OPT=RATE,...: an optimizer's hidden-matrix rate (muon_lr, hyperball_lr), default: its key's default")
+    p.add_argument("--loss_keys", default="", help="KEY=VALUE,...: loss terms' keys (e.g. z_loss=1e-4 of a term --imports registers), as train.py's")
+    p.add_argument("--imports", default="", help="comma-separated modules of your own to import first (a loss term or connection they register)")
     p.add_argument("--batch_size", type=int, default=defaults.batch_size, help=f"sequences per step (default {defaults.batch_size})")
     p.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="prepared shakespeare_char data (prepared when missing)")
     p.add_argument("--out", default=None, help=f"output path without extension (default: {DEFAULT_OUT}; with --from_json, the record's path without .json)")
     p.add_argument("--from_json", metavar="OUT.json", help="run nothing: redraw the figure's sheets from the record a check wrote")
     return p.parse_args(argv)
+
+
+def parse_loss_keys(text: str) -> tuple[tuple[str, float], ...]:
+    """--loss_keys 'z_loss=1e-4' as ((key, value), ...), each a key a registered loss term declares."""
+    declared = loss_term_params()
+    pairs = [item.strip().partition("=") for item in text.split(",") if item.strip()]
+    unknown = [key for key, _, _ in pairs if key not in declared]
+    if unknown:
+        raise UsageError(f"--loss_keys names {unknown[0]!r}, which no registered loss term declares (registered: {', '.join(declared) or 'none'}; one of your own needs --imports).")
+    try:
+        return tuple((key, parse_value(key, value)) for key, _, value in pairs)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_rates(text: str, optimizers: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
@@ -440,6 +459,7 @@ def parse_rates(text: str, optimizers: tuple[str, ...]) -> tuple[tuple[str, floa
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    import_modules(comma_list(args.imports), "--imports", UsageError)  # before --connections and --loss_keys name their entries
     widths = parse_numbers(args.widths, int, "widths")
     connections = parse_choices(args.connections, CONNECTIONS, "connections")
     if any(w % args.head_dim for w in widths) or len(widths) < 2:
@@ -448,7 +468,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {args.steps} and --n_layer {args.n_layer} must be positive integers.")
     optimizers = tuple(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
     rates = parse_rates(args.rates, optimizers)
-    setup = Setup(n_layer=args.n_layer, head_dim=args.head_dim, steps=args.steps, lr=args.lr, batch_size=args.batch_size, rates=rates)
+    setup = Setup(n_layer=args.n_layer, head_dim=args.head_dim, steps=args.steps, lr=args.lr, batch_size=args.batch_size, rates=rates,
+                  loss_keys=parse_loss_keys(args.loss_keys))
     batches, probe, vocab = shakespeare_batches(Path(args.data_dir), setup)
     results = coord_check(connections, widths, setup, vocab, batches, probe, log=lambda s: print(s, flush=True), optimizers=optimizers)
     fitted = slopes(results)

@@ -35,13 +35,14 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from spheretnorm.runtime.imports import KEY as IMPORTS_KEY, TRUST_KEY, OWN_CONNECTION_HINT, comma_list, consent_to_recorded_imports, import_modules, import_recorded
+from spheretnorm.runtime.imports import KEY as IMPORTS_KEY, TRUST_KEY, comma_list, own_module_hint, consent_to_recorded_imports, import_modules, import_recorded
 from spheretnorm.runtime.token_files import read_json_object
 from spheretnorm.model import (
     ALPHA_DECAYS, ALPHA_INDICES, BLOCKS, CONNECTIONS, EXECUTION_KEYS, MODEL_FIELDS, NEUTRAL, RESTART_FREE,
     RESUME_FIXED, GPTConfig, MethodParam, declared_keys_as_keywords, declared_params,
 )
 from spheretnorm.optim import OPTIMIZERS, optimizer_params, resolve_optimizer_params
+from spheretnorm.runtime.loss_terms import LOSS_TERMS, loss_term_params, resolve_loss_params
 
 INIT_FROM = ("scratch", "resume", "auto")
 HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnorm.hf.folder)
@@ -114,6 +115,8 @@ class TrainConfig:
     optimizer: str = field(default="adamw", metadata=RESUME_FIXED)  # a key of spheretnorm.optim.OPTIMIZERS
     # The values of the keys the optimizer declares (muon_lr, ...), read as attributes (train.muon_lr).
     optimizer_params: dict[str, Any] = field(default_factory=dict)
+    # The values of the keys registered loss terms declare (z_loss, ...: runtime/loss_terms.py), read likewise.
+    loss_params: dict[str, Any] = field(default_factory=dict)
     learning_rate: float = 6e-4  # peak learning rate, reached after warmup_iters
     min_lr: float = 6e-5  # learning rate at and after lr_decay_iters
     weight_decay: float = 0.1  # AdamW weight decay of the matrices (not of gains and biases)
@@ -160,6 +163,7 @@ class TrainConfig:
                 )
         try:
             self.optimizer_params = resolve_optimizer_params(self.optimizer, self.optimizer_params)
+            self.loss_params = resolve_loss_params(self.loss_params)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         if not _DEVICE_PATTERN.match(self.device):
@@ -197,20 +201,23 @@ class TrainConfig:
 
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names that are not fields: the optimizer's declared keys.
-        params = self.__dict__.get("optimizer_params") or {}
+        # Only reached for names that are not fields: the optimizer's and the loss terms' declared keys.
+        params = {**(self.__dict__.get("optimizer_params") or {}), **(self.__dict__.get("loss_params") or {})}
         if name in params:
             return params[name]
-        raise AttributeError(f"TrainConfig has no key {name!r} (its optimizer's keys: {', '.join(params) or 'none'})")
+        raise AttributeError(f"TrainConfig has no key {name!r} (its optimizer's and loss terms' keys: {', '.join(params) or 'none'})")
 
 
 # TrainConfig(optimizer="muon", muon_lr=0.01): an optimizer's key joins optimizer_params.
 TrainConfig.__init__ = declared_keys_as_keywords("optimizer_params", optimizer_params)(TrainConfig.__init__)
+# TrainConfig(z_loss=1e-4): a loss term's key joins loss_params.
+TrainConfig.__init__ = declared_keys_as_keywords("loss_params", loss_term_params)(TrainConfig.__init__)
 
 
-# connection_params and optimizer_params are set through the keys they hold (--muon_lr=0.01), never as a whole.
-MODEL_KEYS = tuple(k for k in MODEL_FIELDS if k != "connection_params")
-TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "optimizer_params")
+# connection_params, optimizer_params and loss_params are set through the keys they hold (--muon_lr=0.01), never as a whole.
+KEY_HOLDERS = ("connection_params", "optimizer_params", "loss_params")
+MODEL_KEYS = tuple(k for k in MODEL_FIELDS if k not in KEY_HOLDERS)
+TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name not in KEY_HOLDERS)
 assert not set(MODEL_KEYS) & set(TRAIN_KEYS), "a key may belong to one dataclass only"
 _FIELD_TYPES = {**get_type_hints(GPTConfig), **get_type_hints(TrainConfig)}
 _FIELD_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory() for cls in (GPTConfig, TrainConfig) for f in fields(cls)}
@@ -225,7 +232,7 @@ def param_keys() -> tuple[str, ...]:
 def config_keys() -> frozenset[str]:
     """Every key train.py takes: the model's and training fields, the connections' and the
     optimizers' declared keys (read at call time, so an entry registered after import counts)."""
-    return frozenset({*MODEL_KEYS, *TRAIN_KEYS, *param_keys(), *optimizer_params()})
+    return frozenset({*MODEL_KEYS, *TRAIN_KEYS, *param_keys(), *optimizer_params(), *loss_term_params()})
 
 
 def param_type(param: MethodParam) -> Any:
@@ -235,9 +242,9 @@ def param_type(param: MethodParam) -> Any:
 
 
 def declared_keys() -> dict[str, MethodParam]:
-    """The keys that classes declare rather than the dataclasses: the connections' parameters and
-    the optimizers' keys (read at call time, so a class registered after import counts)."""
-    return {**declared_params(), **optimizer_params()}
+    """The keys that registered entries declare rather than the dataclasses: the connections'
+    parameters, the optimizers' and the loss terms' keys (read at call time, so one registered after import counts)."""
+    return {**declared_params(), **optimizer_params(), **loss_term_params()}
 
 
 def _key_type(key: str) -> Any:
@@ -255,8 +262,8 @@ def _is_key(key: str) -> bool:
 
 
 def is_train_key(key: str) -> bool:
-    """A key of TrainConfig: one of its fields, or a key an optimizer declares."""
-    return key in TRAIN_KEYS or key in optimizer_params()
+    """A key of TrainConfig: one of its fields, or a key an optimizer or a loss term declares."""
+    return key in TRAIN_KEYS or key in optimizer_params() or key in loss_term_params()
 
 
 def split_model_keys(values: dict[str, Any]) -> dict[str, Any]:
@@ -367,7 +374,7 @@ def _check_choice(key: str, value: Any) -> None:
     if allowed and value not in allowed:
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        own = f"; {OWN_CONNECTION_HINT}" if key == "connection" else ""
+        own = f"; {own_module_hint(key)}" if key in ("connection", "optimizer") else ""
         raise ConfigError(f"{key}={value!r} is not valid.{hint} Choose one of: {', '.join(allowed)}{own}.")
 
 
@@ -389,7 +396,7 @@ def read_run_config(path: str) -> dict[str, Any]:
     another working folder) is still the run evaluated, never another that took its old place."""
     values = read_json_object(path, ConfigError, "give the config.json that train.py wrote into a run folder.")
     nested = {}
-    for holder in ("connection_params", "optimizer_params"):
+    for holder in KEY_HOLDERS:
         params = values.pop(holder, None) or {}
         if not isinstance(params, dict):
             raise ConfigError(f"{path!r} has {holder}={params!r:.60}, where an object of keys belongs.")
@@ -465,12 +472,32 @@ def _import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tup
         import_recorded(read, repr(path), ConfigError, _names_unregistered(read))
     else:
         import_modules(check_value(IMPORTS_KEY, read[IMPORTS_KEY], f"in {path}") if path else read.get(IMPORTS_KEY, []), error=ConfigError)
+    _import_resumed_run(file_values, pairs)
+
+
+def _import_resumed_run(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
+    """A resume or evaluation of a run folder (--out_dir=RUN --init_from=resume) whose command line
+    names a connection, optimizer or key that no imported module registered: import the modules the
+    folder's config.json records (the same its checkpoints record), with the user's consent, so that
+    the resume needs --trust_recorded_imports=true at most, never the module list; without consent,
+    one sentence naming them and both ways to consent. Runs before any key is checked."""
+    def last(key: str) -> Any:  # the value the full parse will give key: the command line's, else the files' last
+        given = [parse_value(key, raw) for k, raw in pairs if k == key] or [read[key] for _, read in file_values if key in read]
+        return given[-1] if given else None
+
+    named = {**dict.fromkeys(k for k, _ in pairs), "connection": last("connection"), "optimizer": last("optimizer")}
+    resuming = last("init_from") in ("resume", "auto") or bool(last("eval_only"))
+    record = Path(last("out_dir") or "", "config.json")  # run_folder.CONFIG_NAME (which imports this module)
+    if resuming and last("out_dir") and _names_unregistered(named) and record.is_file():
+        values = read_json_object(record, ConfigError, "give --imports=MODULE for the modules the run needs.")
+        import_recorded(values, repr(str(record)), ConfigError)
 
 
 def _names_unregistered(values: dict[str, Any]) -> bool:
-    """Whether a run's config names a connection or an optimizer that no imported module registered."""
+    """Whether a run's config names a connection or an optimizer that no imported module registered,
+    or a key that none declares (a loss term's)."""
     named = [(values.get("connection"), CONNECTIONS), (values.get("optimizer"), OPTIMIZERS)]
-    return any(isinstance(name, str) and name not in registry for name, registry in named)
+    return any(isinstance(name, str) and name not in registry for name, registry in named) or not all(map(_is_key, values))
 
 
 def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig:
@@ -677,7 +704,7 @@ def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
     lines, section = [], None
     _, sections = field_comments(cls)
     for f in fields(cls):
-        if f.name in ("connection_params", "optimizer_params"):
+        if f.name in KEY_HOLDERS:
             continue  # their keys are listed one by one (_param_entries, _optimizer_entries)
         if sections.get(f.name) and sections[f.name] != section:
             section = sections[f.name]
@@ -701,11 +728,13 @@ def _param_entries() -> list[str]:
 
 
 def _optimizer_entries() -> list[str]:
-    """The keys that optimizers declare (spheretnorm/optim.py), each with the optimizer it belongs to."""
+    """The keys that optimizers and loss terms declare (spheretnorm/optim.py, runtime/loss_terms.py), each with its owner."""
+    owners = [("optimizer", OPTIMIZERS), ("loss term", LOSS_TERMS)]
     return [
-        _help_entry(f"--{p.key}={_default_text(p.default)}", f"{p.help} (optimizer {name})")
-        for name, cls in OPTIMIZERS.items()
-        for p in cls.params
+        _help_entry(f"--{p.key}={_default_text(p.default)}", f"{p.help} ({kind} {name})")
+        for kind, registry in owners
+        for name, entry in registry.items()
+        for p in entry.params
     ]
 
 
@@ -721,10 +750,10 @@ def optimizer_settings(saved_train: dict[str, Any]) -> TrainConfig:
 
 def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
     """A training config (or a saved one) as flat keys: its fields, the optimizer's keys at the top
-    level (not inside optimizer_params)."""
+    level (not inside optimizer_params or loss_params)."""
     values = dict(asdict(train) if isinstance(train, TrainConfig) else train)
-    nested = values.pop("optimizer_params", None)
-    return {**values, **(nested if isinstance(nested, dict) else {})}
+    nested = [values.pop(holder, None) for holder in ("optimizer_params", "loss_params")]
+    return {**values, **{k: v for held in nested if isinstance(held, dict) for k, v in held.items()}}
 
 
 def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
@@ -742,7 +771,7 @@ def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
     optimizer = train.get("optimizer", TrainConfig.optimizer)
     # Training keys only: a model key's default may resolve per model (bias), so one the file
     # lacks is not compared (block aside, whose default is GPT-2's fixed block).
-    defaults = {**{k: _FIELD_DEFAULTS[k] for k in TRAIN_KEYS},
+    defaults = {**{k: _FIELD_DEFAULTS[k] for k in TRAIN_KEYS}, **{k: p.default for k, p in loss_term_params().items()},
                 **{p.key: p.default for p in getattr(OPTIMIZERS.get(optimizer), "params", ())}}
     model = model_values({"block": GPTConfig.block, **saved}, connection=GPTConfig.connection)
     return {**defaults, **train, **model}

@@ -36,8 +36,13 @@ _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _FORMS = 'give dotted module names such as my_ideas.deepnorm (imports = ["a.b", "c"] in a config file, --imports=a.b,c on the command line)'
 _HOW_TO_FIX = "check the name and that its folder is on PYTHONPATH or the current folder"
 
-# Said where a connection's name is unknown: it may be one of a module not imported.
-OWN_CONNECTION_HINT = "a connection of your own module needs --imports=MODULE (imports = [...] in a config file)"
+def own_module_hint(kind: str) -> str:
+    """Said where a connection's or an optimizer's (`kind`) name is unknown: it may be one of a module not imported."""
+    article = "an" if kind[0] in "aeiou" else "a"
+    return f"{article} {kind} of your own module needs --imports=MODULE (imports = [...] in a config file)"
+
+
+OWN_CONNECTION_HINT = own_module_hint("connection")
 
 T = TypeVar("T")
 

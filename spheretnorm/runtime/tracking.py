@@ -378,10 +378,11 @@ class RunLog:
             print(" | ".join(parts + console_diagnostics(row)))
         self.log(row)
 
-    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
-        """The row of the step just done; step_time is the mean over the steps since the last row."""
+    def log_train(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None, extra: dict[str, float] | None = None) -> None:
+        """The row of the step just done; step_time is the mean over the steps since the last row;
+        extra: more keys of the row (train_loss_total, where a loss term is on: runtime/step.py)."""
         self.progress.note_steps(step_time)
-        row = self.train_row(loss, grad_norm, lr, step_time, mfu)
+        row = {**self.train_row(loss, grad_norm, lr, step_time, mfu), **(extra or {})}
         self.print_train(row, step_time)
         self.log(row)
 

@@ -1,0 +1,79 @@
+"""Extra loss terms: a loss idea is one function, registered by name with the keys it reads.
+
+    import torch
+    from spheretnorm.model import MethodParam
+    from spheretnorm.runtime.loss_terms import register_loss_term
+
+    @register_loss_term("z_loss", MethodParam("z_loss", 0.0, "weight of the logit z-loss (0: off)"))
+    def z_loss(logits, targets, train):
+        return train.z_loss * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+
+A term takes the step's logits (B, T, V), its targets (B, T) and the run's TrainConfig (its keys
+read as attributes, train.z_loss) and returns a scalar added to the cross-entropy. Its keys are
+training keys like an optimizer's (`--z_loss=1e-4`, `--help`, config.json and checkpoints under
+`loss_params`, the run folder's suffix); the first is its switch: the term is on only where that
+key is not at its default, so a run that does not set it computes exactly what it computed before
+the term existed. The one training step (runtime/step.py) adds the terms that are on, for
+train.py, bench.py and the coordinate check alike. A term of one's own module is registered when
+the module is imported (`--imports=MODULE`, as a connection of one's own).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from spheretnorm.model import KEYED_REGISTRIES, MethodParam, check_registration
+
+# (logits, targets, train config) -> a scalar tensor added to the cross-entropy
+LossTerm = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
+
+LOSS_TERMS: dict[str, LossTerm] = {}
+KEYED_REGISTRIES["loss term"] = LOSS_TERMS  # its names and keys checked with the connections' and optimizers'
+
+
+def register_loss_term(name: str, *params: MethodParam) -> Callable[[LossTerm], LossTerm]:
+    """Function decorator: add the function to every training step as loss term `name` where its
+    first key (params[0], the switch) is set to other than its default. A built-in's name, or a
+    key of the model, of training, of an optimizer or of another term, is refused (model.check_registration)."""
+    if not params:
+        raise TypeError(f"@register_loss_term({name!r}) needs at least one MethodParam: the key that switches the term on.")
+
+    def wrap(fn: LossTerm) -> LossTerm:
+        fn.params = params  # type: ignore[attr-defined]  # what check_registration and the config read
+        check_registration("loss term", name, fn, __name__)  # type: ignore[arg-type]
+        LOSS_TERMS[name] = fn
+        return fn
+
+    return wrap
+
+
+def loss_term_params() -> dict[str, MethodParam]:
+    """Every registered loss term's keys, by key (read at call time: a term registered later counts)."""
+    return {p.key: p for fn in LOSS_TERMS.values() for p in fn.params}  # type: ignore[attr-defined]
+
+
+def resolve_loss_params(given: dict[str, Any]) -> dict[str, Any]:
+    """The loss_params of a training config: every registered term's keys, given values checked,
+    the rest at their defaults; a key no registered term declares is refused in one sentence."""
+    declared = loss_term_params()
+    unknown = sorted(k for k in given if k not in declared)
+    if unknown:
+        raise ValueError(
+            f"loss_params {unknown} are no registered loss term's keys (registered: {', '.join(declared) or 'none'}); "
+            "a loss term of your own module needs --imports=MODULE."
+        )
+    return {key: param.checked(given.get(key, param.default)) for key, param in declared.items()}
+
+
+def active_loss_terms(train: Any) -> list[str]:
+    """The terms that are on for a training config: those whose switch (first key) is not at its default."""
+    values = getattr(train, "loss_params", None) or {}
+    return [name for name, fn in LOSS_TERMS.items() if values.get(fn.params[0].key, fn.params[0].default) != fn.params[0].default]  # type: ignore[attr-defined]
+
+
+def extra_loss(logits: torch.Tensor, targets: torch.Tensor, train: Any) -> torch.Tensor | None:
+    """The sum of the terms that are on (None when none is: the loss is the cross-entropy alone, untouched)."""
+    terms = [LOSS_TERMS[name](logits, targets, train) for name in active_loss_terms(train)]
+    return sum(terms[1:], terms[0]) if terms else None

@@ -1,0 +1,147 @@
+"""The one training step (runtime/step.py) and its loss terms (runtime/loss_terms.py): a z-loss
+registered from a module outside the package (tests/zloss_term.py) through --imports reaches
+train.py, bench.py and the coordinate check; with no term on, every number is what it was."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+import bench
+import train
+from markov_data import write_markov_data
+from spheretnorm.experiments import coordinates
+from spheretnorm.model import GPT, MethodParam
+from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.config import ConfigError, config_help, parse_config
+from spheretnorm.runtime.loss_terms import LOSS_TERMS, register_loss_term
+
+# (train_loss, grad_norm) of iterations 1-4 of train_args("pre_ln"), as train.py logged them
+# before the step became runtime/step.py (commit 1806087; the same bit for bit on the machine
+# they were recorded on, and for bench.py's step and the coordinate check's).
+RECORDED = [(3.833540439605713, 1.4995968341827393), (3.835966110229492, 1.2249242067337036),
+            (3.741783380508423, 1.0717406272888184), (3.688760995864868, 1.0802361965179443)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_markov_data(tmp_path_factory.mktemp("step_data"))
+
+
+@pytest.fixture
+def z_loss_module() -> Iterator[None]:
+    """tests/zloss_term.py imported by the test (--imports=zloss_term), then gone, as in a fresh process."""
+    yield
+    LOSS_TERMS.pop("z_loss", None)
+    sys.modules.pop("zloss_term", None)
+
+
+def train_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16",
+            "--batch_size=4", "--global_batch_size=8", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
+            "--lr_decay_iters=40", "--learning_rate=3e-3", "--min_lr=3e-4", "--device=cpu", "--dtype=float32",
+            "--wandb_log=false", "--max_iters=4", "--eval_interval=4", "--collapse_evals=0", *extra]
+
+
+def train_rows(out_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["kind"] == "train"]
+
+
+# -----------------------------------------------------------------------------
+# train.py
+
+
+def test_without_a_loss_term_train_py_logs_the_losses_recorded_before(data_dir: Path, tmp_path: Path) -> None:
+    train.main(train_args(data_dir, tmp_path / "run"))
+    rows = train_rows(tmp_path / "run")
+    assert [(r["train_loss"], r["grad_norm"]) for r in rows] == [pytest.approx(pair, abs=1e-6) for pair in RECORDED]
+    assert not any("train_loss_total" in r for r in rows)
+
+
+def test_a_z_loss_of_ones_own_module_changes_the_trajectory_and_logs_its_total(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
+    """--z_loss=0 (the term registered, off) is bit for bit the run without the module; --z_loss=0.05
+    trains otherwise, its train_loss (Table 2's) stays the cross-entropy and the total has a key of its own."""
+    train.main(train_args(data_dir, tmp_path / "plain"))
+    train.main(train_args(data_dir, tmp_path / "off", "--imports=zloss_term", "--z_loss=0"))
+    train.main(train_args(data_dir, tmp_path / "on", "--imports=zloss_term", "--z_loss=0.05"))
+    plain, off, on = (train_rows(tmp_path / name) for name in ("plain", "off", "on"))
+    assert [(r["train_loss"], r["grad_norm"]) for r in off] == [(r["train_loss"], r["grad_norm"]) for r in plain]
+    assert not any("train_loss_total" in r for r in off)
+    # The first step's cross-entropy is of the same weights and tokens: the logged loss holds no term.
+    assert on[0]["train_loss"] == plain[0]["train_loss"]
+    assert on[0]["grad_norm"] != plain[0]["grad_norm"] and on[-1]["train_loss"] != plain[-1]["train_loss"]
+    assert all(r["train_loss_total"] > r["train_loss"] for r in on)
+    recorded = json.loads((tmp_path / "on" / "config.json").read_text())
+    assert recorded["loss_params"] == {"z_loss": 0.05} and recorded["imports"] == ["zloss_term"]
+    ckpt = load_checkpoint(tmp_path / "on" / "ckpt.pt")
+    assert ckpt["train_config"]["loss_params"] == {"z_loss": 0.05}
+
+
+# -----------------------------------------------------------------------------
+# bench.py and the coordinate check
+
+
+def bench_weights(*extra: str) -> list[torch.Tensor]:
+    """The weights after one bench.py step of a tiny Pre-LN model."""
+    opts, rest = bench.parse_bench_args(["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=32",
+                                         "--batch_size=2", "--device=cpu", "--connections=pre_ln", *extra])
+    parsed = parse_config(rest, world_size=0)
+    (variant,) = bench.build_variants(parsed.model_config(), parsed.train, opts, "cpu", "float32")
+    variant.step()
+    return [p.detach().clone() for p in variant.model.parameters()]
+
+
+def test_bench_steps_with_the_z_loss(z_loss_module: None) -> None:
+    plain = bench_weights()
+    off, on = bench_weights("--imports=zloss_term", "--z_loss=0"), bench_weights("--imports=zloss_term", "--z_loss=0.05")
+    assert all(torch.equal(a, b) for a, b in zip(plain, off))
+    assert not all(torch.equal(a, b) for a, b in zip(plain, on))
+
+
+def coordinate_trace(setup: coordinates.Setup) -> dict:
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(32, (2, 8), generator=g), torch.randint(32, (2, 8), generator=g)) for _ in range(2)]
+    probe = torch.randint(32, (2, 8), generator=g)
+    torch.manual_seed(0)
+    return coordinates.trace(GPT(setup.model_config("pre_ln", 16, 0, 32)), setup, batches, probe)
+
+
+def test_the_coordinate_check_steps_with_the_z_loss(z_loss_module: None) -> None:
+    base = dict(n_layer=1, head_dim=8, block_size=8, batch_size=2, steps=2)
+    plain = coordinate_trace(coordinates.Setup(**base))
+    with pytest.raises(UsageError, match="'z_loss', which no registered loss term declares"):
+        coordinates.parse_loss_keys("z_loss=0.05")
+    __import__("zloss_term")
+    assert coordinates.parse_loss_keys("z_loss=0.05") == (("z_loss", 0.05),)
+    off = coordinate_trace(coordinates.Setup(**base, loss_keys=(("z_loss", 0.0),)))
+    assert json.dumps(off) == json.dumps(plain)  # NaN (no hidden matrix) included
+    assert coordinate_trace(coordinates.Setup(**base, loss_keys=(("z_loss", 0.05),)))["delta_rms"] != plain["delta_rms"]
+
+
+# -----------------------------------------------------------------------------
+# The key and the registry
+
+
+def test_the_key_is_declared_once_listed_and_checked(z_loss_module: None) -> None:
+    with pytest.raises(ConfigError, match="Unknown config key 'z_loss'"):
+        parse_config(["--z_loss=0.1"])
+    parsed = parse_config(["--imports=zloss_term", "--z_loss=0.1"])
+    assert parsed.train.z_loss == 0.1 and parsed.train.loss_params == {"z_loss": 0.1}
+    assert "z_loss" not in parsed.model_keys and parsed.overrides == {"imports": ["zloss_term"], "z_loss": 0.1}
+    assert "(loss term z_loss)" in config_help()
+    with pytest.raises(ConfigError, match=r"^z_loss must be >= 0, got -1.0.$"):
+        parse_config(["--imports=zloss_term", "--z_loss=-1"])
+
+
+@pytest.mark.parametrize("key, owner", [("learning_rate", "training"), ("muon_lr", "optimizer 'muon'"), ("spheret_p", "connection 'p_spheret'")])
+def test_a_term_may_not_take_anothers_key(key: str, owner: str) -> None:
+    with pytest.raises(ValueError, match=f"declares \\['{key}'\\], already keys of .*{owner}"):
+        register_loss_term("stolen", MethodParam(key, 0.0, "a key that is taken"))(lambda logits, targets, train: logits.sum())
+    assert "stolen" not in LOSS_TERMS
