@@ -123,12 +123,12 @@ def parse_shape(spec: str) -> tuple[int, int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("--shapes", default="12x128,24x128,12x256,36x128", help="LAYERSxWIDTH, comma-separated")
-    p.add_argument("--arms", default="pre_ln,p_spheret-0.5", help="fair-sweep arms, comma-separated")
-    p.add_argument("--paths", default="eager,compiled", help="eager, compiled or both (comma-separated)")
-    p.add_argument("--dtypes", default="float32", help="float32, bfloat16 (bf16 only where the CPU has it natively)")
-    p.add_argument("--iters", default="20,60", help="SHORT,LONG: the two lengths each case trains (their difference gives the step)")
-    p.add_argument("--jobs", type=int, default=2, help="cases at a time (one thread each)")
+    p.add_argument("--shapes", default="12x128,24x128,12x256,36x128", help="LAYERSxWIDTH, comma-separated (default: 12x128,24x128,12x256,36x128)")
+    p.add_argument("--arms", default="pre_ln,p_spheret-0.5", help="fair-sweep arms, comma-separated (default: pre_ln,p_spheret-0.5)")
+    p.add_argument("--paths", default="eager,compiled", help="eager, compiled or both, comma-separated (default: eager,compiled)")
+    p.add_argument("--dtypes", default="float32", help="float32, bfloat16, comma-separated (default: float32; bf16 only where the CPU has it natively)")
+    p.add_argument("--iters", default="20,60", help="SHORT,LONG: the two lengths each case trains, their difference gives the step (default: 20,60)")
+    p.add_argument("--jobs", type=int, default=2, help="cases at a time, one thread each (default: 2)")
     p.add_argument("--json", default="", help="also write the rows to this file")
     args = p.parse_args(argv)
     for key, valid in (("arms", ARM_BY_SLUG), ("paths", PATHS), ("dtypes", ("float32", "bfloat16"))):
