@@ -580,6 +580,8 @@ if __name__ == "__main__":
     except ConfigError as e:  # the same on every rank of a torchrun job: rank 0 says it, once
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {e}", file=sys.stderr)
+        else:  # torchrun ends every rank when one exits: give rank 0 the time to say it
+            time.sleep(3.0)
         sys.exit(EXIT_CONFIG)
     except (DeviceError, OutDirError) as e:  # may be one rank's own (its GPU, its view of the folder)
         print(f"error: {e}", file=sys.stderr)

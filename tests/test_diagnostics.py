@@ -217,7 +217,8 @@ def test_eval_rows_carry_the_diagnostics_and_their_cost(data_dir: Path, tmp_path
     payload = wandb_payload(row)
     assert "diag.attn_sink/block_01" in payload and "diag.update_ratio/sublayer_03" in payload
     # The row's format: the diagnostics sit between eval_s and diag_s, in this order.
-    assert list(row) == ["kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s", "rms",
+    assert list(row) == ["kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s",
+                         "val_loss_full", "val_full_tokens", "full_eval_s", "rms",  # the final row's whole-split loss
                          "massive_ratio", "massive_top", "attn_sink", "angle", "contribution", "update_ratio", "final_cosine",
                          "step_sizes", "step_pinned", "radius", "radius_pinned", "diag_s"]
 
@@ -229,7 +230,8 @@ def test_every_diagnostic_of_the_table_reaches_the_row_and_w_and_b(data_dir: Pat
     row = read_metrics(tmp_path, "eval")[-1]
     report = residual_stream_report(tiny_model("geonorm"), tokens())
     assert set(report) == {d.name for d in DIAGNOSTICS if d.source == "batch"}
-    losses_and_times = {"kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s", "diag_s"}
+    losses_and_times = {"kind", "iter", "tokens", "train_eval_loss", "val_loss", "val_ppl", "elapsed_s", "eval_s", "diag_s",
+                        "val_loss_full", "val_full_tokens", "full_eval_s"}
     assert set(row) - losses_and_times == {d.name for d in DIAGNOSTICS}
     payload = wandb_payload(row)
     assert all(isinstance(v, (int, float)) for v in payload.values())  # every list flattened

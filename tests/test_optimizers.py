@@ -104,7 +104,7 @@ def test_adamw_is_the_default_and_one_torch_adamw() -> None:
 
 @pytest.mark.parametrize("argv,message", [
     (["--muon_lr=0.01"], "muon_lr is a key of optimizer 'muon', not of optimizer 'adamw' (its keys: none); drop it or set optimizer=muon."),
-    (["--optimizer=lion"], "optimizer='lion' is not valid. Choose one of: adamw, muon"),
+    (["--optimizer=sgd_nope"], "optimizer='sgd_nope' is not valid. Choose one of: adamw, muon"),  # a name no test registers
     (["--optimizer=muon", "--muon_momentum=1"], "muon_momentum must be in [0, 1), got 1.0."),
     (["--optimizer=muon", "--muon_ns_steps=0"], "muon_ns_steps must be an integer from 1 to 50, got 0."),
     (["--optimizer=muon", "--muon_shape_scale=spectral"], "muon_shape_scale must be one of: original, match_rms_adamw, none, got spectral."),
