@@ -162,7 +162,9 @@ class Evaluator:
         batches = [starts[i : i + self.cfg.batch_size] for i in range(0, len(starts), self.cfg.batch_size)]
         world, rank = self.dist.world_size, self.dist.rank
         rounds = math.ceil(len(batches) / world)
-        total = 0.0  # in float64 on the host: thousands of batch sums add up
+        # On the device, so that no batch waits for the host; float64: thousands of batch sums add up.
+        wide = torch.float32 if self.device.startswith("mps") else torch.float64  # MPS has no float64
+        total = torch.zeros((), device=self.device, dtype=wide)
         progress = EvalProgress(enabled=self.dist.is_master)
         progress.start(f"{split} (whole split)", len(range(rank, len(batches), world)))
         self.model.eval()
@@ -182,11 +184,10 @@ class Evaluator:
                     logits, _ = self.fwd_model(x, y)
                 if i < len(batches):
                     token_losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
-                    total += token_losses.view(len(padded), -1)[: len(offsets)].sum().item() / self.block_size
+                    total += token_losses.view(len(padded), -1)[: len(offsets)].sum().to(wide) / self.block_size
                     progress.update(done + 1)
             windows = len(starts)
-            wide = torch.float32 if self.device.startswith("mps") else torch.float64  # MPS has no float64
-            loss = all_reduce_sum(torch.tensor(total, device=self.device, dtype=wide), self.dist).item() / max(windows, 1)
+            loss = all_reduce_sum(total, self.dist).item() / max(windows, 1)
             progress.finish()
         finally:
             self.model.train()
