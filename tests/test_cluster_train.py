@@ -38,7 +38,8 @@ from spheretnorm.runtime.config import (
     key_help,
     parse_config,
 )
-from spheretnorm.runtime.methods import resolve_paths, run_suffix
+from spheretnorm.runtime.identity import run_suffix
+from spheretnorm.runtime.methods import resolve_paths
 
 REPO = Path(__file__).resolve().parents[1]
 OWT_S = str(REPO / "config" / "openwebtext_s.py")

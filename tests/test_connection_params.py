@@ -29,7 +29,8 @@ from spheretnorm.runtime.config import (
     model_keys_of,
     parse_config,
 )
-from spheretnorm.runtime.methods import default_out_dir, method_key, method_keys_neutral
+from spheretnorm.runtime.identity import config_conflicts, method_keys_neutral
+from spheretnorm.runtime.methods import default_out_dir, method_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -172,19 +173,19 @@ def test_a_run_folder_written_before_does_not_conflict_with_the_same_request(arg
     parsed = parse_config([*argv, "--n_layer=2"], world_size=1)
     values = {k: v for k, v in parsed.model_keys.items() if k in OWNER}
     (tmp_path / grid.CONFIG_NAME).write_text(json.dumps(old_run_config(parsed, **values)))
-    assert grid.config_conflicts(tmp_path, parsed) == []
+    assert config_conflicts(tmp_path, parsed) == []
     # And one written today.
     (tmp_path / grid.CONFIG_NAME).write_text(json.dumps({**asdict(parsed.train), **asdict(parsed.model_config()), "method": "x"}))
-    assert grid.config_conflicts(tmp_path, parsed) == []
+    assert config_conflicts(tmp_path, parsed) == []
 
 
 def test_a_run_folder_with_another_p_conflicts(tmp_path: Path) -> None:
     parsed = parse_config(["--connection=p_spheret", "--spheret_p=0.5"], world_size=1)
     (tmp_path / grid.CONFIG_NAME).write_text(json.dumps(old_run_config(parsed, spheret_p=0.25)))
-    assert grid.config_conflicts(tmp_path, parsed) == ["spheret_p: the run has 0.25, asked for 0.5"]
+    assert config_conflicts(tmp_path, parsed) == ["spheret_p: the run has 0.25, asked for 0.5"]
     other = parse_config(["--connection=p_spheret", "--spheret_p=0.25"], world_size=1)
     (tmp_path / grid.CONFIG_NAME).write_text(json.dumps({**asdict(other.train), **asdict(other.model_config())}))
-    assert grid.config_conflicts(tmp_path, parsed) == ["spheret_p: the run has 0.25, asked for 0.5"]
+    assert config_conflicts(tmp_path, parsed) == ["spheret_p: the run has 0.25, asked for 0.5"]
 
 
 # -----------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.optim import OPTIMIZERS, Muon, build_optimizer, newton_schulz
 from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.run_folder import earlier_run
-from spheretnorm.runtime.config import ConfigError, config_help, parse_config, run_conflicts, run_settings
+from spheretnorm.runtime.config import ConfigError, config_help, parse_config
+from spheretnorm.runtime.identity import run_conflicts, run_settings
 from spheretnorm.runtime.methods import default_out_dir, resolve_paths, resolve_wandb_names
 from test_train import data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (data_dir: a fixture)
 

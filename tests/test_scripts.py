@@ -464,7 +464,8 @@ def test_block_study_gives_ngpt_its_recipe_and_pairs_each_run_with_its_blocks_pr
 
 def test_a_run_from_before_the_block_key_is_a_gpt2_run(tmp_path: Path) -> None:
     from spheretnorm.runtime.config import parse_config
-    from spheretnorm.experiments.grid import CONFIG_NAME, config_conflicts
+    from spheretnorm.experiments.grid import CONFIG_NAME
+    from spheretnorm.runtime.identity import config_conflicts
 
     (tmp_path / CONFIG_NAME).write_text(json.dumps({"connection": "pre_ln", "n_layer": 2}), encoding="utf-8")
     assert config_conflicts(tmp_path, parse_config(["--connection=pre_ln", "--n_layer=2"], world_size=1)) == []

@@ -19,7 +19,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from spheretnorm.experiments import figures as plot, grid as runs, tabulate as tables
-from spheretnorm.runtime.methods import method_dirname, run_suffix
+from spheretnorm.runtime.identity import run_suffix
+from spheretnorm.runtime.methods import method_dirname
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,6 +149,20 @@ def test_runs_of_one_method_that_differ_in_settings_are_rows_named_by_them(tmp_p
     c, d = (tmp_path / x / "openwebtext_l" / "geonorm" for x in ("c", "d"))
     with pytest.raises(runs.UsageError, match=rf"Two runs of geonorm on openwebtext at scale L hold the same settings: {c} and {d} \(a copied folder\?\)"):
         runs.index_runs(tables.load_checked_run(f) for f in tables.scan_runs(tmp_path) if f.method == "geonorm")
+
+
+def test_a_key_only_some_runs_have_names_the_rows_it_tells_apart(tmp_path: Path) -> None:
+    # One AdamW run and two Muon runs at different muon_lr: muon_lr, which the AdamW run lacks,
+    # still tells the Muon runs apart, as the launcher and the sweeps do (another folder each).
+    write_run(tmp_path / "a", "pre_ln", 3.0)
+    write_run(tmp_path / "b", "pre_ln", 3.1, optimizer="muon", optimizer_params={"muon_lr": 0.01})
+    write_run(tmp_path / "c", "pre_ln", 3.2, optimizer="muon", optimizer_params={"muon_lr": 0.02})
+    index = runs.index_runs(tables.load_checked_run(f) for f in tables.scan_runs(tmp_path))
+    assert sorted(run.settings for run in index.values()) == ["muon_lr=0.01, optimizer=muon", "muon_lr=0.02, optimizer=muon", "optimizer=adamw"]
+    # Runs that share every setting are still refused.
+    write_run(tmp_path / "d", "pre_ln", 3.3, optimizer="muon", optimizer_params={"muon_lr": 0.02})
+    with pytest.raises(runs.UsageError, match=r"Two runs of pre_ln \(muon_lr=0.02, optimizer=muon\) on openwebtext at scale L hold the same settings"):
+        runs.index_runs(tables.load_checked_run(f) for f in tables.scan_runs(tmp_path))
 
 
 def captured_figures_of(call) -> list[plt.Figure]:

@@ -30,7 +30,8 @@ import numpy as np
 
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.imports import import_modules, import_recorded, imports_of_overrides
-from spheretnorm.runtime.methods import PAPER_METHODS, display_name, method_keys_neutral, param_text, scale_of, sort_methods
+from spheretnorm.runtime.identity import method_keys_neutral, settings_labels
+from spheretnorm.runtime.methods import PAPER_METHODS, display_name, scale_of, sort_methods
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPTConfig
@@ -45,16 +46,7 @@ from spheretnorm.runtime.run_folder import (
     EXIT_NON_FINITE,
     METRICS_NAME,
 )
-from spheretnorm.runtime.config import (
-    ConfigError,
-    RUN_NEUTRAL_KEYS,
-    RUN_RECORD_KEYS,
-    ParsedConfig,
-    config_keys,
-    run_conflicts,
-    run_settings,
-    saved_settings,
-)
+from spheretnorm.runtime.config import config_keys
 
 SHARED_DIR = REPO_ROOT.parent / "shared"
 ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
@@ -223,19 +215,6 @@ def has_checkpoint(out_dir: Path) -> bool:
     return path.is_dir() or path.is_file()
 
 
-def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
-    """'key: the run has X, asked for Y' for each setting where out_dir's config.json is another
-    run than the one `parsed` asks for (config.run_conflicts, the question train.py asks too)."""
-    path = Path(out_dir) / CONFIG_NAME
-    if not path.is_file():
-        return []
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"{path} is not JSON ({e}); move that run folder away (or repair the file) to run there.") from None
-    return run_conflicts(saved, run_settings(parsed)) if isinstance(saved, dict) else []
-
-
 # -----------------------------------------------------------------------------
 # Runs: what identifies one in tables and plots
 #
@@ -258,7 +237,7 @@ def block_title(block: str) -> str:
 def row_key(method: str, block: str = DEFAULT_BLOCK, settings: str = "") -> str:
     """The row of a method in a block: the method key alone for the default block, else
     '<method>+block=<block>'; then ', <settings>' where runs of the method differ in settings
-    ('pre_ln, optimizer=muon', settings_labels)."""
+    ('pre_ln, optimizer=muon', identity.settings_labels)."""
     base = method if block == DEFAULT_BLOCK else f"{method}{_ROW_BLOCK}{block}"
     return f"{base}{_ROW_SETTINGS}{settings}" if settings else base
 
@@ -308,7 +287,7 @@ class Run:
     rows: list[dict[str, Any]]
     zero_shot: dict[str, float | None] | None
     zero_shot_limit: int | float | None = None  # the --limit of partial zero-shot results (None: full)
-    settings: str = ""  # what tells it from other runs of its method ('optimizer=muon'; settings_labels)
+    settings: str = ""  # what tells it from other runs of its method ('optimizer=muon'; identity.settings_labels)
 
     @property
     def method(self) -> str:
@@ -390,49 +369,6 @@ def is_evaluated(out_dir: Path) -> bool:
     return "paper_table" in results and incomplete_reason(results) is None
 
 
-_SHOWN_DIFFERENCES = 4
-
-
-def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a run's config.json that make it another run than its method's others:
-    every computing key (config.saved_settings: a key the file predates has its default), less
-    the method's own keys and the block, which the row names already."""
-    ignored = RUN_NEUTRAL_KEYS | method_keys_neutral() | {"block", *RUN_RECORD_KEYS}
-    return {k: v for k, v in saved_settings(dict(config)).items() if k not in ignored}
-
-
-def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """'seed (1337 vs 1338)' for each setting where two runs' config.json differ (run_identity: a key
-    one file predates has its default); neutral and derived keys left out."""
-    a, b = run_identity(a), run_identity(b)
-    absent = object()
-    keys = sorted(k for k in {*a, *b} if a.get(k, absent) != b.get(k, absent))
-
-    def text(v: Any) -> str:
-        return "absent" if v is absent else json.dumps(v) if isinstance(v, (dict, list)) else repr(v)
-
-    return [f"{k} ({text(a.get(k, absent))} vs {text(b.get(k, absent))})" for k in keys]
-
-
-def settings_labels(runs: list[Run]) -> None:
-    """Name the rows of runs of one method that differ in settings: where two runs of one (dataset,
-    scale, method, block) differ in keys both have (optimizer, learning_rate, seed, ...), every run
-    of the set gets those keys' values as its settings ('optimizer=muon'), so each is a row of its
-    own. A key only one run has (muon_lr beside an AdamW run) follows from one that differs, and is
-    left out. Runs that share every setting keep one row (and index_runs refuses them)."""
-    cells: dict[tuple[str, str, str], list[Run]] = {}
-    for run in runs:
-        cells.setdefault((run.dataset, run.scale, row_key(run.method, run.block)), []).append(run)
-    differing: set[str] = set()
-    for cell in cells.values():
-        identities = [run_identity(run.config) for run in cell]
-        shared = set.intersection(*(set(i) for i in identities))
-        differing |= {k for k in shared if len({json.dumps(i[k], sort_keys=True, default=str) for i in identities}) > 1}
-    for run in runs:
-        identity = run_identity(run.config)
-        run.settings = ", ".join(f"{k}={param_text(identity[k])}" for k in sorted(differing) if k in identity)
-
-
 def _collision(first: Run, second: Run) -> str:
     """Why two runs cannot share a row: both folders (they hold the same settings)."""
     block = "" if first.block == DEFAULT_BLOCK else f" with the {block_title(first.block)} block"
@@ -445,10 +381,12 @@ def _collision(first: Run, second: Run) -> str:
 
 def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
     """{(dataset, scale, row): run}, row = Run.row. Runs of one method that differ in settings are
-    rows of their own, named by those settings (settings_labels); two runs with the same settings
-    are refused, naming both folders, never silently merged."""
+    rows of their own, named by those settings (identity.settings_labels); two runs with the same
+    settings are refused, naming both folders, never silently merged."""
     runs = list(runs)
-    settings_labels(runs)
+    cells = [(run.dataset, run.scale, row_key(run.method, run.block)) for run in runs]
+    for run, label in zip(runs, settings_labels(cells, [run.config for run in runs])):
+        run.settings = label
     index: dict[tuple[str, str, str], Run] = {}
     for run in runs:
         key = (run.dataset, run.scale, run.row)

@@ -92,7 +92,6 @@ from spheretnorm.experiments.grid import (
     SCALES,
     ZERO_SHOT_NAME,
     check_overrides,
-    config_conflicts,
     config_file,
     exit_text,
     has_checkpoint,
@@ -108,8 +107,9 @@ from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.imports import folders_off_sys_path, imports_of_overrides
 from spheretnorm.runtime.methods import method_args
 from spheretnorm.runtime.methods import method_dirname
-from spheretnorm.runtime.config import RESTART_FREE_KEYS, ConfigError, TrainConfig, parse_config, run_settings
-from spheretnorm.runtime.methods import resolve_paths, resolve_wandb_names, run_suffix
+from spheretnorm.runtime.config import RESTART_FREE_KEYS, ConfigError, TrainConfig, parse_config
+from spheretnorm.runtime.identity import config_conflicts, run_settings, run_suffix
+from spheretnorm.runtime.methods import resolve_paths, resolve_wandb_names
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
 
@@ -203,7 +203,7 @@ def build_grid(
 
 def grid_folder(method: str, overrides: dict[str, Any]) -> str:
     """A grid run's folder: the method's, and a suffix naming every key the command line sets to
-    a value that computes otherwise (methods.run_suffix: '+optimizer=muon'), so the grid of another
+    a value that computes otherwise (identity.run_suffix: '+optimizer=muon'), so the grid of another
     setting never lands in the paper grid's folders; keys a restart may change (max_iters) are
     left out, so a grid is extended in place."""
     return method_dirname(method) + run_suffix({k: v for k, v in overrides.items() if k not in RESTART_FREE_KEYS})

@@ -43,7 +43,6 @@ from spheretnorm.experiments.grid import (
     STUCK_AT_UNIGRAM,
     check_overrides,
     classify,
-    config_conflicts,
     exit_text,
     has_checkpoint,
     is_finished,
@@ -55,6 +54,7 @@ from spheretnorm.experiments.grid import (
 from spheretnorm.experiments.stats import Rule, Spread, parse_rule, spread, verdict
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.config import ConfigError, ParsedConfig, config_keys, parse_config
+from spheretnorm.runtime.identity import config_conflicts
 from spheretnorm.runtime.methods import method_args
 from spheretnorm.runtime.run_folder import METRICS_NAME, OutDirError, check_folder
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import io
-import json
 import math
 import os
 import re
@@ -31,7 +30,7 @@ import runpy
 import textwrap
 import tokenize
 import types
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -253,7 +252,8 @@ def _key_type(key: str) -> Any:
     return param_type(declared_keys()[key])
 
 
-def _key_default(key: str) -> Any:
+def key_default(key: str) -> Any:
+    """A key's default: its field's, or its declaring connection's, optimizer's or loss term's."""
     return _FIELD_DEFAULTS[key] if key in _FIELD_DEFAULTS else declared_keys()[key].default
 
 
@@ -523,7 +523,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
             raise _unknown_key_error(key, f"--{key}")
         values[key] = parse_value(key, raw)
     overrides = {
-        key: values[key] for key, _ in pairs if values[key] != from_files.get(key, _key_default(key))
+        key: values[key] for key, _ in pairs if values[key] != from_files.get(key, key_default(key))
     }
     for key, value in values.items():
         _check_choice(key, value)
@@ -560,7 +560,7 @@ def keys_with_role(role: dict[str, str]) -> frozenset[str]:
 
 # Keys that change nothing a run computes or records: where it runs and writes, how it logs.
 # Any other key set on the command line to a value other than the config file's makes the run
-# a different experiment (a folder suffix, run_suffix).
+# a different experiment (a folder suffix, identity.run_suffix).
 RUN_NEUTRAL_KEYS = keys_with_role(NEUTRAL)
 # Keys that may differ when the same run is started again or extended: its length, the
 # vocabulary train.py derives from the dataset, the fault-injection switches.
@@ -709,7 +709,7 @@ def _key_entries(cls: type, helps: dict[str, str]) -> list[str]:
         if sections.get(f.name) and sections[f.name] != section:
             section = sections[f.name]
             lines.append(f" {section}:")
-        lines.append(_help_entry(f"--{f.name}={_default_text(_key_default(f.name))}", helps.get(f.name, "")))
+        lines.append(_help_entry(f"--{f.name}={_default_text(key_default(f.name))}", helps.get(f.name, "")))
     return lines
 
 
@@ -746,74 +746,6 @@ def optimizer_settings(saved_train: dict[str, Any]) -> TrainConfig:
     """The optimizer's keys of a checkpoint's train_config, as build_optimizer takes them (a
     train_config saved before the optimizer key existed is AdamW's)."""
     return TrainConfig(**{k: saved_train[k] for k in OPTIMIZER_FIELDS if k in saved_train})
-
-
-def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
-    """A training config (or a saved one) as flat keys: its fields, the optimizer's keys at the top
-    level (not inside optimizer_params or loss_params)."""
-    values = dict(asdict(train) if isinstance(train, TrainConfig) else train)
-    nested = [values.pop(holder, None) for holder in ("optimizer_params", "loss_params")]
-    return {**values, **{k: v for held in nested if isinstance(held, dict) for k, v in held.items()}}
-
-
-def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
-    """What identifies the run a command asks for: every key that computes (neutral keys left
-    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json."""
-    values = {**train_values(parsed.train), **model_values(asdict(parsed.model_config()))}
-    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS}
-
-
-def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
-    """A run folder's config.json (or a checkpoint's configs) in run_settings' form. A key the
-    file predates has its default: code that did not know the key ran as its default does
-    (a block-less config is GPT-2's, an optimizer-less one AdamW's with its defaults)."""
-    train = train_values(saved)
-    optimizer = train.get("optimizer", TrainConfig.optimizer)
-    # Training keys only: a model key's default may resolve per model (bias), so one the file
-    # lacks is not compared (block aside, whose default is GPT-2's fixed block).
-    defaults = {**{k: _FIELD_DEFAULTS[k] for k in TRAIN_KEYS}, **{k: p.default for k, p in loss_term_params().items()},
-                **{p.key: p.default for p in getattr(OPTIMIZERS.get(optimizer), "params", ())}}
-    model = model_values({"block": GPTConfig.block, **saved}, connection=GPTConfig.connection)
-    return {**defaults, **train, **model}
-
-
-def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
-    """A resume keeps the keys whose state would not carry over (RESUME_FIXED_KEYS: the optimizer);
-    saved_train is the checkpoint's train_config."""
-    have, values = saved_settings(saved_train), train_values(train)
-    fixed = [k for k in sorted(RESUME_FIXED_KEYS) if have.get(k) != values.get(k)]
-    if fixed and not train.fresh_optimizer:
-        raise ConfigError(
-            f"Refusing to resume with {', '.join(f'{k}={values[k]!r}' for k in fixed)}: the checkpoint was trained with "
-            f"{', '.join(f'{k}={have.get(k)!r}' for k in fixed)}, whose state does not carry over; pass "
-            f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, --fresh_optimizer=true to resume the weights "
-            "with a new optimizer state, or start another out_dir."
-        )
-
-
-def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[str]:
-    """'key: old -> new' for each training key a resume changes (those a resume may not change are
-    refused before, check_resume_keys)."""
-    have, values = saved_settings(saved_train), train_values(train)
-    return [
-        f"{k}: {have[k]!r} -> {v!r}"
-        for k, v in values.items()
-        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite", "fresh_optimizer", TRUST_KEY)
-    ]
-
-
-def run_conflicts(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """'key: the run has X, asked for Y' for every key where a run folder's config.json (saved)
-    is another run than the one wanted (run_settings): the one answer to "does this folder hold
-    the same run?" for train.py, the launcher and the studies. Keys a restart may change
-    (RESTART_FREE_KEYS) are not compared."""
-    have = saved_settings(saved)
-    wanted = json.loads(json.dumps(wanted, default=str))  # as config.json holds them (tuples as lists)
-    return [
-        f"{k}: the run has {have[k]!r}, asked for {v!r}"
-        for k, v in wanted.items()
-        if k in have and have[k] != v and k not in RESTART_FREE_KEYS
-    ]
 
 
 def config_help(

@@ -6,50 +6,38 @@ class declares with ``in_key`` (``Connection.params``, ``method_params``), each 
 ``p_spheret:0.5`` is p-SpheretNorm with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm
 (``dyt_alpha``, ``keel_alpha`` and ``peri_embed_ln`` are no part of it), and a choice the paper
 fixed, set otherwise, follows as ``+key=value``. A run's folder is its method key's
-(``method_dirname``) plus a suffix for every computing key set otherwise (``run_suffix``); its W&B
+(``method_dirname``) plus a suffix for every computing key set otherwise (``identity.run_suffix``); its W&B
 name is ``<config_name>/<folder>`` (``resolve_wandb_names``).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from spheretnorm.model import CONNECTIONS, OPENED_DEFAULTS, GPTConfig, MethodParam, declared_params
+from spheretnorm.model import CONNECTIONS, OPENED_DEFAULTS, GPTConfig, MethodParam
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.imports import OWN_CONNECTION_HINT
 from spheretnorm.runtime.config import (
-    RUN_NEUTRAL_KEYS,
     WANDB_DEFAULT_PROJECT,
     ConfigError,
     TrainConfig,
     parse_value,
     wandb_mode,
 )
+from spheretnorm.runtime.identity import param_text, run_suffix
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
 # The paper's methods in its tables' row order (the grid's default --methods paper).
 PAPER_METHODS = ("pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret:0.5", "proj_spheret", "cay_spheret")
-_SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
-_SUFFIX_MAX_CHARS = 60
 
 
 # -----------------------------------------------------------------------------
 # A method key and the names derived from it: run folders and W&B names
-
-
-def param_text(value: Any) -> str:
-    """A value as method keys, folder names and the command line write it: '0.5' (not 0.50),
-    'true', 'none', '256'."""
-    if value is None or isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def method_key(cfg: GPTConfig) -> str:
@@ -67,12 +55,6 @@ def opened_settings(cfg: GPTConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k, default in OPENED_DEFAULTS.items() if getattr(cfg, k) != default}
 
 
-def method_keys_neutral() -> frozenset[str]:
-    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS). A
-    parameter without in_key (dyt_alpha) is a setting: a changed value is a folder suffix."""
-    return frozenset({"connection", *OPENED_DEFAULTS, *(k for k, p in declared_params().items() if p.in_key)})
-
-
 def method_dirname(key: str) -> str:
     """The run folder name of a method key ('p_spheret:0.5' -> 'p_spheret-0.5'): ':' is awkward in paths."""
     return key.replace(":", "-")
@@ -81,27 +63,6 @@ def method_dirname(key: str) -> str:
 def method_params(connection: str) -> tuple[MethodParam, ...]:
     """The parameters of a connection that its method key holds (in_key), in declared order."""
     return tuple(p for p in CONNECTIONS[connection].params if p.in_key)
-
-
-def _suffix_value(value: Any) -> str:
-    # 'None' as folder suffixes have always written it, so an earlier run's folder is found again.
-    return "None" if value is None else param_text(value)
-
-
-def run_suffix(overrides: dict[str, Any]) -> str:
-    """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
-
-    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
-    so that the same command always finds the same folder again (for a resume).
-    """
-    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
-    if not changed:
-        return ""
-    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
-    if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
-        return text
-    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return f"+overrides-{digest}"
 
 
 def default_out_dir(config_name: str, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> str:
@@ -133,11 +94,6 @@ def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig
         wandb_entity=train.wandb_entity or env("WANDB_ENTITY", ""),
         wandb_mode=mode,
     )
-
-
-def run_neutral_keys() -> frozenset[str]:
-    """RUN_NEUTRAL_KEYS and every connection's method keys."""
-    return RUN_NEUTRAL_KEYS | method_keys_neutral()
 
 
 # -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spheretnorm.runtime.atomic import replace_file
-from spheretnorm.runtime.config import run_conflicts
+from spheretnorm.runtime.identity import run_conflicts
 
 if TYPE_CHECKING:
     from spheretnorm.runtime.config import TrainConfig
@@ -221,7 +221,7 @@ def earlier_run(out_dir: str | Path, wanted: dict[str, Any] | None = None) -> st
 
     The same run starting again (a job that crashed or was pre-empted before its first
     checkpoint, and is restarted with the same command): its config.json has the settings in
-    `wanted` (the new run's, config.run_settings; None: not compared), its metrics.jsonl no
+    `wanted` (the new run's, identity.run_settings; None: not compared), its metrics.jsonl no
     eval row past iter 0, and there are no zero-shot results. Losing its rows loses nothing that
     the new run does not write again.
     """

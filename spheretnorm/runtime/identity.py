@@ -1,0 +1,216 @@
+"""Is this the same run? The single home of that answer, and of the names it gives a run.
+
+A run is what it computes: every key of its configs but those that change nothing it computes
+(where it runs, writes and logs: config.RUN_NEUTRAL_KEYS) and the method's own keys, which its
+folder name holds already. train.py, the launcher, the studies and the tables all ask here, so
+a folder one of them takes for a run is the run the others take:
+
+- the settings of a run, flat: a command's (``run_settings``), a folder's config.json or a
+  checkpoint's (``saved_settings``: a key the file predates has its default), a training
+  config's (``train_values``); the keys that never tell runs apart (``run_neutral_keys``);
+- its folder suffix (``run_suffix``): ``+key=value`` for every computing key a command sets
+  otherwise, so another run never shares the paper run's folder (methods.default_out_dir);
+- the conflicts between a folder and a command (``run_conflicts``, ``config_conflicts``), for a
+  restart, a reuse and a study;
+- the keys a resume changes (``changed_train_keys``) or may not change (``check_resume_keys``);
+- the row labels of tables and figures (``run_identity``, ``settings_labels``): the settings that
+  tell runs of one method apart.
+
+It imports config.py and nothing that names methods or folders: methods.py and run_folder.py
+import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Hashable, Mapping, Sequence
+
+from spheretnorm.model import OPENED_DEFAULTS, GPTConfig, declared_params
+from spheretnorm.optim import OPTIMIZERS
+from spheretnorm.runtime.config import (
+    RESTART_FREE_KEYS,
+    RESUME_FIXED_KEYS,
+    RUN_NEUTRAL_KEYS,
+    RUN_RECORD_KEYS,
+    TRAIN_KEYS,
+    ConfigError,
+    ParsedConfig,
+    TrainConfig,
+    key_default,
+    model_values,
+)
+from spheretnorm.runtime.imports import TRUST_KEY
+from spheretnorm.runtime.loss_terms import loss_term_params
+
+_SUFFIX_SAFE = re.compile(r"[A-Za-z0-9_.=+-]+")
+_SUFFIX_MAX_CHARS = 60
+
+
+# -----------------------------------------------------------------------------
+# The settings of a run
+
+
+def param_text(value: Any) -> str:
+    """A value as method keys, folder names and the command line write it: '0.5' (not 0.50),
+    'true', 'none', '256'. Here because suffixes and row labels write values so too."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def method_keys_neutral() -> frozenset[str]:
+    """The method's own keys: the folder name holds them already (see RUN_NEUTRAL_KEYS). A
+    parameter without in_key (dyt_alpha) is a setting: a changed value is a folder suffix."""
+    return frozenset({"connection", *OPENED_DEFAULTS, *(k for k, p in declared_params().items() if p.in_key)})
+
+
+def run_neutral_keys() -> frozenset[str]:
+    """RUN_NEUTRAL_KEYS and every connection's method keys: the keys no suffix names."""
+    return RUN_NEUTRAL_KEYS | method_keys_neutral()
+
+
+def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
+    """A training config (or a saved one) as flat keys: its fields, the optimizer's keys at the top
+    level (not inside optimizer_params or loss_params)."""
+    values = dict(asdict(train) if isinstance(train, TrainConfig) else train)
+    nested = [values.pop(holder, None) for holder in ("optimizer_params", "loss_params")]
+    return {**values, **{k: v for held in nested if isinstance(held, dict) for k, v in held.items()}}
+
+
+def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
+    """What identifies the run a command asks for: every key that computes (neutral keys left
+    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json."""
+    values = {**train_values(parsed.train), **model_values(asdict(parsed.model_config()))}
+    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS}
+
+
+def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
+    """A run folder's config.json (or a checkpoint's configs) in run_settings' form. A key the
+    file predates has its default: code that did not know the key ran as its default does
+    (a block-less config is GPT-2's, an optimizer-less one AdamW's with its defaults)."""
+    train = train_values(saved)
+    optimizer = train.get("optimizer", TrainConfig.optimizer)
+    # Training keys only: a model key's default may resolve per model (bias), so one the file
+    # lacks is not compared (block aside, whose default is GPT-2's fixed block).
+    defaults = {**{k: key_default(k) for k in TRAIN_KEYS}, **{k: p.default for k, p in loss_term_params().items()},
+                **{p.key: p.default for p in getattr(OPTIMIZERS.get(optimizer), "params", ())}}
+    model = model_values({"block": GPTConfig.block, **saved}, connection=GPTConfig.connection)
+    return {**defaults, **train, **model}
+
+
+# -----------------------------------------------------------------------------
+# The folder suffix
+
+
+def _suffix_value(value: Any) -> str:
+    # 'None' as folder suffixes have always written it, so an earlier run's folder is found again.
+    return "None" if value is None else param_text(value)
+
+
+def run_suffix(overrides: dict[str, Any]) -> str:
+    """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
+
+    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
+    so that the same command always finds the same folder again (for a resume).
+    """
+    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
+    if not changed:
+        return ""
+    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
+    if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
+        return text
+    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"+overrides-{digest}"
+
+
+# -----------------------------------------------------------------------------
+# Conflicts: a folder against a command, a checkpoint against a resume
+
+
+def run_conflicts(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """'key: the run has X, asked for Y' for every key where a run folder's config.json (saved)
+    is another run than the one wanted (run_settings): the one answer to "does this folder hold
+    the same run?" for train.py, the launcher and the studies. Keys a restart may change
+    (RESTART_FREE_KEYS) are not compared."""
+    have = saved_settings(saved)
+    wanted = json.loads(json.dumps(wanted, default=str))  # as config.json holds them (tuples as lists)
+    return [
+        f"{k}: the run has {have[k]!r}, asked for {v!r}"
+        for k, v in wanted.items()
+        if k in have and have[k] != v and k not in RESTART_FREE_KEYS
+    ]
+
+
+def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
+    """'key: the run has X, asked for Y' for each setting where out_dir's config.json is another
+    run than the one `parsed` asks for (run_conflicts, the question train.py asks too)."""
+    path = Path(out_dir) / "config.json"  # run_folder.CONFIG_NAME (which imports this module)
+    if not path.is_file():
+        return []
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path} is not JSON ({e}); move that run folder away (or repair the file) to run there.") from None
+    return run_conflicts(saved, run_settings(parsed)) if isinstance(saved, dict) else []
+
+
+def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
+    """A resume keeps the keys whose state would not carry over (RESUME_FIXED_KEYS: the optimizer);
+    saved_train is the checkpoint's train_config."""
+    have, values = saved_settings(saved_train), train_values(train)
+    fixed = [k for k in sorted(RESUME_FIXED_KEYS) if have.get(k) != values.get(k)]
+    if fixed and not train.fresh_optimizer:
+        raise ConfigError(
+            f"Refusing to resume with {', '.join(f'{k}={values[k]!r}' for k in fixed)}: the checkpoint was trained with "
+            f"{', '.join(f'{k}={have.get(k)!r}' for k in fixed)}, whose state does not carry over; pass "
+            f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, --fresh_optimizer=true to resume the weights "
+            "with a new optimizer state, or start another out_dir."
+        )
+
+
+def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[str]:
+    """'key: old -> new' for each training key a resume changes (those a resume may not change are
+    refused before, check_resume_keys)."""
+    have, values = saved_settings(saved_train), train_values(train)
+    return [
+        f"{k}: {have[k]!r} -> {v!r}"
+        for k, v in values.items()
+        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite", "fresh_optimizer", TRUST_KEY)
+    ]
+
+
+# -----------------------------------------------------------------------------
+# Row labels: what tells runs of one method apart in tables and figures
+
+
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a run's config.json that make it another run than its method's others:
+    every computing key (saved_settings: a key the file predates has its default), less the
+    method's own keys and the block, which the row names already."""
+    ignored = RUN_NEUTRAL_KEYS | method_keys_neutral() | {"block", *RUN_RECORD_KEYS}
+    return {k: v for k, v in saved_settings(dict(config)).items() if k not in ignored}
+
+
+def settings_labels(cells: Sequence[Hashable], configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The settings that tell runs of one method apart, one label per run ('optimizer=muon'; ''
+    where nothing does): configs[i] is run i's config.json, cells[i] the (dataset, scale, row) it
+    belongs to. A key names rows when two runs of a cell that both have it differ in it
+    (optimizer, learning_rate, seed, ...); a key only some runs have (muon_lr beside an AdamW run)
+    so still tells the runs that have it apart, as their folders do. Each label lists the naming
+    keys its run has, sorted, so the rows of every cell read alike. Runs that share every setting
+    get the same label (grid.index_runs refuses them)."""
+    identities = [run_identity(config) for config in configs]
+    by_cell: dict[Hashable, list[dict[str, Any]]] = {}
+    for cell, identity in zip(cells, identities, strict=True):
+        by_cell.setdefault(cell, []).append(identity)
+    naming: set[str] = set()
+    for cell_identities in by_cell.values():
+        for key in {k for identity in cell_identities for k in identity}:
+            values = {json.dumps(identity[key], sort_keys=True, default=str) for identity in cell_identities if key in identity}
+            if len(values) > 1:
+                naming.add(key)
+    return [", ".join(f"{k}={param_text(identity[k])}" for k in sorted(naming) if k in identity) for identity in identities]
