@@ -38,7 +38,7 @@ from test_export_hf import logits_of, standalone_logits, trained_like
 from test_train import tiny_args
 
 NAME = "deepnorm_own_module"
-CORE = ["kernels", "model", "mup", "retractions"]
+CORE = ["kernels", "keys", "model", "mup", "retractions"]
 SHIPPED = {"configuration_spheretnorm.py", "modeling_spheretnorm.py", "connection_spheretnorm.py", *(f"{m}.py" for m in CORE)}
 
 
@@ -148,7 +148,7 @@ def test_imports_of_the_core_become_relative_and_the_rest_stays() -> None:
 # -----------------------------------------------------------------------------
 # Refused, with nothing written
 
-ALLOWED = "a connection's module may import spheretnorm.kernels, spheretnorm.model, spheretnorm.mup, spheretnorm.retractions " \
+ALLOWED = "a connection's module may import spheretnorm.kernels, spheretnorm.keys, spheretnorm.model, spheretnorm.mup, spheretnorm.retractions " \
           r"\(the folder ships them beside it\) and packages other than spheretnorm\.$"
 REFUSED = {
     "runtime": ("from spheretnorm.runtime.config import config_from_dict", r"imports spheretnorm\.runtime\.config \(line 2\); " + ALLOWED),

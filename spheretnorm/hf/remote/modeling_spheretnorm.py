@@ -2,7 +2,7 @@
 
 This file runs only inside an exported folder, where spheretnorm/hf/folder.py has copied it
 unchanged beside spheretnorm's model.py and the model-core files model.py imports, whole
-(kernels.py, mup.py, retractions.py): the connections, norms, MLP and GPTConfig below are
+(kernels.py, keys.py, mup.py, retractions.py): the connections, norms, MLP and GPTConfig below are
 model.py's own, so the folder needs only torch and transformers. connection_spheretnorm.py,
 written at export, registers the checkpoint's connection (and imports the module it was
 defined in, when that is not model.py). What is added here is what transformers needs:
