@@ -58,17 +58,18 @@ from spheretnorm.runtime.device import (
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import load_checkpoint, read_sharded_meta, rng_from_plain
+from spheretnorm.runtime.checkpoint import load_checkpoint, rng_from_plain
 from spheretnorm.runtime.run_checkpoint import restore_training_state, write_run_checkpoint
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.step import backward_step
 from spheretnorm.runtime.loss_terms import active_loss_terms
-from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, resume_checkpoint, settle_at_start
+from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, read_resume_meta, resume_checkpoint, settle_at_start
 from spheretnorm.runtime.config import (
-    HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, changed_train_keys, check_resume_keys, config_from_dict, config_help,
-    grad_accum_steps, model_key_conflicts, parse_config, run_settings, wants_help,
+    HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, config_help,
+    grad_accum_steps, model_key_conflicts, parse_config, wants_help,
 )
-from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_paths, resolve_wandb_names, run_neutral_keys, run_suffix
+from spheretnorm.runtime.identity import changed_train_keys, check_resume_keys, run_neutral_keys, run_settings, run_suffix
+from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_paths, resolve_wandb_names
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_process_group, report_stop
@@ -103,8 +104,8 @@ def load_resume_checkpoint(train: TrainConfig, path: Path) -> dict[str, Any]:
         )
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
     try:  # a sharded folder: its tensors are read by every rank's own shards (Trainer._restore)
-        if path.is_dir():
-            return read_sharded_meta(path, require=RESUME_KEYS, digests=int(os.environ.get("RANK", "0")) == 0)
+        if path.is_dir():  # every rank's verdict gathered: a shard only rank 0's digests see is refused by all
+            return read_resume_meta(path, RESUME_KEYS)
         return load_checkpoint(path, map_location="cpu", require=RESUME_KEYS)
     except ValueError as e:  # not a checkpoint of this project, or one with disallowed objects
         raise ConfigError(str(e)) from None

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pickle
+import re
 import resource
 import shutil
 import signal
@@ -309,6 +310,31 @@ def test_damaged_and_foreign_folders_are_refused_in_one_sentence(stopped: tuple[
         message = str(e.value)
         assert words in message and str(folder) in message and "\n" not in message, message
     assert not marker.exists()
+
+
+def test_a_damaged_shard_stops_a_two_rank_resume_on_every_rank_in_one_line(stopped: tuple[Path, dict], data_dir: Path, tmp_path: Path) -> None:
+    """Rank 0 reads every byte of the folder (its digests), the others check sizes only: the ranks
+    decide together, before any tensor is read, so a shard of its save's size whose bytes differ
+    is refused by every rank: rank 0's one line and status 2 (EXIT_CONFIG: refused before any
+    training), no rank's traceback (each rank's output in its own file: torchrun's own report of
+    a failed worker is a traceback of its own)."""
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    shutil.copytree(stopped[0], out)
+    shard = out / "ckpt.dcp" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    cmd = [*TORCHRUN, "--nproc_per_node=2", f"--log-dir={logs}", "--redirects=3", "train.py",
+           *tiny_args(data_dir, out, *RUN_ARGS, "--max_iters=400", "--init_from=resume")]
+    result = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    ranks = {int(p.parent.name): p.read_text() + (p.parent / "stdout.log").read_text() for p in logs.rglob("stderr.log")}
+    errors = {rank: [line for line in text.splitlines() if line.startswith("error:")] for rank, text in ranks.items()}
+    assert sorted(ranks) == [0, 1] and errors[1] == [] and len(errors[0]) == 1, (ranks, result.stderr[-3000:])
+    assert errors[0][0].startswith(f"error: Sharded checkpoint {str(out / 'ckpt.dcp')!r} holds a __1_0.distcp that its save ")
+    assert "(its digest differs)" in errors[0][0]
+    assert not any("Traceback" in text for text in ranks.values()), ranks
+    # torchrun's own status is 1; the first rank to end (rank 0, once it has said it) ends with 2, and torchrun ends the others
+    assert result.returncode != 0 and re.search(r"Root Cause.*?exitcode\s*: 2 ", result.stderr, re.S), result.stderr[-3000:]
 
 
 def test_one_command_consolidates_a_folder_into_a_ckpt_pt_that_ddp_resumes(stopped: tuple[Path, dict], worker: dict, data_dir: Path, tmp_path: Path) -> None:

@@ -615,15 +615,20 @@ def _dcp_metadata(path: Path, where: str) -> Any:
         ) from None
     except Exception as exc:  # noqa: BLE001 - an unpickling failure of damaged bytes has no one type
         raise CheckpointError(f"{where} has a {DCP_METADATA} that cannot be read ({describe_error(exc)}); it is damaged.") from None
-    ends: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
-    for name, end in sorted(ends.items()):
+    for name, end in sorted(_entry_ends(metadata).items()):
         size = (path / name).stat().st_size if (path / name).is_file() else -1
         if size < end:
             state = "is missing" if size < 0 else f"has {size} of its {end} bytes"
             raise CheckpointError(f"{where} is damaged: its shard file {name} {state}.")
     return metadata
+
+
+def _entry_ends(metadata: Any) -> dict[str, int]:
+    """Where the last of its entries ends in each shard file the index names (its byte count as written)."""
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    return ends
 
 
 def sharded_shapes(path: Path, where: str, prefix: str = "model.") -> dict[str, torch.Tensor]:
@@ -692,13 +697,62 @@ def say_unverifiable(path: Path, where: str) -> None:
     )
 
 
+def check_unrecorded_save(path: Path, meta: dict[str, Any], where: str) -> None:
+    """Refuse a folder written before saves recorded their files when what torch.distributed.checkpoint
+    itself wrote shows files of another save in it. What it writes (torch 2.x, the torch_save format
+    that save_sharded has always used; torch/distributed/checkpoint/filesystem.py), and so what can be shown:
+
+    - The index (.metadata) places each entry of the save (a torch.save archive) at an offset and a
+      length in a named shard file, and the writer puts a file's entries back to back with nothing
+      after them; each save wrote into a folder of its own (ckpt.dcp.tmp, emptied first). So a shard
+      file longer than its entries, or one with bytes in which the index names no entry, is not
+      this save's (one cut short is refused as damaged by _dcp_metadata).
+    - The index records the folder the save wrote into (storage_meta.checkpoint_id,
+      OUT_DIR/ckpt.dcp.tmp), and meta.pt the run's out_dir (train_config), both from the one out_dir
+      of the run that saved (a run folder moved or copied takes both along). An index and a meta.pt
+      of different run folders are of different saves: `cp other/ckpt.dcp/* ckpt.dcp/` copies the
+      other run's meta.pt and shards and leaves the index, a dot file, behind. A meta.pt without an
+      out_dir (none of train.py's) or an index without checkpoint_id (an older torch's) is not compared.
+
+    What cannot be shown: a shard of another save laid out alike (another run of the same shapes
+    and settings, or another save of this run). A shard holds nothing of the save that wrote it:
+    its entries are torch.save archives, the same bytes for the same values (no id, no path, no
+    time), and the index records where each entry lies but no digest; DCP's own save_id is in the
+    index alone. Such a shard loads unseen, which say_unverifiable says once.
+    """
+    index = _dcp_metadata(path, where)  # every file it names there and long enough
+    ends = _entry_ends(index)
+    for name in sorted(p.name for p in path.glob(f"*{SHARD_SUFFIX}")):
+        size = (path / name).stat().st_size
+        if name not in ends and size > 0:  # an empty file holds nothing of any save
+            raise CheckpointError(
+                f"{where} holds {name}, which its index ({DCP_METADATA}) names no entry in: the file is from another save; "
+                "remove it, or copy the whole folder of one save."
+            )
+        if name in ends and size != ends[name]:
+            raise CheckpointError(
+                f"{where} holds a {name} of {size} bytes where its index places its entries in the first {ends[name]}: "
+                "the file is from another save or damaged; copy the whole folder of one save."
+            )
+    written = getattr(getattr(index, "storage_meta", None), "checkpoint_id", None)
+    config = meta.get("train_config")
+    out_dir = config.get("out_dir") if isinstance(config, dict) else None
+    if written and isinstance(out_dir, str) and out_dir and Path(written).parent != Path(out_dir):
+        raise CheckpointError(
+            f"{where} has a {DCP_METADATA} written by a save into {str(Path(written).parent)!r} and a {SHARDED_META} of the run "
+            f"in {out_dir!r}: its files are of different saves; copy the whole folder of one save."
+        )
+
+
 def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool = True) -> None:
     """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
     shard copied in from another save of the same shape would load without a word otherwise): each
     recorded file there with its size and digest, and no other shard. A folder written before saves
-    recorded them (no files key) has nothing to check against and is taken as it is."""
+    recorded them (no files key) is checked for what torch's own index can show (check_unrecorded_save),
+    and taken with one line that its shards cannot be verified."""
     recorded = meta.get("files")
     if recorded is None:
+        check_unrecorded_save(path, meta, where)
         say_unverifiable(path, where)
         return
     save = f"save {meta.get('save_id')!r}"

@@ -242,6 +242,35 @@ def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
     return chosen, line + "."
 
 
+def read_resume_meta(path: Path, require: tuple[str, ...]) -> dict[str, Any]:
+    """meta.pt of the sharded folder a resume reads (read_sharded_meta), decided by every rank
+    together: rank 0 reads every byte of the folder once (its digests), the others check sizes only,
+    and before any rank goes on (to build the model, to read a tensor) they gather their verdicts.
+    A folder any rank refuses is then refused by every rank with the same sentence, the lowest
+    refusing rank's (a damaged or foreign shard of its save's size is seen by rank 0 alone): train.py
+    says it once, by rank 0, which exits with EXIT_CONFIG (2: refused before any training), the
+    other ranks with it (or ended by torchrun first), none with a traceback. Alone (no process
+    group, or one rank) it is read_sharded_meta."""
+    rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    meta: dict[str, Any] = {}
+    error: CheckpointError | None = None
+    try:
+        meta = read_sharded_meta(path, require, digests=rank == 0)
+    except CheckpointError as e:
+        error = e
+    except OSError as e:  # this rank's view of the folder: said by all the same
+        error = CheckpointError(f"Sharded checkpoint {str(path)!r} cannot be read ({describe_error(e)}).")
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        verdicts: list[Any] = [None] * torch_dist.get_world_size()
+        torch_dist.all_gather_object(verdicts, None if error is None else str(error))
+        first = next((verdict for verdict in verdicts if verdict is not None), None)
+        if first is not None and (error is None or str(error) != first):
+            raise CheckpointError(first)
+    if error is not None:
+        raise error
+    return meta
+
+
 def _whole_iter(path: Path) -> int | None:
     """The iteration of a whole, readable sharded folder (read_sharded_meta's checks, the files'
     digests included), None for one that is not: its writing never finished, or it is damaged."""
