@@ -3,7 +3,9 @@
 tests/data/legacy_3ab3f93/ holds, for every connection in both blocks, a checkpoint that the
 train.py of commit 3ab3f93 wrote at iteration 2 (optimizer state included), and three Hugging
 Face folders its scripts/export_hf.py wrote (gpt2 pre_ln as a plain GPT2LMHeadModel, gpt2
-p_spheret and llama ngpt with their own code). expected.json and logits.pt hold what the old
+p_spheret and llama ngpt with their own code). The folders' byte-identical files (tokenizer,
+generation config, the model code) are stored once, in hf-shared/; hf-shared/folders.json
+names the files each folder had, and the `exported` fixture puts each folder back together. expected.json and logits.pt hold what the old
 code computed from them: the losses of resuming each checkpoint to iteration 4, the logits on
 a fixed input (also with every matrix scaled by 10, where the sphere connections differ; see
 make_fixtures.py, which wrote these files and says how it was run), sample.py's output, and,
@@ -57,6 +59,23 @@ def load_folder_model(folder):
     from spheretnorm.hf.folder import load_folder_model as load  # keeps this name
 
     return load(folder)
+
+
+SHARED = HERE / "hf-shared"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{folder name: the folder as export_hf.py wrote it}: its own files and its shared ones."""
+    shared = json.loads((SHARED / "folders.json").read_text())
+    root = tmp_path_factory.mktemp("exports")
+    folders = {}
+    for name in EXPORTS:
+        folder = EXPECTED["exports"][name]["folder"]
+        folders[name] = Path(shutil.copytree(HERE / folder, root / folder))
+        for file in shared[folder]:
+            shutil.copy2(SHARED / file, folders[name] / file)
+    return folders
 
 
 def registered_connections() -> set[str] | None:
@@ -159,29 +178,30 @@ def test_sample_py_prints_the_recorded_text(name: str, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize("name", EXPORTS)
-def test_transformers_loads_the_exported_folder(name: str) -> None:
+def test_transformers_loads_the_exported_folder(name: str, exported: dict[str, Path]) -> None:
     transformers = pytest.importorskip("transformers")
     export = EXPECTED["exports"][name]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(HERE / export["folder"]), trust_remote_code=True).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(exported[name]), trust_remote_code=True).eval()
     assert type(hf).__name__ == export["hf_class"]
     assert_logits(logits_of(hf), name)
     assert_logits(logits_of(scaled(hf)), f"{name}/scaled")
 
 
 @pytest.mark.parametrize("name", EXPORTS)
-def test_the_folder_loads_back_as_our_model(name: str) -> None:
+def test_the_folder_loads_back_as_our_model(name: str, exported: dict[str, Path]) -> None:
     export = EXPECTED["exports"][name]
-    model = load_folder_model(HERE / export["folder"]).eval()
+    model = load_folder_model(exported[name]).eval()
     assert (model.config.connection, model.config.block) == (export["connection"], export["block"])
     assert_logits(logits_of(model), name)  # the old code's folder, our model: the same logits
     assert_logits(logits_of(scaled(model)), f"{name}/scaled")
 
 
 @pytest.mark.parametrize("name", EXPORTS)
-def test_train_py_init_from_the_folder_evaluates_as_before(name: str, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_train_py_init_from_the_folder_evaluates_as_before(name: str, exported: dict[str, Path], data_dir: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
     export = EXPECTED["exports"][name]
     capsys.readouterr()
-    train.main([f"--init_from=hf:{HERE / export['folder']}", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
+    train.main([f"--init_from=hf:{exported[name]}", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
                 *export["eval_only_args"]])  # fmt: skip
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert rows, "train.py --eval_only printed no result row"

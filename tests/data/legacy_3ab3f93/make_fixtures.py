@@ -37,6 +37,8 @@ ngpt (both carry their own code). For each, logits.pt holds the logits transform
 "hf-<block>-<connection>", and under ".../scaled" those of that model with its parameters
 scaled alike; expected.json holds the losses `train.py --init_from=hf:DIR --eval_only=true`
 prints. The README model cards name the kept checkpoint file instead of its temporary path.
+After the run, the files the three folders share byte for byte were moved into hf-shared/ once
+(2026-12-05), with hf-shared/folders.json naming each folder's; the test puts the folders back.
 
 Run twice, it wrote the same expected.json, logits.pt and folders; the checkpoints differ only
 in what they record of the run's temporary data_dir and out_dir and its elapsed_s. At 3ab3f93
