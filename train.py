@@ -58,12 +58,11 @@ from spheretnorm.runtime.device import (
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import load_checkpoint, rng_from_plain
-from spheretnorm.runtime.run_checkpoint import restore_training_state, write_run_checkpoint
+from spheretnorm.runtime.checkpoint import check_newest_is_own, resume_checkpoint, rng_from_plain
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.step import backward_step
 from spheretnorm.runtime.loss_terms import active_loss_terms
-from spheretnorm.runtime.sharded_checkpoint import check_newest_is_own, read_resume_meta, resume_checkpoint, settle_at_start
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, wants_help,

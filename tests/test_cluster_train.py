@@ -23,7 +23,8 @@ import train
 from spheretnorm.runtime import validation
 from spheretnorm.runtime.validation import EvalProgress
 from spheretnorm.runtime.tracking import check_wandb, format_duration, wandb_key_source
-from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
+from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
 from spheretnorm.model import GPTConfig
 from spheretnorm.experiments import grid
 from spheretnorm.experiments import launcher as launch
@@ -157,8 +158,8 @@ HELP_EXPECTATIONS = [
     ("data/prepare.py", ["--batch_size", "(default: 512)", "--seed", "2357"]),
     ("eval/zero_shot.py", ["--ckpt", "--tasks", "--limit", "--local_data"]),
     ("scripts/launch.py", ["--methods", "(default: paper)", "--runs_root", "(default: out)", "(default: local)"]),
-    ("scripts/lr_sweep.py", ["--lrs", "(default: 1e-3,3e-3)", "--max_iters"]),
-    ("scripts/reproduce_cpu.py", ["--max_iters", "(default 400)", "(default: paper)"]),
+    ("scripts/lr_sweep.py", ["--lrs", "(default 1e-3,3e-3)", "--max_iters"]),
+    ("scripts/reproduce_cpu.py", ["--max_iters", "(default 400)", "(default paper)"]),
     ("scripts/plot.py", ["--smooth", "(default 0.9", "--runs_root"]),
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
     ("scripts/export_hf.py", ["--ckpt", "--out", "--format", "(default: hf)"]),

@@ -26,7 +26,8 @@ import torch
 import train
 from fsdp_worker import BLOCKS, CONNECTIONS, RUN_ARGS
 from spheretnorm.model import GPT, GPTConfig
-from spheretnorm.runtime.checkpoint import CheckpointError, load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import CheckpointError
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
 from spheretnorm.runtime.config import ConfigError, parse_config
 from spheretnorm.runtime.distributed import DistInfo
 from spheretnorm.runtime.parallel import checkpoint_activations, choose_start

@@ -10,7 +10,8 @@ from spheretnorm.runtime.device import estimate_mfu
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.diagnostics import residual_stream_report
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig, ScaleNorm, SphereConnection
-from spheretnorm.runtime.checkpoint import checkpoint_state, clean_state_dict, load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import checkpoint_state, clean_state_dict
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=96)
 

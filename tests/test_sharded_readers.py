@@ -21,12 +21,12 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.checkpoint import (
     CheckpointError,
     checkpoint_state,
-    load_checkpoint,
     read_torch_file,
+    resume_checkpoint,
 )
 from spheretnorm.runtime.config import ConfigError, TrainConfig, optimizer_settings, parse_config
 from spheretnorm.runtime.distributed import DistInfo
-from spheretnorm.runtime.sharded_checkpoint import main as consolidate, resume_checkpoint, save_sharded
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, main as consolidate, save_sharded
 from test_train import data_dir, tiny_args  # noqa: F401 (data_dir: a fixture)
 
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, connection="pre_ln")

@@ -24,7 +24,8 @@ from spheretnorm.hf import export_cli
 from spheretnorm.hf.folder import HFFolderError, folder_model_config
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime import imports
-from spheretnorm.runtime.checkpoint import CheckpointError, atomic_torch_save, checkpoint_state, load_checkpoint
+from spheretnorm.runtime.checkpoint import CheckpointError, atomic_torch_save, checkpoint_state
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
 from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_config
 
 MARKER = "marker_never_runs"

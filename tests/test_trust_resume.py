@@ -14,9 +14,8 @@ import torch
 
 import sample
 import train
-from spheretnorm.runtime.checkpoint import atomic_torch_save, read_torch_file, resolve_checkpoint
+from spheretnorm.runtime.checkpoint import atomic_torch_save, read_torch_file, resolve_checkpoint, resume_checkpoint
 from spheretnorm.runtime.config import ConfigError, parse_config
-from spheretnorm.runtime.sharded_checkpoint import resume_checkpoint
 from test_train import data_dir, tiny_args  # noqa: F401 (data_dir: a fixture)
 
 

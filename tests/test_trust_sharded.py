@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import sample
-from spheretnorm.runtime.checkpoint import CheckpointError, load_checkpoint, read_torch_file
+from spheretnorm.runtime.checkpoint import CheckpointError, read_torch_file
+from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
 from spheretnorm.runtime.sharded_checkpoint import main as consolidate
 from test_sharded_readers import save
 

@@ -1,48 +1,52 @@
-"""Checkpoints: writing them atomically, reading them safely, and checking that the model they
-describe can be built from the weights they hold.
+"""Checkpoints: the single-file format (ckpt.pt), what both formats share, and which checkpoint of
+a run folder every reader and resume takes.
 
 A checkpoint (format spheretnorm-ckpt-v1) is a dict: format, model_config (GPTConfig as a dict),
 model (the state dict), and what train.py adds (optimizer, iter_num, train_config, data_meta,
-RNG state). load_model rebuilds the GPT of one; the trainer, sampling, the evaluator and the
-exports all read checkpoints through this module.
+RNG state in plain values: rng_to_plain, gathered_rng). Here: writing one atomically, reading one
+safely (read_torch_file), checking that the model it describes can be built from the weights it
+holds (check_checkpoint), its safetensors form, and the one decision on which of a run folder's
+checkpoints is taken (newest_run_checkpoint, and for a resume resume_checkpoint).
 
 A sharded checkpoint (train.py --parallel=fsdp, format spheretnorm-dcp-v1) is a folder that
 torch.distributed.checkpoint wrote (model.* and optimizer.* by parameter name, one file per
-rank) plus meta.pt, the rest of the dict above. load_checkpoint reads one whole into this process,
-so every reader of ckpt.pt reads it too; runtime/sharded_checkpoint.py writes and reshards them.
+rank) plus meta.pt, the rest of the dict above: runtime/sharded_checkpoint.py writes, reads and
+reshards them, and holds what reads or writes either format (load_checkpoint, load_model,
+write_run_checkpoint), since those call both.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
+import dataclasses
 import json
-import os
 import pickle
 import re
 import sys
-import warnings
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as torch_dist
 
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
-from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.config import ConfigError, TrainConfig, config_from_dict
+from spheretnorm.runtime.device import rng_state
+from spheretnorm.runtime.distributed import DistInfo
 from spheretnorm.runtime.imports import import_recorded, recorded_imports
-from spheretnorm.runtime.run_folder import CKPT_NAME, CONFIG_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME
+from spheretnorm.runtime.run_folder import (
+    CKPT_NAME, CONFIG_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, checkpoint_path, stop_checkpoint_path,
+)
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
 SAFETENSORS_SUFFIX = ".safetensors"  # weights and config only, no pickle (save_safetensors_checkpoint)
-SHARDED_FORMAT = "spheretnorm-dcp-v1"
+# What marks a sharded folder (runtime/sharded_checkpoint.py), read here to tell a run's checkpoints apart:
 SHARDED_META = "meta.pt"  # a sharded folder's config, progress and RNG: everything but the tensors
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the folder's tensors
-SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files, __<rank>_<n>.distcp
 
 
 def atomic_torch_save(obj: object, path: str | Path) -> None:
@@ -138,6 +142,15 @@ def rng_from_plain(state: dict[str, Any]) -> dict[str, Any]:
     return {**state, "numpy": (numpy["bit_generator"], keys, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"])}
 
 
+def gathered_rng(dist: DistInfo) -> list[Any]:
+    """Every rank's RNG state, by rank (a collective: all ranks call it)."""
+    if not dist.enabled:
+        return [rng_to_plain(rng_state())]
+    states: list[Any] = [None] * dist.world_size
+    torch_dist.all_gather_object(states, rng_to_plain(rng_state()))
+    return states
+
+
 def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
     """What torch.save wrote to `path`, unpickled safely; any failure is a CheckpointError naming it.
 
@@ -182,37 +195,6 @@ def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", 
             f"{str(path)!r} cannot be read as a PyTorch checkpoint: it is truncated, damaged or another program's file "
             f"({describe_error(exc)})."
         ) from None
-
-
-
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", require: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Load a checkpoint file (ckpt.pt, or a .safetensors export) and check that it is one of
-    this project's whose model can be built (check_checkpoint).
-
-    A missing file is a FileNotFoundError; every other failure is a CheckpointError naming the
-    file. require lists further keys the caller needs (a resume needs the optimizer state).
-    """
-    path = Path(path)
-    if path.is_dir():  # a sharded checkpoint (train.py --parallel=fsdp), read whole
-        ckpt = read_sharded_meta(path, require)
-        # Whole in this process, it is a ckpt.pt's dict: load_model and the exports take it as one.
-        return {**ckpt, "format": CHECKPOINT_FORMAT, "model": read_sharded_weights(path)}
-    if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
-    if path.suffix == SAFETENSORS_SUFFIX:
-        ckpt = load_safetensors_checkpoint(path, map_location)
-    else:
-        ckpt = read_torch_file(path, map_location)
-        check_checkpoint(ckpt, f"Checkpoint {str(path)!r}")
-    missing = [key for key in require if key not in ckpt]
-    if missing:
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} lacks {', '.join(missing)}, which train.py writes and this use "
-            "of it needs; it is damaged or holds a model only."
-        )
-    return ckpt
 
 
 
@@ -401,22 +383,6 @@ def checkpoint_state(model: GPT, weights: bool = True) -> dict[str, Any]:
     return {**state, "model": model.state_dict()} if weights else state
 
 
-def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.device = "cpu") -> GPT:
-    """The GPT of a checkpoint file (or of its loaded dict).
-
-    A file or dict whose model cannot be built (see check_checkpoint) is a CheckpointError,
-    raised before the model the config describes is allocated.
-    """
-    if isinstance(ckpt, dict):
-        config = check_checkpoint(ckpt)
-    else:
-        ckpt = load_checkpoint(ckpt, map_location)  # checked as it is read
-        config = config_from_dict(ckpt["model_config"])
-    model = GPT(config)
-    model.load_state_dict(clean_state_dict(ckpt["model"]))
-    return model
-
-
 # -----------------------------------------------------------------------------
 # Which checkpoint of a run folder: the one decision every reader and resume calls
 
@@ -503,6 +469,47 @@ def run_max_iters(run_dir: Path) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def check_newest_is_own(train: TrainConfig) -> None:
+    """Refuse, before any process group exists, a resume or evaluation that resume_checkpoint
+    would refuse (the other parallel mode's checkpoint is the newer, or none can be taken); init_from
+    may still be auto here."""
+    resume_checkpoint(dataclasses.replace(train, init_from="resume"))
+
+
+def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
+    """The checkpoint a resume (or --eval_only) starts from, by the rule every reader follows
+    (newest_run_checkpoint: the latest iteration; on a tie the healthy one; a stop's file
+    that is damaged or past max_iters not taken), and the one line that names it when out_dir holds
+    more than one, or when it is a stop's. With both ckpt.pt and ckpt.dcp (a run consolidated, then
+    resumed under the other mode), the other mode's newer state is refused, saying how on."""
+    own = checkpoint_path(train)
+    if train.init_from != "resume":
+        return own, None
+    try:
+        chosen, why = newest_run_checkpoint(train.out_dir, prefer=own.name, max_iters=train.max_iters)
+    except ValueError as e:  # a healthy checkpoint whose iteration cannot be read
+        raise ConfigError(str(e)) from None
+    where = f"out_dir {str(train.out_dir)!r}"
+    if chosen is None:
+        if not why:
+            return own, None  # nothing there: load_resume_checkpoint says so
+        raise ConfigError(f"{where} has no checkpoint to resume: {why}.")
+    if chosen.name not in (own.name, stop_checkpoint_path(train).name):  # a stop's state of this mode is its own
+        other = "fsdp" if own.name == CKPT_NAME else "ddp"
+        how = (f"write it as the {own.name} that --parallel=ddp resumes with `python scripts/consolidate.py {chosen} --overwrite`"
+               if other == "fsdp" else f"remove {chosen} to go on from the older {own.name}")
+        raise ConfigError(f"{where} {why}, the checkpoint of --parallel={other}; resume it with --parallel={other}, or {how}.")
+    stop = chosen.name in STOP_NAMES
+    if not why and not stop:
+        return chosen, None
+    doing = "evaluating" if train.eval_only else "resuming from"
+    line = f"NOTE: {where} {why}; {doing} {chosen}" if why else f"NOTE: {doing} {chosen}"
+    if stop:  # why a stop's state: the run's latest, written while the collapse alarm was counting
+        line += (f", a stop's state written while the collapse alarm was counting (its last evaluation was above collapse_cosine). "
+                 f"Delete {chosen.name} to resume from {own.name} instead")
+    return chosen, line + "."
+
+
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
     """The checkpoint that `path` names for a reader (sample.py, zero-shot, the exports): a checkpoint
     file or sharded folder itself; in a run folder the newer of ckpt.pt and ckpt.dcp
@@ -545,269 +552,7 @@ def checkpoint_for(path: str | Path, program: str, purpose: str, doing: str, err
     return chosen
 
 
-# -----------------------------------------------------------------------------
-# Sharded checkpoints (folders), read into one process
-
-
 def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether `path` is a folder that claims to be a sharded checkpoint (load_checkpoint then checks it)."""
     path = Path(path)
     return path.is_dir() and ((path / SHARDED_META).is_file() or (path / DCP_METADATA).is_file())
-
-
-# What torch.distributed.checkpoint's index (.metadata, a pickle) is built of: its own metadata
-# classes, torch's Size, dtypes and layouts, and a path. Anything else is refused unrun.
-_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-_DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
-
-
-class _IndexUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if module in _DCP_MODULES or (module, name) in _DCP_GLOBALS or dtype:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
-
-
-def safe_dcp_reader(path: str | Path) -> Any:
-    """torch.distributed.checkpoint's FileSystemReader, reading the index with _IndexUnpickler."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class SafeReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with open(Path(self.path) / DCP_METADATA, "rb") as f:
-                metadata = _IndexUnpickler(f).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeReader(str(path))
-
-
-def safe_dcp_planner() -> Any:
-    """DCP's load planner, unpickling the non-tensor values (the optimizer's hyperparameters) as
-    torch.load(weights_only=True) does: plain values only."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class SafePlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            plain = io.BytesIO()
-            torch.save(torch.load(value, weights_only=True), plain)  # refuses code, as read_torch_file does
-            plain.seek(0)
-            super().load_bytes(read_item, plain)
-
-    return SafePlanner()
-
-
-def _dcp_metadata(path: Path, where: str) -> Any:
-    """torch.distributed.checkpoint's index of a folder, after checking that every file it names is
-    there and long enough (a shard deleted or cut short is named before any tensor is read)."""
-    if not (path / DCP_METADATA).is_file():
-        raise CheckpointError(f"{where} has no {DCP_METADATA} (torch.distributed.checkpoint's index); it is damaged or was never finished.")
-    try:
-        metadata = safe_dcp_reader(path).read_metadata()
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{where} has a {DCP_METADATA} that holds disallowed objects ({str(exc).removeprefix('GLOBAL ')}) that could run "
-            "code when unpickled, so it was not loaded."
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - an unpickling failure of damaged bytes has no one type
-        raise CheckpointError(f"{where} has a {DCP_METADATA} that cannot be read ({describe_error(exc)}); it is damaged.") from None
-    for name, end in sorted(_entry_ends(metadata).items()):
-        size = (path / name).stat().st_size if (path / name).is_file() else -1
-        if size < end:
-            state = "is missing" if size < 0 else f"has {size} of its {end} bytes"
-            raise CheckpointError(f"{where} is damaged: its shard file {name} {state}.")
-    return metadata
-
-
-def _entry_ends(metadata: Any) -> dict[str, int]:
-    """Where the last of its entries ends in each shard file the index names (its byte count as written)."""
-    ends: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
-    return ends
-
-
-def sharded_shapes(path: Path, where: str, prefix: str = "model.") -> dict[str, torch.Tensor]:
-    """The tensors under `prefix` in a sharded folder, as meta tensors of their full shapes and dtypes."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    items = _dcp_metadata(path, where).state_dict_metadata.items()
-    return {
-        key[len(prefix):]: torch.empty(tuple(md.size), dtype=md.properties.dtype, device="meta")
-        for key, md in items
-        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
-    }
-
-
-def read_sharded_meta(path: str | Path, require: tuple[str, ...] = (), digests: bool = True) -> dict[str, Any]:
-    """The checkpoint dict of a sharded folder without its tensors (meta.pt), checked as
-    check_checkpoint checks a file: the format tag, the config, the weights' names and shapes (from
-    the folder's index) and the keys in `require` (the optimizer's tensors count when present); and
-    that its files are those of the save it records (check_save_files; digests=False: by their
-    sizes only, for the ranks of a resume other than rank 0, which reads every byte once for all)."""
-    path = Path(path)
-    where = f"Sharded checkpoint {str(path)!r}"
-    if not (path / SHARDED_META).is_file():
-        raise CheckpointError(
-            f"{where} is not a spheretnorm sharded checkpoint: it has no {SHARDED_META} "
-            "(train.py --parallel=fsdp writes one last; its folder is another program's, or its writing never finished)."
-        )
-    meta = read_torch_file(path / SHARDED_META)
-    if not isinstance(meta, dict) or meta.get("format") != SHARDED_FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise CheckpointError(f"{where} is not a spheretnorm sharded checkpoint (format {found!r}, expected {SHARDED_FORMAT!r}).")
-    check_checkpoint({**meta, "format": CHECKPOINT_FORMAT, "model": sharded_shapes(path, where)}, where)
-    check_save_files(path, meta, where, digests)  # after the index's own checks, which name a missing or cut file plainly
-    has_optimizer = bool(sharded_shapes(path, where, "optimizer."))
-    missing = [key for key in require if key not in meta and not (key == "optimizer" and has_optimizer)]
-    if missing:
-        raise CheckpointError(f"{where} lacks {', '.join(missing)}, which train.py writes and this use of it needs; it is damaged.")
-    return meta
-
-
-def file_records(folder: Path, names: list[str]) -> dict[str, list]:
-    """[size, sha256] of each named file of `folder`, as a save records them in its meta.pt."""
-    records = {}
-    for name in names:
-        digest = hashlib.sha256()
-        with open(folder / name, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-        records[name] = [(folder / name).stat().st_size, digest.hexdigest()]
-    return records
-
-
-_SAID_UNVERIFIABLE: set[Path] = set()
-
-
-def say_unverifiable(path: Path, where: str) -> None:
-    """One line, once per folder and process (rank 0's under torchrun), that a folder written before
-    saves recorded their files has shards nothing can tell from another save's of the same shapes."""
-    if path.resolve() in _SAID_UNVERIFIABLE or os.environ.get("RANK", "0") != "0":
-        return
-    _SAID_UNVERIFIABLE.add(path.resolve())
-    print(
-        f"NOTE: {where} has a {SHARDED_META} without the record of its files (written before saves kept one), "
-        "so its shards cannot be verified as one save's; a shard copied in from another save of the same shapes would go unseen.",
-        file=sys.stderr,
-    )
-
-
-def check_unrecorded_save(path: Path, meta: dict[str, Any], where: str) -> None:
-    """Refuse a folder written before saves recorded their files when what torch.distributed.checkpoint
-    itself wrote shows files of another save in it. What it writes (torch 2.x, the torch_save format
-    that save_sharded has always used; torch/distributed/checkpoint/filesystem.py), and so what can be shown:
-
-    - The index (.metadata) places each entry of the save (a torch.save archive) at an offset and a
-      length in a named shard file, and the writer puts a file's entries back to back with nothing
-      after them; each save wrote into a folder of its own (ckpt.dcp.tmp, emptied first). So a shard
-      file longer than its entries, or one with bytes in which the index names no entry, is not
-      this save's (one cut short is refused as damaged by _dcp_metadata).
-    - The index records the folder the save wrote into (storage_meta.checkpoint_id,
-      OUT_DIR/ckpt.dcp.tmp), and meta.pt the run's out_dir (train_config), both from the one out_dir
-      of the run that saved (a run folder moved or copied takes both along). An index and a meta.pt
-      of different run folders are of different saves: `cp other/ckpt.dcp/* ckpt.dcp/` copies the
-      other run's meta.pt and shards and leaves the index, a dot file, behind. A meta.pt without an
-      out_dir (none of train.py's) or an index without checkpoint_id (an older torch's) is not compared.
-
-    What cannot be shown: a shard of another save laid out alike (another run of the same shapes
-    and settings, or another save of this run). A shard holds nothing of the save that wrote it:
-    its entries are torch.save archives, the same bytes for the same values (no id, no path, no
-    time), and the index records where each entry lies but no digest; DCP's own save_id is in the
-    index alone. Such a shard loads unseen, which say_unverifiable says once.
-    """
-    index = _dcp_metadata(path, where)  # every file it names there and long enough
-    ends = _entry_ends(index)
-    for name in sorted(p.name for p in path.glob(f"*{SHARD_SUFFIX}")):
-        size = (path / name).stat().st_size
-        if name not in ends and size > 0:  # an empty file holds nothing of any save
-            raise CheckpointError(
-                f"{where} holds {name}, which its index ({DCP_METADATA}) names no entry in: the file is from another save; "
-                "remove it, or copy the whole folder of one save."
-            )
-        if name in ends and size != ends[name]:
-            raise CheckpointError(
-                f"{where} holds a {name} of {size} bytes where its index places its entries in the first {ends[name]}: "
-                "the file is from another save or damaged; copy the whole folder of one save."
-            )
-    written = getattr(getattr(index, "storage_meta", None), "checkpoint_id", None)
-    config = meta.get("train_config")
-    out_dir = config.get("out_dir") if isinstance(config, dict) else None
-    if written and isinstance(out_dir, str) and out_dir and Path(written).parent != Path(out_dir):
-        raise CheckpointError(
-            f"{where} has a {DCP_METADATA} written by a save into {str(Path(written).parent)!r} and a {SHARDED_META} of the run "
-            f"in {out_dir!r}: its files are of different saves; copy the whole folder of one save."
-        )
-
-
-def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool = True) -> None:
-    """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
-    shard copied in from another save of the same shape would load without a word otherwise): each
-    recorded file there with its size and digest, and no other shard. A folder written before saves
-    recorded them (no files key) is checked for what torch's own index can show (check_unrecorded_save),
-    and taken with one line that its shards cannot be verified."""
-    recorded = meta.get("files")
-    if recorded is None:
-        check_unrecorded_save(path, meta, where)
-        say_unverifiable(path, where)
-        return
-    save = f"save {meta.get('save_id')!r}"
-    if not isinstance(recorded, dict):
-        raise CheckpointError(f"{where} has a {SHARDED_META} whose record of its files is damaged; its {save} cannot be checked.")
-    for name in sorted(p.name for p in path.glob(f"*{SHARD_SUFFIX}")):
-        if name not in recorded:
-            raise CheckpointError(f"{where} holds {name}, which its {save} did not write; remove that file, or copy the whole folder of one save.")
-    for name, record in sorted(recorded.items()):
-        if not (path / name).is_file():
-            raise CheckpointError(f"{where} is damaged: its shard file {name} is missing.")
-        size = (path / name).stat().st_size
-        if size != record[0]:
-            raise CheckpointError(f"{where} is damaged: its file {name} has {size} bytes where its {save} wrote {record[0]}.")
-        if digests and file_records(path, [name])[name] != list(record):
-            raise CheckpointError(
-                f"{where} holds a {name} that its {save} did not write (its digest differs): the file is from another save "
-                "or damaged; copy the whole folder of one save."
-            )
-
-
-def dcp_errors() -> tuple[type[BaseException], ...]:
-    """What torch.distributed.checkpoint raises on a failed read or write: its CheckpointException
-    (a BaseException, which gathers every rank's own) and whatever it did not wrap."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    return (Exception, CheckpointException)
-
-
-def dcp_cause(exc: BaseException) -> BaseException:
-    """The first rank's own exception inside a CheckpointException (an OSError of a full disk, say)."""
-    failures = getattr(exc, "failures", None)
-    return next(iter(failures.values()))[0] if failures else exc
-
-
-@contextlib.contextmanager
-def one_process_dcp() -> Iterator[None]:
-    """torch.distributed.checkpoint without a process group: its warning that it then loads in one
-    process is silenced, since that is the point (sample.py, the exports, consolidation)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def read_sharded_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The whole model's weights of a sharded folder, in this process on the CPU, whatever the
-    number of ranks that wrote it (no process group needed)."""
-    import torch.distributed.checkpoint as dcp
-
-    path = Path(path)
-    where = f"Sharded checkpoint {str(path)!r}"
-    state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in sharded_shapes(path, where).items()}
-    try:
-        with one_process_dcp():
-            dcp.load({"model": state}, storage_reader=safe_dcp_reader(path), planner=safe_dcp_planner(), no_dist=True)
-    except dcp_errors() as exc:
-        raise CheckpointError(f"{where} cannot be read: it is damaged ({describe_error(dcp_cause(exc))}).") from None
-    return state

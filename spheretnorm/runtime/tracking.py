@@ -175,7 +175,7 @@ class Progress:
     checkpoint: Path  # where this run's checkpoint is (or would be) written
     tokens_per_step: int
     # The checkpoint a resume starts from when it is not `checkpoint`: a stop's during a
-    # collapse-alarm streak (sharded_checkpoint.resume_checkpoint); saved_iter is its iteration then.
+    # collapse-alarm streak (checkpoint.resume_checkpoint); saved_iter is its iteration then.
     latest: Path | None = None
     iter_num: int = 0
     best_val_loss: float = math.inf
