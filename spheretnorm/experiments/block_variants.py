@@ -29,8 +29,8 @@ from typing import Any
 
 from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, check_overrides, load_run
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
-    publish, runs_text, start_study, study_main, study_parser,
+    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_length_options, add_place_options, add_seed_option, diagnostic_columns,
+    parse_number_list, publish, runs_text, start_study, study_main, study_parser,
 )
 from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name
@@ -103,10 +103,10 @@ def block_sweep(seeds: list[int], ngpt_lrs: list[float], max_iters: int, eval_in
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    p.add_argument("--seeds", default="1337,1338", help="comma-separated seeds (default 1337,1338)")
+    add_seed_option(p)
     p.add_argument("--ngpt_lrs", default="1e-3,3e-3,1e-2", help="nGPT's peak learning rates (default 1e-3,3e-3,1e-2)")
-    add_run_options(p, "out/block_study")
-    add_common_options(p)
+    add_length_options(p, 800, eval_interval=100)
+    add_place_options(p, "out/block_study")
     return p.parse_known_args(argv)
 
 

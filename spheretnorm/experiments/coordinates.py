@@ -62,9 +62,9 @@ from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_value
 from spheretnorm.runtime.imports import comma_list, import_modules
 from spheretnorm.runtime.loss_terms import loss_term_params
 from spheretnorm.runtime.step import backward_step
-from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data
+from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data, study_parser
 from spheretnorm.experiments.figures import figure_legend, save_figure, titled_grid
-from spheretnorm.runtime.cli import HelpFormatter, UsageError
+from spheretnorm.runtime.cli import UsageError
 from spheretnorm.experiments.grid import parse_choices, parse_numbers
 from spheretnorm.runtime.token_files import open_split
 from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets, get_batch
@@ -412,7 +412,7 @@ def redraw(path: Path, out: Path | None) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = Setup()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False)
+    p = study_parser(__doc__)
     p.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"widths; the smallest is μP's base (default: {DEFAULT_WIDTHS})")
     p.add_argument("--connections", default=DEFAULT_CONNECTIONS, help=f"comma-separated connections (default: {DEFAULT_CONNECTIONS})")
     p.add_argument("--n_layer", type=int, default=defaults.n_layer, help=f"depth (default {defaults.n_layer})")

@@ -27,8 +27,8 @@ from spheretnorm.experiments import figures as plot, tabulate as tables
 from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_common_options, as_args, ensure_data, grid_points, markdown_table,
-    parse_train_args, publish, start_study, study_main, study_name, study_parser, train_argv,
+    CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_length_options, add_methods_option, add_place_options, as_args,
+    ensure_data, grid_points, markdown_table, parse_train_args, publish, start_study, study_main, study_name, study_parser, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ParsedConfig
@@ -81,11 +81,10 @@ def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, th
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    p.add_argument("--methods", default="paper", help="'paper' (the 8 of the paper), 'all', or a comma-separated list")
-    p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS}); the cosine ends there")
-    p.add_argument("--out_dir", default="out/cpu_repro", help="where runs, tables and figures go (default: out/cpu_repro)")
+    add_methods_option(p, "paper")
+    add_length_options(p, DEFAULT_MAX_ITERS)
+    add_place_options(p, "out/cpu_repro", table_only=False)
     p.add_argument("--smooth", type=float, default=0.9, help="EMA factor of the train curves in the figure")
-    add_common_options(p)
     return p.parse_known_args(argv)
 
 

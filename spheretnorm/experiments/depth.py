@@ -28,8 +28,8 @@ from spheretnorm.experiments import figures as plot
 from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_common_options, add_run_options, diagnostic_columns, parse_number_list,
-    publish, runs_text, start_study, study_main, study_parser,
+    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options, add_seed_option,
+    diagnostic_columns, parse_number_list, publish, runs_text, start_study, study_main, study_parser,
 )
 from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.runtime.methods import display_name
@@ -71,12 +71,11 @@ def depth_sweep(methods: list[str], seeds: list[int], ablation: bool, warmup: in
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods (default {DEFAULT_METHODS})")
-    p.add_argument("--seeds", default="1337,1338", help="comma-separated seeds (default 1337,1338)")
+    add_methods_option(p, DEFAULT_METHODS)
+    add_seed_option(p)
     p.add_argument("--ablation", choices=("sublayer", "none"), default="sublayer", help=f"also run {ABLATION_METHOD} with alpha_index=sublayer (default), or not")
-    p.add_argument("--warmup_iters", type=int, default=400, help="linear warm-up iterations (default 400)")
-    add_run_options(p, "out/depth_study")
-    add_common_options(p)
+    add_length_options(p, 800, warmup_iters=400, eval_interval=100)
+    add_place_options(p, "out/depth_study")
     return p.parse_known_args(argv)
 
 

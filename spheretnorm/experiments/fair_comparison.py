@@ -75,10 +75,10 @@ from spheretnorm.experiments.figures import (
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
-    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, Axis, Column, Point, Seeds, Sweep, add_common_options, add_table_options, best_rate_follow_up,
-    declared_rules, dry_run_summary, failed_at_text, gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings,
-    parse_number_list, parse_train_args, plan_points, publish, rate_grids, rule_lines, seed_order, selected_cell, start_study, study_main,
-    study_parser, table_metric, train_argv,
+    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
+    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, declared_rules, dry_run_summary, failed_at_text,
+    gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
+    publish, rate_grids, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
 )
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
 from spheretnorm.optim import OPTIMIZERS
@@ -424,26 +424,16 @@ def draw_panel(ax: Any, panel: Panel, shown: LossRange) -> None:
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"the first seed's learning rates (default {DEFAULT_LRS})")
-    p.add_argument("--optimizers", default=ADAMW, help=f"comma-separated optimizers, of: {', '.join(OPTIMIZERS)} (default {ADAMW})")
-    p.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
-                   help="an optimizer's first-seed rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4); repeatable")
-    p.add_argument("--base_lr", type=float, default=None,
-                   help=f"learning_rate of another optimizer's AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g}); "
-                        "refused with --optimizers adamw alone, where it has no effect")
-    p.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"the selection seed, then the held-out seeds of the best rates (default {DEFAULT_SEEDS})")
+    add_rate_grid_options(p, DEFAULT_LRS, DEFAULT_BASE_LR, lrs_role=", which the selection seed runs first", base_lr_beside_others=True)
+    add_seed_option(p, DEFAULT_SEEDS, role=": the selection seed, then the held-out seeds of the best rates")
     p.add_argument("--selection_seed", type=int, default=None, help="the seed of --seeds that selects each arm's rate (default: the first)")
     p.add_argument("--refine", action="store_true", help="add the midpoints beside the selection seed's best rate (a sqrt(2) step) before the held-out seeds run")
     p.add_argument("--blocks", default="gpt2,llama", help="the blocks (default gpt2,llama)")
     p.add_argument("--arms", default="all", help=f"'all' or a comma-separated subset of: {', '.join(ARM_BY_SLUG)} (default all)")
-    p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
-    p.add_argument("--warmup_iters", type=int, default=DEFAULT_WARMUP, help=f"warm-up of every arm but nGPT (default {DEFAULT_WARMUP})")
-    p.add_argument("--out_dir", default="out/fair_sweep", help="where the runs, table and plot go (default out/fair_sweep)")
-    p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
-    p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
+    add_length_options(p, DEFAULT_MAX_ITERS, warmup_iters=DEFAULT_WARMUP, warmup_of=" of every arm but nGPT")
+    add_place_options(p, "out/fair_sweep", dry_run=True)
     p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --blocks and --optimizers (e.g. two widths), "
                    "a row of panels each, as OUT_DIR/fair_sweep_compare.png; two folders at least")
-    add_common_options(p)
     add_table_options(p)
     return p.parse_known_args(argv)
 

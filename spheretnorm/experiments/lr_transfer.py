@@ -41,8 +41,8 @@ from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.experiments.grid import check_overrides, parse_choices, parse_numbers
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, pivot_table, publish, rate_grids,
-    start_study, study_main, study_parser,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options,
+    add_rate_grid_options, pivot_table, publish, rate_grids, start_study, study_main, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import method_dirname
@@ -224,19 +224,13 @@ def ring_best(ax: Any, runs: list[dict[str, Any]], color: Any) -> None:
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods (default: {DEFAULT_METHODS})")
-    p.add_argument("--optimizers", default="adamw", help="comma-separated optimizers, each with its μP rule (default: adamw)")
+    add_methods_option(p, DEFAULT_METHODS)
     p.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"widths n_embd; the smallest is μP's base (default: {DEFAULT_WIDTHS})")
-    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"AdamW's peak learning rates, a log grid (default: {DEFAULT_LRS})")
-    p.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
-                   help="another optimizer's peak rates of its rate key (default: the key's default x 1/4 .. 4); repeatable")
-    p.add_argument("--base_lr", type=float, default=DEFAULT_BASE_LR,
-                   help=f"learning_rate of the other optimizers' AdamW part (embeddings, gains) (default {DEFAULT_BASE_LR:g})")
-    p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
+    add_rate_grid_options(p, DEFAULT_LRS, DEFAULT_BASE_LR, lrs_role=", a log grid")
+    add_length_options(p, DEFAULT_MAX_ITERS)
     p.add_argument("--n_layer", type=int, default=3, help="depth of every model (default 3)")
     p.add_argument("--head_dim", type=int, default=32, help="width of one attention head (default 32)")
-    p.add_argument("--out_dir", default="out/mup_transfer", help="where runs, table and plot go (default: out/mup_transfer)")
-    add_common_options(p)
+    add_place_options(p, "out/mup_transfer", table_only=False)
     return p.parse_known_args(argv)
 
 

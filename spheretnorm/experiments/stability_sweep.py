@@ -34,8 +34,8 @@ from spheretnorm.experiments.figures import method_style, save_figure
 from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_numbers
 from spheretnorm.runtime.methods import parse_methods, sort_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_common_options, as_args, parse_train_args, pivot_table,
-    publish, start_study, study_main, study_name, study_parser,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options,
+    add_rate_grid_options, as_args, parse_train_args, pivot_table, publish, start_study, study_main, study_name, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import method_dirname
@@ -143,12 +143,11 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods, 'paper' or 'all' (default: {DEFAULT_METHODS})")
-    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"peak learning rates (default: {DEFAULT_LRS})")
+    add_methods_option(p, DEFAULT_METHODS)
+    add_rate_grid_options(p, DEFAULT_LRS)
     p.add_argument("--warmups", default=DEFAULT_WARMUPS, help=f"warm-up lengths in iterations (default: {DEFAULT_WARMUPS})")
-    p.add_argument("--max_iters", type=int, default=DEFAULT_MAX_ITERS, help=f"iterations per run (default {DEFAULT_MAX_ITERS})")
-    p.add_argument("--out_dir", default="out/lr_sweep", help="where runs, table and plot go (default: out/lr_sweep)")
-    add_common_options(p)
+    add_length_options(p, DEFAULT_MAX_ITERS)
+    add_place_options(p, "out/lr_sweep", table_only=False)
     return p.parse_known_args(argv)
 
 

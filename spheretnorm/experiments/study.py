@@ -428,20 +428,59 @@ def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
     return text + "."
 
 
-def add_run_options(parser: Any, out_dir: str) -> None:
-    """The length, evaluations and output folder of a study's runs (depth_study, block_study)."""
-    parser.add_argument("--max_iters", type=int, default=800, help="iterations per run; the cosine ends there (default 800)")
-    parser.add_argument("--eval_interval", type=int, default=100, help="iterations between evaluations (default 100)")
-    parser.add_argument("--out_dir", default=out_dir, help=f"where the runs and the table go (default {out_dir})")
-    parser.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
+# -----------------------------------------------------------------------------
+# A study command: the options the studies share, each with one help text (a study's parse_args adds its own)
 
 
-def add_common_options(parser: Any) -> None:
-    """Options shared by the CPU studies."""
+def add_place_options(parser: Any, out_dir: str, table_only: bool = True, dry_run: bool = False) -> None:
+    """What Place.of and start_study read: --out_dir (the study's folder), --table_only and --dry_run
+    where the study has them, the data (--data_dir, --input) and the machine (--jobs, --threads)."""
+    parser.add_argument("--out_dir", default=out_dir, help=f"where the runs and what the study writes go (default {out_dir})")
+    if table_only:
+        parser.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
+    if dry_run:
+        parser.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help=f"prepared {DATASET} data (default: data/{DATASET}; prepared when missing)")
     parser.add_argument("--input", default=None, help="text corpus to prepare (default: ../shared/data/tinyshakespeare.txt when present, else download)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+
+
+def add_length_options(parser: Any, max_iters: int, warmup_iters: int | None = None, warmup_of: str = "", eval_interval: int | None = None) -> None:
+    """--max_iters, and where the study sets them --warmup_iters (warmup_of: whose warm-up it is) and --eval_interval."""
+    parser.add_argument("--max_iters", type=int, default=max_iters, help=f"iterations per run; the cosine ends there (default {max_iters})")
+    if warmup_iters is not None:
+        parser.add_argument("--warmup_iters", type=int, default=warmup_iters, help=f"linear warm-up iterations{warmup_of} (default {warmup_iters})")
+    if eval_interval is not None:
+        parser.add_argument("--eval_interval", type=int, default=eval_interval, help=f"iterations between evaluations (default {eval_interval})")
+
+
+def add_seed_option(parser: Any, default: str = "1337,1338", role: str = "") -> None:
+    """--seeds; role: what the study does with each, where they differ (fair_sweep: the first selects, the rest are held out)."""
+    parser.add_argument("--seeds", default=default, help=f"comma-separated seeds{role} (default {default})")
+
+
+def add_methods_option(parser: Any, default: str) -> None:
+    """--methods, as runtime.methods.parse_methods reads it."""
+    parser.add_argument("--methods", default=default,
+                        help=f"'paper' (the 8 of the paper), 'all' (every registered connection) or comma-separated methods (default {default})")
+
+
+def add_rate_grid_options(parser: Any, lrs: str, base_lr: float | None = None, lrs_role: str = "", base_lr_beside_others: bool = False) -> None:
+    """--lrs, the peak learning rates; with base_lr, an optimizer axis too (rate_grids): --optimizers,
+    each sweeping its own rate key, --grid OPT=R1,R2,... and --base_lr for the AdamW part beside them.
+    base_lr_beside_others: --base_lr stays None unless given (the study runs base_lr then) and the
+    study refuses it with AdamW alone."""
+    parser.add_argument("--lrs", default=lrs, help=f"peak learning rates{'' if base_lr is None else ' of AdamW'}{lrs_role} (default {lrs})")
+    if base_lr is None:
+        return
+    parser.add_argument("--optimizers", default="adamw",
+                        help=f"comma-separated optimizers, of: {', '.join(OPTIMIZERS)}; each sweeps its own rate key (default adamw)")
+    parser.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
+                        help="an optimizer's peak rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4); repeatable")
+    refused = "; refused with --optimizers adamw alone, where it has no effect" if base_lr_beside_others else ""
+    parser.add_argument("--base_lr", type=float, default=None if base_lr_beside_others else base_lr,
+                        help=f"learning_rate of the other optimizers' AdamW part (embeddings, gains) (default {base_lr:g}){refused}")
 
 
 def study_main(parse_args: Callable[[list[str] | None], tuple[Any, list[str]]],
@@ -1218,10 +1257,7 @@ def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", basel
     OUT_DIR/<name>.md and .json."""
     p = study_parser(doc or f"The {sweep.name} sweep.")
     p.add_argument("--axis", action="append", default=[], help="KEY=V1,V2: run only these values of an axis (repeatable)")
-    p.add_argument("--out_dir", default=f"out/{sweep.name}", help=f"where the runs and the table go (default out/{sweep.name})")
-    p.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
-    p.add_argument("--dry_run", action="store_true", help="print the runs the plan holds; run nothing")
-    add_common_options(p)
+    add_place_options(p, f"out/{sweep.name}", dry_run=True)
     add_table_options(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
