@@ -29,6 +29,7 @@ from spheretnorm.runtime.config import (
     model_key_conflicts,
     model_keys_of,
     parse_config,
+    TrainConfig,
 )
 from spheretnorm.runtime.identity import config_conflicts, method_keys_neutral
 from spheretnorm.runtime.methods import default_out_dir, method_key
@@ -215,7 +216,7 @@ def test_method_key_and_folder_of_every_connection_are_unchanged(connection: str
     cfg = parse_config([f"--connection={connection}"], world_size=1).model_config()
     assert method_key(cfg) == methods.canonical_method(connection) == key
     assert default_out_dir("cfg", cfg) == f"out/cfg/{folder}"
-    assert methods.run_name("openwebtext_s", key) == f"openwebtext_s/{folder}"
+    assert methods.resolve_wandb_names(TrainConfig(config_name="openwebtext_s"), methods.method_config(key)).wandb_run_name == f"openwebtext_s/{folder}"
     assert methods.display_name(key) == title
     assert methods.method_args(key) == [f"--connection={connection}", *args]
     assert methods.method_form(connection) == ("p_spheret:P" if connection == "p_spheret" else connection)

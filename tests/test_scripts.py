@@ -25,7 +25,7 @@ from spheretnorm.experiments import cpu_pipeline as reproduce_cpu, launcher as l
 from spheretnorm.experiments import figures as plot
 from spheretnorm.experiments import grid as runs
 from spheretnorm.experiments import tabulate as tables
-from spheretnorm.runtime.config import parse_config
+from spheretnorm.runtime.config import TrainConfig, parse_config
 from spheretnorm.runtime.methods import method_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_method_keys_round_trip_through_the_config_parser() -> None:
     assert methods.canonical_method("p_spheret:0.50") == "p_spheret:0.5"
     assert methods.method_args("p_spheret:0.5") == ["--connection=p_spheret", "--spheret_p=0.5"]
     assert method_dirname("p_spheret:0.5") == "p_spheret-0.5"
-    assert methods.run_name("openwebtext_s", "p_spheret:0.5") == "openwebtext_s/p_spheret-0.5"
+    assert methods.resolve_wandb_names(TrainConfig(config_name="openwebtext_s"), methods.method_config("p_spheret:0.5")).wandb_run_name == "openwebtext_s/p_spheret-0.5"
     assert [methods.display_name(m) for m in methods.PAPER_METHODS] == [
         "Pre-LN", "Pre-DyT", "Peri-LN", "Keel", "GeoNorm", "0.5-SpheretNorm",
         "Proj-SpheretNorm (1-SpheretNorm)", "Cay-SpheretNorm (2-SpheretNorm)",

@@ -174,12 +174,6 @@ def method_args(key: str) -> list[str]:
 
 
 
-def run_name(config_name: str, key: str) -> str:
-    """The run's name, also its W&B name: '<config_name>/<run folder>', e.g. 'openwebtext_s/p_spheret-0.5'."""
-    return resolve_wandb_names(TrainConfig(config_name=config_name), method_config(key)).wandb_run_name
-
-
-
 def display_name(key: str) -> str:
     """The paper's name of a method: 'p_spheret:0.5' -> '0.5-SpheretNorm', and the settings that
     are not the paper's after it: '0.5-SpheretNorm (alpha_cap=none)'."""
