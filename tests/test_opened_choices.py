@@ -322,6 +322,24 @@ def test_each_optimizer_extends_and_seeds_on_its_own_grid() -> None:
     assert rates("muon", 2) == pytest.approx([0.03, 0.09, 0.27])  # the best (0.09) and its neighbours on muon's grid, the extension one of them
 
 
+def test_a_grid_of_one_rate_runs_every_seed_there_and_an_arm_may_have_its_own() -> None:
+    """E2's design: AdamW at 2e-3 for both arms, MuonH at 0.02 for Pre-LN and 0.01 for the sphere; nothing is chosen or extended."""
+    args, overrides = fair_sweep.parse_args(["--blocks=llama", "--arms=pre_ln,p_spheret-0.5", "--optimizers=adamw,muonh", "--lrs=2e-3",
+                                             "--grid=pre_ln+muonh=0.02", "--grid=p_spheret-0.5+muonh=0.01", "--seeds=1,2,3"])
+    sweep = fair_sweep.design_of(args, overrides)
+    cells = {("pre_ln", "adamw"): 2e-3, ("p_spheret-0.5", "adamw"): 2e-3, ("pre_ln", "muonh"): 0.02, ("p_spheret-0.5", "muonh"): 0.01}
+    first = plan_points(sweep, {})
+    assert sorted((p["arm"], p["optimizer"], p["lr"], p["seed"]) for p in first) == sorted((*cell, lr, 1) for cell, lr in cells.items())
+    assert fair_sweep.design_size(sweep) == 4 * 3  # each cell: its one rate with every seed, no extension, no neighbours
+    done = {p: 2.0 for p in first}
+    later = plan_points(sweep, done)
+    assert sorted((p["arm"], p["optimizer"], p["lr"], p["seed"]) for p in later) == sorted((*cell, lr, s) for cell, lr in cells.items() for s in (1, 2, 3))
+    assert fair_sweep.arm_grids_of(sweep) == {"pre_ln+adamw": [2e-3], "pre_ln+muonh": [0.02], "p_spheret-0.5+adamw": [2e-3], "p_spheret-0.5+muonh": [0.01]}
+    assert fair_sweep.given_rates(sweep) == "all"
+    note = fair_sweep.seeds_note(fair_sweep.Seeds(1, (2, 3)), "val_loss", False, "all")
+    assert note.startswith("Each arm runs at the one rate its grid gives (none is chosen), seed 1 beside the held-out seeds;")
+
+
 def test_the_summary_gives_each_optimizer_its_gap_to_pre_ln_with_it_and_with_adamw() -> None:
     from spheretnorm.experiments.study import Seeds
 
@@ -355,10 +373,12 @@ def test_the_summary_gives_each_optimizer_its_gap_to_pre_ln_with_it_and_with_ada
 
 @pytest.mark.parametrize("flag,valid", [("--grid=sgd=0.1,0.2", "with OPT one of --optimizers (adamw, muon)"),
                                         ("--grid=muon", "with OPT one of --optimizers (adamw, muon)"),
-                                        ("--grid=muon=0.02", "needs at least two rates"),
+                                        ("--grid=ngpt+muon=0.02", "ARM+OPT=R1,R2,... with ARM one of --arms"),
+                                        ("--grid=geonorm+sgd=0.02", "OPT one of --optimizers (adamw, muon) that the arm runs with"),
+                                        ("--grid=muon=0.02,0.04 --refine --grid=pre_ln+muon=0.02", "a grid of one rate chooses none"),
                                         ("--optimizers=adamw,sgd", "choose from: adamw, muon, adamh, muonh")])
 def test_a_bad_optimizer_or_grid_is_one_sentence(flag: str, valid: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    argv = ["--optimizers=adamw,muon", flag, "--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "no_data")]
+    argv = ["--optimizers=adamw,muon", *flag.split(), "--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "no_data")]
     assert fair_sweep.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --") and valid in err

@@ -18,7 +18,7 @@ import pytest
 from spheretnorm.experiments import p_sweep
 from spheretnorm.experiments.study import (
     Axis, Column, Place, Sweep, best_rate_follow_up, distinct_labels, grid_points, markdown_table, name_rows, narrowed,
-    pivot_table, plan_points, point, run_settings, swept_rates, train_argv,
+    pivot_table, plan_points, point, refined_rates, run_settings, swept_rates, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
 
@@ -85,6 +85,8 @@ def test_the_follow_up_extends_past_a_best_end_by_the_grids_factor_then_seeds_th
     assert swept_rates([1.0, 3.0], {1.0: 2.0, 3.0: 1.5, 9.0: 1.4}) == ([1.0, 3.0, 9.0], True)  # one extension only
     assert swept_rates([1.0, 2.0, 4.0], {1.0: 2.0, 2.0: 1.5, 4.0: 3.0}) == ([1.0, 2.0, 4.0], True)  # best inside: done
     assert swept_rates([1.0, 2.0], {1.0: math.inf, 2.0: math.inf}) == ([1.0, 2.0], True)  # nothing trained: no best to bracket
+    assert swept_rates([2.0], {}) == ([2.0], False) and swept_rates([2.0], {2.0: 1.5}) == ([2.0], True)  # one rate: given, no step to extend by
+    assert refined_rates([2.0], {2.0: 1.5}) == [2.0]
 
     sweep = toy(axes=(Axis("method", ("pre_ln", "geonorm")), Axis("lr", (1.0, 2.0, 4.0)), Axis("seed", (1, 2))),
                 follow_up=best_rate_follow_up())

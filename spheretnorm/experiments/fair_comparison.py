@@ -31,7 +31,13 @@ of the default --lrs), and min_lr is base_lr / 10. AdamH and MuonH run every arm
 hyperball_radius=1, one recipe for all: at the default (each matrix's initial norm) MuonH barely
 trains a sphere connection, whose step on the residual sphere shrinks with its sublayers' output
 norm (docs/OPTIMIZERS.md). nGPT runs with AdamW alone: the Hyperball optimizers refuse it (its row
-renormalisation undoes their radius), and the axis asks about the other arms.
+renormalisation undoes their radius), and the axis asks about the other arms. --grid ARM+OPT=...
+gives one arm its own grid with that optimizer (MuonH at 0.02 for Pre-LN and 0.01 for the sphere).
+A grid of one rate is a rate given, not chosen: every seed runs there and nothing is extended or
+refined, so the table's held-out seeds are seeds at a fixed rate (the seed study of issue 50's E2):
+
+    python scripts/fair_sweep.py --blocks llama --arms pre_ln,p_spheret-0.5 --optimizers adamw,muonh --lrs 2e-3 \
+        --grid pre_ln+muonh=0.02 --grid p_spheret-0.5+muonh=0.01 --seeds 1337,1339,1340,1341,1342,1343 --rule "upper<0"
 
 Recipes: the depth study's for every arm but nGPT (warm-up, cosine to lr / 10, weight decay 0.1,
 AdamW betas 0.9 and 0.99); nGPT's own (no warm-up, no weight decay, cosine to 0, betas 0.9 and
@@ -60,6 +66,7 @@ import json
 import math
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -154,17 +161,26 @@ ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 def design_size(design: Sweep, refine: bool = False) -> int:
     """The most runs the design can hold: per (block, arm, optimizer), every rate of its grid and
     the extension with the selection seed, with refine the two midpoints beside its best, then the
-    best rate and its two neighbours with every held-out seed (best_rate_follow_up). The plan of no
-    finished runs is every group's grid."""
+    best rate and its two neighbours with every held-out seed (best_rate_follow_up); a grid of one
+    rate (a rate given) adds the held-out seeds there alone. The plan of no finished runs is every
+    group's grid."""
     first = plan_points(design, {})
-    groups = {(p["block"], p["arm"], optimizer_of(p)) for p in first}
-    return len(first) + len(groups) * (EXTENSIONS + 2 * refine + 3 * (len(design.values("seed")) - 1))
+    held_out = len(design.values("seed")) - 1
+    sizes = Counter((p["block"], p["arm"], optimizer_of(p)) for p in first).values()
+    return len(first) + sum(held_out if size == 1 else EXTENSIONS + 2 * refine + 3 * held_out for size in sizes)
 
 
 def design_grids(design: Sweep) -> dict[str, list[float]]:
     """Each optimizer's first-seed rates, as the design plans them with no run finished."""
     first = plan_points(design, {})
     return {o: sorted({p["lr"] for p in first if optimizer_of(p) == o}) for o in design_optimizers(design)}
+
+
+def arm_grids_of(design: Sweep) -> dict[str, list[float]]:
+    """Each arm's first-seed rates per optimizer ("pre_ln+muonh": [0.02]), as the design plans them with no run finished."""
+    first = plan_points(design, {})
+    return {f"{arm}+{o}": sorted({p["lr"] for p in first if (p["arm"], optimizer_of(p)) == (arm, o)})
+            for arm, o in dict.fromkeys((p["arm"], optimizer_of(p)) for p in first)}
 
 
 def optimizer_of(p: Point | dict[str, Any]) -> str:
@@ -195,14 +211,23 @@ def keeps(p: Point) -> bool:
 
 def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int,
                  grids: dict[str, tuple[float, ...]] | None = None, base_lr: float = DEFAULT_BASE_LR, refine: bool = False,
-                 rules: tuple[Rule, ...] = ()) -> Sweep:
+                 rules: tuple[Rule, ...] = (), arm_grids: dict[tuple[str, str], tuple[float, ...]] | None = None) -> Sweep:
     """Each (block, arm, optimizer) at its own best rate of its optimizer's grid (grids; default
-    AdamW's lrs alone): study.best_rate_follow_up plans the runs from the finished ones alone (with
-    refine, the midpoints beside the selection seed's best too), so a re-run resumes the design.
-    The first of seeds is the selection seed; rules are judged on the held-out seeds' gaps. A design of AdamW alone has no optimizer axis, so its points, and
-    its runs' settings and folders, are those of the study before the axis."""
+    AdamW's lrs alone; arm_grids, keyed by (arm, optimizer), gives an arm a grid of its own):
+    study.best_rate_follow_up plans the runs from the finished ones alone (with refine, the
+    midpoints beside the selection seed's best too), so a re-run resumes the design. The first of
+    seeds is the selection seed; rules are judged on the held-out seeds' gaps. A grid of one rate is
+    a rate given: every seed runs there, and nothing is chosen or extended. A design of AdamW alone
+    has no optimizer axis, so its points, and its runs' settings and folders, are those of the study
+    before the axis."""
     grids = grids or {ADAMW: tuple(lrs)}
-    rates = tuple(sorted({r for grid in grids.values() for r in grid}))
+    arm_grids = arm_grids or {}
+
+    def grid_of(group: Point) -> tuple[float, ...]:
+        return arm_grids.get((group["arm"], optimizer_of(group)), grids[optimizer_of(group)])
+
+    used = [arm_grids.get((arm.slug, o), grids[o]) for arm in arms for o in grids]
+    rates = tuple(sorted({r for grid in used for r in grid}))
     several = list(grids) != [ADAMW]
     optimizer_axis = (Axis("optimizer", tuple(grids)),) if several else ()
 
@@ -227,7 +252,7 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
         settings=settings,
         label=label,
         keep=keeps,
-        follow_up=best_rate_follow_up(EXTENSIONS, grid=lambda group: grids[optimizer_of(group)], refine=refine),
+        follow_up=best_rate_follow_up(EXTENSIONS, grid=grid_of, refine=refine),
         extra=lambda p, out_dir: {"optimizer": optimizer_of(p), **step_size_record(out_dir)},
         diagnostics=True,
         rules=rules,
@@ -424,7 +449,8 @@ def draw_panel(ax: Any, panel: Panel, shown: LossRange) -> None:
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
-    add_rate_grid_options(p, DEFAULT_LRS, DEFAULT_BASE_LR, lrs_role=", which the selection seed runs first", base_lr_beside_others=True)
+    add_rate_grid_options(p, DEFAULT_LRS, DEFAULT_BASE_LR, lrs_role=", which the selection seed runs first", base_lr_beside_others=True,
+                          grid_role="; ARM+OPT=R1,... gives one arm its own grid; a grid of one rate is a rate given: every seed runs there, none is chosen")
     add_seed_option(p, DEFAULT_SEEDS, role=": the selection seed, then the held-out seeds of the best rates")
     p.add_argument("--selection_seed", type=int, default=None, help="the seed of --seeds that selects each arm's rate (default: the first)")
     p.add_argument("--refine", action="store_true", help="add the midpoints beside the selection seed's best rate (a sqrt(2) step) before the held-out seeds run")
@@ -446,32 +472,54 @@ def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     fixed["optimizer"] = "--optimizers"
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters", "warmup_iters": "--warmup_iters"})
     lrs = sorted(set(parse_number_list(args.lrs, "lrs", float)))
-    if len(lrs) < 2:
-        raise UsageError(f"--lrs {args.lrs!r} needs at least two learning rates, to have a best with neighbours.")
-    grids = optimizer_grids(args, lrs)
+    arms = parse_arms(args.arms)
+    optimizers = parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
+    arm_grids = own_grids(args.grid, arms, optimizers)
+    grids = optimizer_grids(args, lrs, [g for g in args.grid if not is_own_grid(g)])
+    if args.refine and any(len(g) < 2 for g in [*grids.values(), *arm_grids.values()]):
+        raise UsageError("--refine adds the midpoints beside a chosen rate, and a grid of one rate chooses none; drop --refine, or give two rates at least.")
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
     if not blocks or any(b not in BLOCK_TITLES for b in blocks):
         raise UsageError(f"--blocks {args.blocks!r} is not valid; choose from: {', '.join(BLOCK_TITLES)}.")
     if not 0 <= args.warmup_iters < args.max_iters:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
     seeds = seed_order(list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int))), args.selection_seed)
-    return design_sweep(lrs, seeds, blocks, parse_arms(args.arms), args.max_iters, args.warmup_iters, grids, base_lr_of(args), args.refine,
-                        tuple(map(parse_rule, args.rule)))
+    return design_sweep(lrs, seeds, blocks, arms, args.max_iters, args.warmup_iters, grids, base_lr_of(args), args.refine,
+                        tuple(map(parse_rule, args.rule)), arm_grids)
 
 
-def optimizer_grids(args: argparse.Namespace, lrs: list[float]) -> dict[str, tuple[float, ...]]:
-    """Each optimizer of --optimizers with its first-seed rates (study.rate_grids), sorted; two at least."""
+def optimizer_grids(args: argparse.Namespace, lrs: list[float], given: list[str]) -> dict[str, tuple[float, ...]]:
+    """Each optimizer of --optimizers with its first-seed rates (study.rate_grids, from the --grid
+    items `given` that name an optimizer alone), sorted; one rate is a rate given (design_sweep)."""
     base_lr = base_lr_of(args)
     if not (math.isfinite(base_lr) and base_lr > 0):
         raise UsageError(f"--base_lr {base_lr:g} must be a positive number, such as {DEFAULT_BASE_LR:g}.")
-    grids = {o: tuple(sorted(set(g))) for o, g in rate_grids(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"), lrs, args.grid).items()}
+    grids = {o: tuple(sorted(set(g))) for o, g in rate_grids(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"), lrs, given).items()}
     if args.base_lr is not None and list(grids) == [ADAMW]:
         raise UsageError(f"--base_lr {args.base_lr:g} sets the AdamW part beside another optimizer, and --optimizers {args.optimizers!r} has none, "
                          "so it would change nothing; drop it, or add an optimizer to --optimizers.")
-    short = [o for o, grid in grids.items() if len(grid) < 2]
-    if short:
-        raise UsageError(f"--grid {short[0]}= needs at least two rates, to have a best with neighbours.")
     return grids
+
+
+def is_own_grid(item: str) -> bool:
+    """Whether a --grid item names an arm as well as an optimizer (ARM+OPT=...; an optimizer's name holds no '+')."""
+    return "+" in item.rpartition("=")[0]
+
+
+def own_grids(given: list[str], arms: list[Arm], optimizers: list[str]) -> dict[tuple[str, str], tuple[float, ...]]:
+    """The --grid items ARM+OPT=R1,... that give one arm with one optimizer a grid of its own (E2:
+    MuonH at 0.02 for Pre-LN and 0.01 for the sphere), keyed by (arm, optimizer); the items that name an
+    optimizer alone are study.rate_grids'. An arm's slug may hold '+' and '=' itself, so the rates
+    follow the last '=' and the optimizer the last '+'."""
+    out: dict[tuple[str, str], tuple[float, ...]] = {}
+    for item in filter(is_own_grid, given):
+        name, _, values = item.rpartition("=")
+        arm, _, optimizer = name.rpartition("+")
+        if arm not in [a.slug for a in arms] or optimizer not in optimizers or not keeps({"arm": arm, "optimizer": optimizer}):
+            raise UsageError(f"--grid {item!r} must be ARM+OPT=R1,R2,... with ARM one of --arms ({', '.join(a.slug for a in arms)}) "
+                             f"and OPT one of --optimizers ({', '.join(optimizers)}) that the arm runs with.")
+        out[(arm, optimizer)] = tuple(sorted(set(parse_number_list(values, f"grid {name}", float))))
+    return out
 
 
 def base_lr_of(args: argparse.Namespace) -> float:
@@ -520,12 +568,12 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     against = "each optimizer's rate" if several else "the learning rate"
     figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
-    text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine)} "
+    text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given_rates(design))} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several, seeds))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
-    record = {"shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"arm_grids": arm_grids_of(design), "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
@@ -569,11 +617,21 @@ def read_sweep_record(folder: Path) -> dict[str, Any]:
         raise UsageError(f"--compare: {path} cannot be read ({e.strerror or e}); give the --out_dir folders of finished sweeps.") from None
 
 
-def seeds_note(seeds: Seeds, metric: str, refine: bool) -> str:
-    """The table's line on how its numbers were chosen: the selection and held-out seeds, the grid, the loss."""
+def given_rates(design: Sweep) -> str:
+    """'all' when every arm's grid is one rate (a rate given, none chosen), 'some' when some are, else ''."""
+    sizes = [len(grid) for grid in arm_grids_of(design).values()]
+    return "all" if all(n == 1 for n in sizes) else "some" if 1 in sizes else ""
+
+
+def seeds_note(seeds: Seeds, metric: str, refine: bool, given: str = "") -> str:
+    """The table's line on how its numbers were chosen: the selection and held-out seeds, the grid, the loss;
+    given (given_rates): whether the arms' rates were given rather than chosen."""
     held = ", ".join(map(str, seeds.held_out)) or "none"
     grid = " on the grid refined by the midpoints beside its best" if refine else ""
-    return (f"Each arm's rate is chosen on seed {seeds.selection} alone{grid}; the headline is the held-out seeds' ({held}) mean there, "
+    chosen = {"all": f"Each arm runs at the one rate its grid gives (none is chosen), seed {seeds.selection} beside the held-out seeds",
+              "some": f"Each arm's rate is chosen on seed {seeds.selection} alone, except where its grid gives one rate (none is chosen there)"}
+    how = chosen.get(given, f"Each arm's rate is chosen on seed {seeds.selection} alone{grid}")
+    return (f"{how}; the headline is the held-out seeds' ({held}) mean there, "
             f"the gap is paired by held-out seed, each arm at its own rate. Loss: {METRIC_TEXT[metric]}.")
 
 

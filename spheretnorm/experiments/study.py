@@ -466,7 +466,8 @@ def add_methods_option(parser: Any, default: str) -> None:
                         help=f"'paper' (the 8 of the paper), 'all' (every registered connection) or comma-separated methods (default {default})")
 
 
-def add_rate_grid_options(parser: Any, lrs: str, base_lr: float | None = None, lrs_role: str = "", base_lr_beside_others: bool = False) -> None:
+def add_rate_grid_options(parser: Any, lrs: str, base_lr: float | None = None, lrs_role: str = "", base_lr_beside_others: bool = False,
+                          grid_role: str = "") -> None:
     """--lrs, the peak learning rates; with base_lr, an optimizer axis too (rate_grids): --optimizers,
     each sweeping its own rate key, --grid OPT=R1,R2,... and --base_lr for the AdamW part beside them.
     base_lr_beside_others: --base_lr stays None unless given (the study runs base_lr then) and the
@@ -477,7 +478,7 @@ def add_rate_grid_options(parser: Any, lrs: str, base_lr: float | None = None, l
     parser.add_argument("--optimizers", default="adamw",
                         help=f"comma-separated optimizers, of: {', '.join(OPTIMIZERS)}; each sweeps its own rate key (default adamw)")
     parser.add_argument("--grid", action="append", default=[], metavar="OPT=R1,R2,...",
-                        help="an optimizer's peak rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4); repeatable")
+                        help=f"an optimizer's peak rates of its rate key (default: --lrs for AdamW, else the key's default x 1/4 .. 4){grid_role}; repeatable")
     refused = "; refused with --optimizers adamw alone, where it has no effect" if base_lr_beside_others else ""
     parser.add_argument("--base_lr", type=float, default=None if base_lr_beside_others else base_lr,
                         help=f"learning_rate of the other optimizers' AdamW part (embeddings, gains) (default {base_lr:g}){refused}")
@@ -960,8 +961,11 @@ def rate_grids(optimizers: list[str], lrs: list[float], given: list[str]) -> dic
 def swept_rates(lrs: list[float], losses: dict[float, float], extensions: int = 1) -> tuple[list[float], bool]:
     """(the rates a group sweeps with its first seed, whether all of them are finished), given the
     losses of its finished runs (inf: diverged or collapsed): lrs, plus up to `extensions` grid
-    steps beyond the end where the best so far lies, so that the best is bracketed."""
+    steps beyond the end where the best so far lies, so that the best is bracketed. A grid of one
+    rate is a rate given, not chosen: it has no step to extend by."""
     rates = sorted(lrs)
+    if len(rates) < 2:
+        return rates, all(lr in losses for lr in rates)
     while True:
         if any(lr not in losses for lr in rates):
             return rates, False
@@ -975,7 +979,10 @@ def swept_rates(lrs: list[float], losses: dict[float, float], extensions: int = 
 
 def refined_rates(rates: list[float], losses: dict[float, float]) -> list[float]:
     """The rates with the geometric midpoints (a sqrt(2) step on a grid of factor 2) between the
-    best and each of its neighbours; at an end of the grid, the midpoint of one grid step beyond."""
+    best and each of its neighbours; at an end of the grid, the midpoint of one grid step beyond.
+    A grid of one rate (a rate given) has no neighbours to refine towards."""
+    if len(rates) < 2:
+        return list(rates)
     best = rates.index(min(rates, key=lambda lr: losses[lr]))
     midpoints = []
     for side in (-1, 1):
