@@ -36,7 +36,7 @@ gives one arm its own grid with that optimizer (MuonH at 0.02 for Pre-LN and 0.0
 A grid of one rate is a rate given, not chosen: every seed runs there and nothing is extended or
 refined, so the table's held-out seeds are seeds at a fixed rate (the seed study of issue 50's E2):
 
-    python scripts/fair_sweep.py --blocks llama --arms pre_ln,p_spheret-0.5 --optimizers adamw,muonh --lrs 2e-3 \
+    python scripts/fair_sweep.py --blocks llama --arms pre_ln,p_spheret-0.5 --optimizers adamw,muonh --lrs 2e-3
         --grid pre_ln+muonh=0.02 --grid p_spheret-0.5+muonh=0.01 --seeds 1337,1339,1340,1341,1342,1343 --rule "upper<0"
 
 Recipes: the depth study's for every arm but nGPT (warm-up, cosine to lr / 10, weight decay 0.1,
