@@ -208,3 +208,37 @@ def test_the_coordinate_check_is_drawn_as_sheets_of_at_most_twelve_panels(tmp_pa
     assert [s.suffix for s in sheets] == ["pre_ln+geonorm", "proj_spheret+cay_spheret", "p_spheret"]
     assert all(len(s.rows) * 2 * 2 <= 12 for s in sheets)
     assert coordinates.main(["--from_json", str(tmp_path / "absent.json")]) == 2
+
+
+def sweep_record(n_layer: int, gaps: dict[str, float]) -> dict:
+    """A fair_sweep.json as the sweep writes it: Pre-LN's summary row has no gaps, the sphere's one per held-out seed."""
+    rows = [{"block": "llama", "optimizer": "adamw", "arm": "pre_ln", "title": "Pre-LN", "gaps": {}},
+            {"block": "llama", "optimizer": "adamw", "arm": "p_spheret-0.5", "title": "0.5-SpheretNorm", "gaps": gaps}]
+    return {"n_layer": n_layer, "n_embd": 128, "max_iters": 600, "best": rows}
+
+
+def test_the_gap_figure_puts_each_held_out_gap_at_its_depth_and_a_failed_seed_at_the_top(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from spheretnorm.experiments import fair_comparison
+    from spheretnorm.experiments.gap_figure import gap_axes, gap_points, mean_gaps
+
+    shallow, deep = tmp_path / "d12", tmp_path / "d24"
+    for folder, record in ((shallow, sweep_record(12, {"1339": 1.90 - 1.85, "1340": 1.86 - 1.87})),
+                           (deep, sweep_record(24, {"1338": 1.836 - 1.816, "1339": math.inf}))):
+        folder.mkdir()
+        (folder / "fair_sweep.json").write_text(json.dumps(record))  # +inf is written as Infinity, as the sweep writes it
+    points = [p for folder in (shallow, deep) for p in gap_points(json.loads((folder / "fair_sweep.json").read_text()), "depth", str(folder))]
+    assert [(p.x, p.seed, round(p.gap, 6)) for p in points] == [(12.0, 1339, 0.05), (12.0, 1340, -0.01), (24.0, 1338, 0.02), (24.0, 1339, math.inf)]
+    assert mean_gaps(points) == {12.0: pytest.approx(0.02)}  # a failed seed leaves its depth without a mean
+    fig = gap_axes(points, "depth", "t", {"p_spheret-0.5": "p_spheret:0.5"}, band=0.02)
+    ax = fig.axes[0]
+    top = ax.get_ylim()[1]
+    crosses = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(crosses) == 1 and crosses[0].get_ydata()[0] > 0.05 and crosses[0].get_ydata()[0] < top  # above every finite gap, inside the panel
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["12", "24"]
+    assert fair_comparison.main(["--compare", f"{shallow},{deep}", "--gap_against", "depth", "--out_dir", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "gap_vs_depth.png").stat().st_size > 0
+    capsys.readouterr()
+    (deep / "fair_sweep.json").write_text(json.dumps({k: v for k, v in sweep_record(24, {}).items() if k != "n_layer"}))
+    assert fair_comparison.main(["--compare", f"{shallow},{deep}", "--gap_against", "depth", "--out_dir", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no 'n_layer'" in err and "--table_only" in err

@@ -79,6 +79,8 @@ import matplotlib.pyplot as plt
 from spheretnorm.experiments.figures import (
     LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
 )
+from spheretnorm.experiments.gap_figure import AXES as GAP_AXES
+from spheretnorm.experiments.gap_figure import gap_figure, gap_points
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
@@ -460,6 +462,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add_place_options(p, "out/fair_sweep", dry_run=True)
     p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --blocks and --optimizers (e.g. two widths), "
                    "a row of panels each, as OUT_DIR/fair_sweep_compare.png; two folders at least")
+    p.add_argument("--gap_against", choices=list(GAP_AXES), default=None,
+                   help="with --compare: plot each arm's held-out gap to Pre-LN against the sweeps' depth, width or iterations instead, "
+                        "as OUT_DIR/gap_vs_<depth|width|tokens>.png")
+    p.add_argument("--band", type=float, default=0.02, help="with --gap_against: dotted lines at +-BAND, the decision rules' threshold (default 0.02; 0: none)")
     add_table_options(p)
     return p.parse_known_args(argv)
 
@@ -546,8 +552,12 @@ def parse_arms(spec: str) -> list[Arm]:
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
     if args.compare is not None:  # --compare= too: it runs nothing, as any --compare
-        return compare_sweeps(args.compare, Path(args.out_dir), parse_choices(args.blocks, BLOCK_TITLES, "blocks"),
-                              parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
+        blocks, optimizers = parse_choices(args.blocks, BLOCK_TITLES, "blocks"), parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
+        if args.gap_against:
+            return compare_gaps(args.compare, Path(args.out_dir), blocks, optimizers, args.gap_against, args.band)
+        return compare_sweeps(args.compare, Path(args.out_dir), blocks, optimizers)
+    if args.gap_against:
+        raise UsageError(f"--gap_against {args.gap_against} draws finished sweeps; give them with --compare DIR,DIR,...")
     design = design_of(args, overrides)
     found, place, unigram = start_study(design, args, overrides)
     parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
@@ -573,7 +583,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             f"{markdown_table(summary, best_columns(several, seeds))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
-    record = {"arm_grids": arm_grids_of(design), "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
@@ -599,6 +609,21 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
     against = "each optimizer's rate" if several else "the learning rate, AdamW"
     written = panel_figure(panels, f"Final val loss against {against} (Shakespeare characters)", out_dir / "fair_sweep_compare")
     print(f"Written: {', '.join(map(str, written))}")
+    return 0
+
+
+def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float) -> int:
+    """--compare DIR,... --gap_against AXIS: each arm's held-out gaps to Pre-LN in finished sweeps
+    against their depth, width or iterations (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}
+    (iterations: gap_vs_tokens, the tokens a run sees growing with them)."""
+    folders = [Path(d.strip()) for d in spec.split(",") if d.strip()]
+    points = [p for folder in folders for p in gap_points(read_sweep_record(folder), against, str(folder))
+              if p.block in blocks and p.optimizer in optimizers]
+    stem = "gap_vs_tokens" if against == "iterations" else f"gap_vs_{against}"
+    written = gap_figure(points, against, f"Held-out gap to Pre-LN against {GAP_AXES[against][1]}, each arm at its own rate "
+                         f"({len(folders)} sweep{'s' if len(folders) > 1 else ''})", out_dir / stem,
+                         {a.slug: a.method for a in ARMS}, band or None)
+    print("Written: " + ", ".join(map(str, written)))
     return 0
 
 
