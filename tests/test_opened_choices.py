@@ -398,6 +398,15 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "data"
 
 
+def test_figures_name_the_corpus_the_data_was_prepared_from(data_dir: Path, tmp_path: Path) -> None:
+    from spheretnorm.experiments.study import corpus_title, ensure_data
+
+    assert corpus_title(data_dir) == "play.txt characters"
+    ensure_data(tmp_path / "default")  # the shared copy or the embedded one: Tiny Shakespeare either way
+    assert corpus_title(tmp_path / "default") == "Tiny Shakespeare characters"
+    assert corpus_title(tmp_path / "nothing_here") == "characters"
+
+
 def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "sweep"
     argv = [
@@ -425,6 +434,7 @@ def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_di
     assert ": done in " not in again and again.count("already finished") == n_runs
     table = (out / "fair_sweep.md").read_text()
     assert "| LLaMA | Pre-LN |" in table and (out / "fair_sweep.png").stat().st_size > 0
+    assert (record["corpus"], record["n_layer"], record["n_embd"]) == ("play.txt characters", 1, 16)
 
 
 def test_a_setting_other_than_the_papers_is_part_of_the_method_key_and_the_folder() -> None:

@@ -85,7 +85,7 @@ from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_ch
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
     CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
-    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, declared_rules, dry_run_summary, failed_at_text,
+    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary, failed_at_text,
     gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
     publish, rate_grids, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
 )
@@ -576,14 +576,15 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     mup = f", μP from width {model.mup_base_width}" if model.mup_base_width else ""
     shape = f"{model.n_layer} x {model.n_embd}{mup}, {args.max_iters} iterations"
     against = "each optimizer's rate" if several else "the learning rate"
-    figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, Shakespeare characters)",
+    corpus = corpus_title(place.data_dir)
+    figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, {corpus})",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
     text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given_rates(design))} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several, seeds))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
-    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
@@ -607,7 +608,8 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
                for block, opt in columns] for folder, record in records]
     out_dir.mkdir(parents=True, exist_ok=True)
     against = "each optimizer's rate" if several else "the learning rate, AdamW"
-    written = panel_figure(panels, f"Final val loss against {against} (Shakespeare characters)", out_dir / "fair_sweep_compare")
+    corpora = ", ".join(dict.fromkeys(record.get("corpus", "Tiny Shakespeare characters") for _, record in records))  # older records: Shakespeare's
+    written = panel_figure(panels, f"Final val loss against {against} ({corpora})", out_dir / "fair_sweep_compare")
     print(f"Written: {', '.join(map(str, written))}")
     return 0
 

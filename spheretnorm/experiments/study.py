@@ -36,6 +36,7 @@ from spheretnorm.kernels import kernel_path_text
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.token_files import load_meta
 from spheretnorm.data.preparation import prepare
+from spheretnorm.data.pipeline import TINY_SHAKESPEARE
 from spheretnorm.experiments.grid import (
     CONFIG_NAME,
     SHARED_DIR,
@@ -141,6 +142,21 @@ def ensure_data(data_dir: Path, input_path: str | None = None) -> dict[str, Any]
     source = input_path or (str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None)
     print(f"preparing {DATASET} in {data_dir} from {source or 'the download URL of data/prepare.py'}", flush=True)
     return prepare(DATASET, input=[source] if source else None, out_dir=str(data_dir), progress=False)
+
+
+def corpus_title(data_dir: Path) -> str:
+    """What a study's figures name as its text: 'Tiny Shakespeare characters' where the prepared
+    data is Tiny Shakespeare (its sha256, from any source), else the name of the --input file it was
+    prepared from ('openwebtext_sample.jsonl characters'); 'characters' where meta.json says nothing."""
+    try:
+        source = load_meta(Path(data_dir)).get("source") or {}
+    except (OSError, ValueError):  # not prepared yet (PrepareError is a ValueError), or unreadable
+        return "characters"
+    files = source.get("files") or [source]
+    if all(f.get("sha256") == TINY_SHAKESPEARE.sha256 for f in files):
+        return "Tiny Shakespeare characters"
+    names = [Path(f["path"]).name for f in files if f.get("path")]
+    return f"{', '.join(names)} characters" if names else "characters"
 
 
 # -----------------------------------------------------------------------------
