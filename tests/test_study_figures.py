@@ -242,3 +242,34 @@ def test_the_gap_figure_puts_each_held_out_gap_at_its_depth_and_a_failed_seed_at
     assert fair_comparison.main(["--compare", f"{shallow},{deep}", "--gap_against", "depth", "--out_dir", str(tmp_path / "figs")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no 'n_layer'" in err and "--table_only" in err
+
+
+def test_the_tokens_gap_pairs_each_held_out_seeds_evaluations_at_each_arms_own_rate(tmp_path: Path) -> None:
+    from spheretnorm.experiments.gap_figure import gap_axes, gap_points
+
+    sweep = tmp_path / "moved"  # the record's out_dirs name another place: the runs are found under the sweep's folder
+
+    def run(arm: str, lr: float, seed: int, losses: list[float], status: str = "ok") -> dict:
+        folder = sweep / "llama" / arm / f"lr{lr:g}_s{seed}"
+        folder.mkdir(parents=True)
+        rows = [{"kind": "eval", "iter": 10 * i, "tokens": 1000 * i, "val_loss": v} for i, v in enumerate(losses)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"kind": "train", "iter": 5, "loss": 9.0}]))
+        return {"block": "llama", "arm": arm, "optimizer": "adamw", "lr": lr, "seed": seed, "status": status,
+                "out_dir": f"/elsewhere/llama/{arm}/lr{lr:g}_s{seed}"}
+
+    runs = [run("pre_ln", 2e-3, 2, [3.0, 2.5, 2.0]), run("pre_ln", 2e-3, 3, [3.0, 2.6, 2.1]),
+            run("pre_ln", 1e-3, 2, [3.0, 2.9, 2.8]),  # not Pre-LN's selected rate: never paired
+            run("p_spheret-0.5", 4e-3, 2, [3.0, 2.4, 2.05]), run("p_spheret-0.5", 4e-3, 3, [3.0, 2.7], "stopped: collapse")]
+    record = {"runs": runs, "best": [
+        {"block": "llama", "arm": "pre_ln", "optimizer": "adamw", "title": "Pre-LN", "best_lr": 2e-3, "gaps": {}},
+        {"block": "llama", "arm": "p_spheret-0.5", "optimizer": "adamw", "title": "0.5-SpheretNorm", "best_lr": 4e-3,
+         "gaps": {"2": 0.05, "3": math.inf}}]}
+    points = gap_points(record, "tokens", str(sweep))
+    got = sorted((p.seed, p.x, round(p.gap, 6)) for p in points)
+    assert got == [(2, 0.0, 0.0), (2, 1000.0, -0.1), (2, 2000.0, 0.05),
+                   (3, 0.0, 0.0), (3, 1000.0, 0.1), (3, 1000.0, math.inf)]  # seed 3's sphere run collapsed after its 2nd evaluation
+    assert {p.series for p in points} == {"moved"}
+    fig = gap_axes(points, "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
+    mean_line = next(line for line in fig.axes[0].lines if line.get_label().startswith("0.5-SpheretNorm (moved)"))
+    assert list(mean_line.get_xdata()) == [0.0]  # no mean where a seed failed (1000), nor after it (2000 has seed 2 alone)
+    plt.close(fig)

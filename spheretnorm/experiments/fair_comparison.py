@@ -463,8 +463,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--compare", metavar="DIR,DIR,...", help="run nothing: plot finished sweeps' runs of --blocks and --optimizers (e.g. two widths), "
                    "a row of panels each, as OUT_DIR/fair_sweep_compare.png; two folders at least")
     p.add_argument("--gap_against", choices=list(GAP_AXES), default=None,
-                   help="with --compare: plot each arm's held-out gap to Pre-LN against the sweeps' depth, width or iterations instead, "
-                        "as OUT_DIR/gap_vs_<depth|width|tokens>.png")
+                   help="with --compare: plot each arm's held-out gap to Pre-LN against the sweeps' depth or width (final gaps), or "
+                        "against the tokens seen (each periodic evaluation of the runs) instead, as OUT_DIR/gap_vs_<depth|width|tokens>.png")
     p.add_argument("--band", type=float, default=0.02, help="with --gap_against: dotted lines at +-BAND, the decision rules' threshold (default 0.02; 0: none)")
     add_table_options(p)
     return p.parse_known_args(argv)
@@ -616,14 +616,13 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
 
 def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float) -> int:
     """--compare DIR,... --gap_against AXIS: each arm's held-out gaps to Pre-LN in finished sweeps
-    against their depth, width or iterations (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}
-    (iterations: gap_vs_tokens, the tokens a run sees growing with them)."""
+    against their depth, width or tokens seen (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}."""
     folders = [Path(d.strip()) for d in spec.split(",") if d.strip()]
     points = [p for folder in folders for p in gap_points(read_sweep_record(folder), against, str(folder))
               if p.block in blocks and p.optimizer in optimizers]
-    stem = "gap_vs_tokens" if against == "iterations" else f"gap_vs_{against}"
+    loss = ", periodic evaluations" if against == "tokens" else ""
     written = gap_figure(points, against, f"Held-out gap to Pre-LN against {GAP_AXES[against][1]}, each arm at its own rate "
-                         f"({len(folders)} sweep{'s' if len(folders) > 1 else ''})", out_dir / stem,
+                         f"({len(folders)} sweep{'s' if len(folders) > 1 else ''}{loss})", out_dir / f"gap_vs_{against}",
                          {a.slug: a.method for a in ARMS}, band or None)
     print("Written: " + ", ".join(map(str, written)))
     return 0

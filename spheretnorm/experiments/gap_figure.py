@@ -1,14 +1,19 @@
-"""The held-out gap against depth, width or run length, over finished fair sweeps (issue 50's
+"""The held-out gap against depth, width or tokens seen, over finished fair sweeps (issue 50's
 docs/gap_vs_depth.png and gap_vs_tokens.png):
 
     python scripts/fair_sweep.py --compare /work/runs/e2_12x128,/work/runs/e1_24x128 --gap_against depth --out_dir docs
+    python scripts/fair_sweep.py --compare out/e3_600,out/e3_2400 --gap_against tokens --out_dir docs
 
-Each sweep's fair_sweep.json gives, per (block, optimizer, arm), the gap to Pre-LN paired by
-held-out seed, each arm at its own selected rate ("gaps" of its summary rows), and the value of
-the axis (its n_layer, n_embd or max_iters). A panel per (block, optimizer); per arm, each seed's
-gap a point, and the mean where every seed trained, joined across the axis. A held-out seed that
-failed (gap +inf: the sphere collapsed or diverged; -inf: Pre-LN did) is a cross at the panel's
-top or bottom edge: it counts against its arm, as the decision rules say, and is never averaged.
+depth and width: each sweep's fair_sweep.json gives, per (block, optimizer, arm), the final gap
+to Pre-LN paired by held-out seed, each arm at its own selected rate (the "gaps" of its summary
+rows, on the table's loss), at the sweep's n_layer or n_embd; the means are joined across sweeps.
+tokens: the same pairs of runs, read from their metrics.jsonl, give the gap at each periodic
+evaluation (its val_loss on the sampled batches: the whole split is evaluated at the end only)
+against the tokens seen so far; each sweep is a line of its own (a 600- and a 2,400-iteration run
+have other schedules). A panel per (block, optimizer); per arm, each seed's gap a point and the
+mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed or
+diverged; -inf: Pre-LN did) is a cross at the panel's edge: it counts against its arm, as the
+decision rules say, and is never averaged.
 """
 
 from __future__ import annotations
@@ -23,14 +28,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import EngFormatter
 
 from spheretnorm.experiments.figures import figure_legend, method_style, save_figure, titled_grid
 from spheretnorm.experiments.grid import BLOCK_TITLES
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
-# --gap_against: the record key that gives a sweep's place on the x axis, and the axis label.
-AXES = {"depth": ("n_layer", "layers"), "width": ("n_embd", "width (n_embd)"), "iterations": ("max_iters", "iterations")}
+# --gap_against: the record key that gives a sweep's place on the x axis (tokens: each eval row's), and the axis label.
+AXES = {"depth": ("n_layer", "layers"), "width": ("n_embd", "width (n_embd)"), "tokens": ("tokens", "tokens seen")}
+SERIES_STYLES = ("-", "--", ":", "-.")  # one per sweep on the tokens axis
 BASELINE = "pre_ln"
 PANEL_INCHES = (4.2, 3.4)
 SEED_JITTER = 0.015  # share of the x range between two seeds' points at one x, so that equal gaps do not hide each other
@@ -47,6 +55,7 @@ class GapPoint:
     x: float
     seed: int
     gap: float  # +inf: the arm failed and Pre-LN trained; -inf: the reverse
+    series: str = ""  # the sweep it comes from, where each sweep is a line of its own (tokens)
 
 
 def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoint]:
@@ -54,6 +63,8 @@ def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoi
     (written before fair_sweep recorded it). Seeds whose run is missing, or where both sides
     failed (nan), are left out: neither says which side is ahead."""
     key = AXES[against][0]
+    if against == "tokens":
+        return eval_gap_points(record, Path(source))
     if key not in record:
         raise UsageError(f"--gap_against {against}: {source}'s fair_sweep.json has no {key!r} (written before it was recorded); "
                          f"run the sweep's command with --table_only there once, then again.")
@@ -62,12 +73,56 @@ def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoi
             for seed, gap in (s.get("gaps") or {}).items() if gap is not None and not math.isnan(float(gap))]
 
 
+def eval_gap_points(record: dict[str, Any], folder: Path) -> list[GapPoint]:
+    """The gap at each periodic evaluation of every held-out pair of runs the record's summary
+    pairs (each arm and Pre-LN at their own selected rates, same seed), against the tokens seen;
+    where one side failed, a +-inf point at its last evaluation."""
+    runs = {(r["block"], r["arm"], r.get("optimizer", "adamw"), r["lr"], r["seed"]): r for r in record.get("runs", [])}
+    best = {(s["block"], s["arm"], s.get("optimizer", "adamw")): s for s in record.get("best", [])}
+    out = []
+    for (block, arm, optimizer), s in best.items():
+        base = best.get((block, BASELINE, optimizer))
+        if arm == BASELINE or base is None:
+            continue
+        for seed, final in (s.get("gaps") or {}).items():
+            mine, theirs = (runs.get((block, a, optimizer, c.get("best_lr"), int(seed))) for a, c in ((arm, s), (BASELINE, base)))
+            if final is None or mine is None or theirs is None or math.isnan(float(final)):
+                continue
+            a, b = eval_losses(folder, mine), eval_losses(folder, theirs)
+            point = lambda x, gap: GapPoint(block, optimizer, arm, s["title"], float(x), int(seed), gap, folder.name)  # noqa: E731
+            out += [point(x, a[x] - b[x]) for x in sorted(a.keys() & b.keys())]
+            if not math.isfinite(float(final)):
+                out.append(point(max((a if final > 0 else b) or {0: 0}), float(final)))
+    return out
+
+
+def eval_losses(folder: Path, row: dict[str, Any]) -> dict[int, float]:
+    """{tokens seen: val_loss} of a run's finite periodic evaluations. Its folder is found under
+    the sweep's folder by its last three parts (<block>/<arm>/lr<R>_s<S>), so that a sweep moved or
+    unpacked elsewhere (docs/run_records) still reads; its recorded out_dir else."""
+    recorded = Path(row["out_dir"])
+    path = next((d / METRICS_NAME for d in (folder.joinpath(*recorded.parts[-3:]), recorded) if (d / METRICS_NAME).is_file()), None)
+    if path is None:
+        raise UsageError(f"--gap_against tokens: no {METRICS_NAME} for {row.get('name', recorded)} under {folder} or at {recorded}; "
+                         "unpack the sweep's run folders there first.")
+    return {int(r["tokens"]): float(r["val_loss"]) for r in read_metrics(path)
+            if r.get("kind") == "eval" and "tokens" in r and isinstance(r.get("val_loss"), float) and math.isfinite(r["val_loss"])}
+
+
 def mean_gaps(points: Iterable[GapPoint]) -> dict[float, float]:
-    """Per x, the mean of its seeds' gaps where every one is finite (a failed seed leaves no mean)."""
-    by_x: dict[float, list[float]] = {}
+    """Per x, the mean of its seeds' gaps where every one is finite: a failed seed leaves no mean.
+    Along one sweep's evaluations (a series) every seed of the sweep must be there, so that after a
+    run stopped (collapsed) the survivors' mean is not drawn; across sweeps (depth, width) each x
+    has its own seeds."""
+    points = list(points)
+    every = {p.seed for p in points}
+    by_x: dict[float, dict[int, float]] = {}
     for p in points:
-        by_x.setdefault(p.x, []).append(p.gap)
-    return {x: sum(g) / len(g) for x, g in sorted(by_x.items()) if all(map(math.isfinite, g))}
+        seen = by_x.setdefault(p.x, {})
+        if math.isfinite(seen.get(p.seed, 0.0)):  # a failure at x (its cross) outweighs the same seed's last finite gap there
+            seen[p.seed] = p.gap
+    return {x: sum(g.values()) / len(g) for x, g in sorted(by_x.items())
+            if all(map(math.isfinite, g.values())) and (not points[0].series or set(g) == every)}
 
 
 def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None) -> list[Path]:
@@ -87,17 +142,22 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
     low, high = min(finite), max(finite)
     pad = 0.15 * (high - low or 0.01)
     xs = sorted({p.x for p in points})
-    width = (xs[-1] - xs[0]) or xs[0]
+    width = (xs[-1] - xs[0]) or xs[0] or 1.0
     for ax, (block, optimizer) in zip(axes[0], panels):
         mine = [p for p in points if (p.block, p.optimizer) == (block, optimizer)]
-        for arm in dict.fromkeys(p.arm for p in mine):
-            draw_arm(ax, [p for p in mine if p.arm == arm], width, (low - pad, high + pad), method_style(methods.get(arm, arm))["color"])
+        series = list(dict.fromkeys(p.series for p in points))
+        for arm, line in dict.fromkeys((p.arm, p.series) for p in mine):
+            draw_arm(ax, [p for p in mine if (p.arm, p.series) == (arm, line)], width, (low - pad, high + pad),
+                     method_style(methods.get(arm, arm))["color"], SERIES_STYLES[series.index(line) % len(SERIES_STYLES)])
         ax.axhline(0.0, color="0.3", linewidth=0.8)
         if band:
             for y in (band, -band):
                 ax.axhline(y, color="0.5", linewidth=0.8, linestyle=":")
         ax.set_ylim(low - 1.5 * pad, high + 1.5 * pad)
-        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        if against == "tokens":  # the evaluations are too many to label each: '200k', '1.2M'
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        else:  # a few sweeps: a tick at each
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.margins(x=0.12)
         ax.set_xlabel(AXES[against][1])
         ax.set_title(f"{BLOCK_TITLES.get(block, block)} block, {OPTIMIZERS[optimizer].title if optimizer in OPTIMIZERS else optimizer}", fontsize=10)
@@ -108,8 +168,9 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
     return fig
 
 
-def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any) -> None:
-    """One arm: each seed a point (a failed seed a cross at the edge its sign points to), the means joined."""
+def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-") -> None:
+    """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the
+    edge its sign points to), the means joined."""
     seeds = sorted({p.seed for p in points})
     for p in points:
         x = p.x + (seeds.index(p.seed) - (len(seeds) - 1) / 2) * SEED_JITTER * width
@@ -120,4 +181,6 @@ def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[fl
             ax.annotate(f"seed {p.seed} failed", (x, edges[1] if p.gap > 0 else edges[0]), textcoords="offset points", xytext=(-7, -3),
                         ha="right", fontsize=7, color=color)
     means = mean_gaps(points)
-    ax.plot(list(means), list(means.values()), marker="s", markersize=6, color=color, label=f"{points[0].title}, mean of the held-out seeds")
+    sweep = f" ({points[0].series})" if points[0].series else ""
+    ax.plot(list(means), list(means.values()), marker="s", markersize=6 if not sweep else 3, color=color, linestyle=linestyle,
+            label=f"{points[0].title}{sweep}, mean of the held-out seeds")
