@@ -237,6 +237,15 @@ def test_the_gap_figure_puts_each_held_out_gap_at_its_depth_and_a_failed_seed_at
     assert [t.get_text() for t in ax.get_xticklabels()] == ["12", "24"]
     assert fair_comparison.main(["--compare", f"{shallow},{deep}", "--gap_against", "depth", "--out_dir", str(tmp_path / "figs")]) == 0
     assert (tmp_path / "figs" / "gap_vs_depth.png").stat().st_size > 0
+    gpt2 = sweep_record(24, {"1338": math.inf, "1339": math.inf})
+    for row in gpt2["best"]:
+        row["block"] = "gpt2"
+    both = points + gap_points(gpt2, "depth", "gpt2")
+    fig = gap_axes(both, "depth", "t", {"p_spheret-0.5": "p_spheret:0.5"})
+    for ax in fig.axes[:2]:  # a block swept at 24 layers only keeps 12's place, its failed seeds near 24
+        low, high = ax.get_xlim()
+        assert low < 12 and high > 24 and all(20 < x < 28 for line in ax.lines if line.get_marker() == "x" for x in line.get_xdata())
+    assert [t.get_text() for t in fig.axes[1].texts] == ["seeds 1338, 1339 failed"]  # one label for the two crosses, not two on each other
     capsys.readouterr()
     (deep / "fair_sweep.json").write_text(json.dumps({k: v for k, v in sweep_record(24, {}).items() if k != "n_layer"}))
     assert fair_comparison.main(["--compare", f"{shallow},{deep}", "--gap_against", "depth", "--out_dir", str(tmp_path / "figs")]) == 2

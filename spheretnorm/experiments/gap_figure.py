@@ -156,9 +156,10 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
         ax.set_ylim(low - 1.5 * pad, high + 1.5 * pad)
         if against == "tokens":  # the evaluations are too many to label each: '200k', '1.2M'
             ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-        else:  # a few sweeps: a tick at each
+            ax.margins(x=0.12)
+        else:  # a few sweeps: a tick at each, every panel on the same x-range (a block with fewer depths keeps its place)
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
-        ax.margins(x=0.12)
+            ax.set_xlim(xs[0] - 0.2 * width, xs[-1] + 0.2 * width)
         ax.set_xlabel(AXES[against][1])
         ax.set_title(f"{BLOCK_TITLES.get(block, block)} block, {OPTIMIZERS[optimizer].title if optimizer in OPTIMIZERS else optimizer}", fontsize=10)
         ax.grid(alpha=0.3)
@@ -172,14 +173,19 @@ def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[fl
     """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the
     edge its sign points to), the means joined."""
     seeds = sorted({p.seed for p in points})
+    failed: dict[tuple[float, float], list[tuple[float, int]]] = {}  # (x, edge) -> (jittered x, seed): one label a place
     for p in points:
         x = p.x + (seeds.index(p.seed) - (len(seeds) - 1) / 2) * SEED_JITTER * width
         if math.isfinite(p.gap):
             ax.plot([x], [p.gap], marker="o", markersize=4, linestyle="none", color=color, alpha=0.6)
         else:
-            ax.plot([x], [edges[1] if p.gap > 0 else edges[0]], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color=color)
-            ax.annotate(f"seed {p.seed} failed", (x, edges[1] if p.gap > 0 else edges[0]), textcoords="offset points", xytext=(-7, -3),
-                        ha="right", fontsize=7, color=color)
+            edge = edges[1] if p.gap > 0 else edges[0]
+            ax.plot([x], [edge], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color=color)
+            failed.setdefault((p.x, edge), []).append((x, p.seed))
+    for (_, edge), marks in failed.items():
+        names = ", ".join(str(seed) for _, seed in marks)
+        ax.annotate(f"seed{'s' if len(marks) > 1 else ''} {names} failed", (min(x for x, _ in marks), edge), textcoords="offset points",
+                    xytext=(-7, -3), ha="right", fontsize=7, color=color)
     means = mean_gaps(points)
     sweep = f" ({points[0].series})" if points[0].series else ""
     ax.plot(list(means), list(means.values()), marker="s", markersize=6 if not sweep else 3, color=color, linestyle=linestyle,
