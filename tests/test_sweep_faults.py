@@ -13,6 +13,7 @@ A stand-in train.py (a few lines of Python) plays the jobs; nothing trains.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -80,6 +81,15 @@ def test_a_stop_signal_reaches_the_running_job_and_starts_no_other(tmp_path: Pat
     assert stopped.value.signum == signal.SIGINT and stopped.value.stopped == ["run0"]
     assert "run the same command again to resume" in str(stopped.value)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+def test_a_run_that_exits_0_before_its_end_is_not_reported_done(tmp_path: Path) -> None:
+    (job,) = jobs(tmp_path, 1)  # train.py stopped by a signal exits 0 with its checkpoint saved
+    job.out_dir.mkdir()
+    result = study.JobResult(job, 0, 12.0, "")
+    assert "stopped before its end" in study.job_status_line(result, 1, 1) and ": done in" not in study.job_status_line(result, 1, 1)
+    (job.out_dir / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": job.max_iters, "val_loss": 2.0}) + "\n")
+    assert study.job_status_line(result, 1, 1).startswith(f"[1/1] {job.label}: done in 12 s")
 
 
 def test_a_folder_another_sweep_trains_is_left_to_it(tmp_path: Path, fake_train: Path) -> None:

@@ -49,6 +49,7 @@ from spheretnorm.experiments.grid import (
     is_finished,
     load_run,
     parse_numbers,
+    reached_max_iters,
     stopped_row,
     unigram_loss,
 )
@@ -343,7 +344,10 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
         return f"[{index}/{total}] {job.label}: in progress in another sweep ({job.out_dir / SWEEP_LOCK} is held), left to it"
     if result.reused:
         return f"[{index}/{total}] {job.label}: already finished in {job.out_dir}, reused"
-    outcome = "done" if result.returncode == 0 else f"{exit_text(result.returncode)}: {result.message}".rstrip(": ")
+    if result.returncode == 0:  # a run a signal stopped exits 0 too, its checkpoint saved: not done
+        outcome = "done" if reached_max_iters(job.out_dir, job.max_iters) else "stopped before its end (the same command resumes it)"
+    else:
+        outcome = f"{exit_text(result.returncode)}: {result.message}".rstrip(": ")
     return f"[{index}/{total}] {job.label}: {outcome} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
 
 
