@@ -171,9 +171,9 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
 
 def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-") -> None:
     """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the
-    edge its sign points to), the means joined."""
+    edge its sign points to, the failed seeds at one place named in one label), the means joined."""
     seeds = sorted({p.seed for p in points})
-    failed: dict[tuple[float, float], list[tuple[float, int]]] = {}  # (x, edge) -> (jittered x, seed): one label a place
+    failed: dict[tuple[float, float], list[tuple[float, int]]] = {}  # (x, edge) -> [(jittered x, seed)]
     for p in points:
         x = p.x + (seeds.index(p.seed) - (len(seeds) - 1) / 2) * SEED_JITTER * width
         if math.isfinite(p.gap):
