@@ -92,6 +92,18 @@ def test_a_run_that_exits_0_before_its_end_is_not_reported_done(tmp_path: Path) 
     assert study.job_status_line(result, 1, 1).startswith(f"[1/1] {job.label}: done in 12 s")
 
 
+def test_a_run_restored_from_its_record_is_reused_and_a_cut_one_is_not(tmp_path: Path, fake_train: Path) -> None:
+    # A run record keeps config.json and metrics.jsonl, not ckpt.pt: its final evaluation is there.
+    restored, cut = jobs(tmp_path, 2)
+    for job, last in ((restored, restored.max_iters), (cut, restored.max_iters - 5)):
+        job.out_dir.mkdir()
+        (job.out_dir / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": last, "val_loss_full": 2.0}) + "\n")
+    assert study.run_state(restored) == "finished" and study.run_state(cut) == "to run"
+    result = study.run_job(restored, 1)
+    assert result.reused and not (restored.out_dir / "started").exists()
+    assert "already finished" in study.job_status_line(result, 1, 1)
+
+
 def test_a_folder_another_sweep_trains_is_left_to_it(tmp_path: Path, fake_train: Path) -> None:
     (job,) = jobs(tmp_path, 1)
     job.out_dir.mkdir()

@@ -46,7 +46,6 @@ from spheretnorm.experiments.grid import (
     classify,
     exit_text,
     has_checkpoint,
-    is_finished,
     load_run,
     parse_numbers,
     reached_max_iters,
@@ -289,6 +288,16 @@ def in_progress(out_dir: Path) -> bool:
     return False
 
 
+def is_done(out_dir: Path, max_iters: int) -> bool:
+    """A sweep's run that needs no more training: it ran to max_iters, or train.py stopped it for
+    good (collapse, non-finite loss). Its tables and rules read metrics.jsonl alone, whose last
+    evaluation holds every final loss, so a run restored from its run record (config.json and
+    metrics.jsonl, the checkpoint not kept: docs/run_records) counts as done and a sweep resumed
+    over it adds only what its plan still lacks. (The launcher's runs need their checkpoint for
+    the zero-shot evaluation: grid.is_finished.)"""
+    return reached_max_iters(out_dir, max_iters) or stopped_row(out_dir) is not None
+
+
 def train_command(job: Job) -> list[str]:
     # auto: an interrupted run resumes; train.py refuses to start over an existing checkpoint.
     return [sys.executable, str(REPO_ROOT / "train.py"), *job.argv, "--init_from=auto"]
@@ -300,7 +309,7 @@ def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult
     So is a run that train.py stopped for good (collapse, non-finite loss): resuming it would
     only stop it again. A folder another sweep trains now is left to it (busy).
     """
-    if is_finished(job.out_dir, job.max_iters) or stopped_row(job.out_dir) is not None:
+    if is_done(job.out_dir, job.max_iters):
         return JobResult(job, None, 0.0, "")
     job.out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -753,7 +762,7 @@ RUN_STATES = ("finished", "in progress in another sweep", "to resume", "to run")
 
 def run_state(job: Job) -> str:
     """What a sweep would do with a job's folder now (a dry run's word for it), reading only."""
-    if is_finished(job.out_dir, job.max_iters) or stopped_row(job.out_dir) is not None:
+    if is_done(job.out_dir, job.max_iters):
         return RUN_STATES[0]
     if in_progress(job.out_dir):
         return RUN_STATES[1]
