@@ -86,6 +86,25 @@ def test_refine_adds_the_midpoints_beside_the_selection_best_before_the_held_out
     assert [p["lr"] for p in plan_points(plain, done) if p["seed"] == 8] == [2e-3, 1e-3, 4e-3]
 
 
+def test_no_neighbours_runs_the_held_out_seeds_at_each_selected_rate_alone() -> None:
+    """--no_neighbours (issue 50's E3 reads the selected rates only): the plan, the design's size
+    and the record say so; the default keeps the two neighbours."""
+    sweep = Sweep("toy", {}, (Axis("lr", (1e-3, 2e-3, 4e-3)), Axis("seed", (7, 8, 9))), lambda p: f"{p['lr']:g}_{p['seed']}",
+                  follow_up=best_rate_follow_up(neighbours=False))
+    done = {point(lr=lr, seed=7): loss for lr, loss in {1e-3: 2.3, 2e-3: 2.1, 4e-3: 2.2}.items()}
+    held = [(p["lr"], p["seed"]) for p in plan_points(sweep, done) if p["seed"] != 7]
+    assert held == [(2e-3, 8), (2e-3, 9)]
+    args, overrides = fair_sweep.parse_args(["--blocks=llama", "--arms=pre_ln,p_spheret-0.5", "--lrs=1e-3,2e-3,4e-3", "--seeds=1,2,3", "--no_neighbours"])
+    # Per arm: 3 rates and 1 extension with the selection seed, then 2 held-out seeds at the best alone (with neighbours: 3 rates x 2).
+    design = fair_sweep.design_of(args, overrides)
+    assert fair_sweep.design_size(design, neighbours=False) == 2 * (3 + 1 + 2)
+    done = {point(block="llama", arm=arm, lr=lr, seed=1): loss for arm in ("pre_ln", "p_spheret-0.5") for lr, loss in {1e-3: 2.3, 2e-3: 2.1, 4e-3: 2.2}.items()}
+    assert sorted((p["arm"], p["lr"], p["seed"]) for p in plan_points(design, done) if p["seed"] != 1) == [
+        ("p_spheret-0.5", 2e-3, 2), ("p_spheret-0.5", 2e-3, 3), ("pre_ln", 2e-3, 2), ("pre_ln", 2e-3, 3)]
+    args, overrides = fair_sweep.parse_args(["--blocks=llama", "--arms=pre_ln,p_spheret-0.5", "--lrs=1e-3,2e-3,4e-3", "--seeds=1,2,3"])
+    assert fair_sweep.design_size(fair_sweep.design_of(args, overrides)) == 2 * (3 + 1 + 6)
+
+
 # -----------------------------------------------------------------------------
 # Kernel paths
 

@@ -14,7 +14,8 @@ alpha_cap_grad=straight_through (the paper's fixed choices opened up, docs/CONNE
 at an end of the grid, the grid grows by one step beyond that end (once), so that the best is
 bracketed; with --refine the midpoints on each side of the best (a sqrt(2) step on a grid of
 factor 2) run too. Then the selection seed's best rate and its two neighbours run with every
-held-out seed (the other seeds). The plan is a function of the finished runs alone: a
+held-out seed (the other seeds); with --no_neighbours the best rate alone does (a study whose
+table reads the selected rates only, as issue 50's E3). The plan is a function of the finished runs alone: a
 re-run skips what is done, resumes what was cut short and adds what the finished runs call for.
 SIGINT or SIGTERM to the sweep (kill -INT, Ctrl-C) is passed on to its running train.py jobs,
 which save a checkpoint and exit; no new run starts, and the same command resumes. A run folder
@@ -160,16 +161,17 @@ ARMS: tuple[Arm, ...] = (
 ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 
 
-def design_size(design: Sweep, refine: bool = False) -> int:
+def design_size(design: Sweep, refine: bool = False, neighbours: bool = True) -> int:
     """The most runs the design can hold: per (block, arm, optimizer), every rate of its grid and
     the extension with the selection seed, with refine the two midpoints beside its best, then the
-    best rate and its two neighbours with every held-out seed (best_rate_follow_up); a grid of one
-    rate (a rate given) adds the held-out seeds there alone. The plan of no finished runs is every
-    group's grid."""
+    best rate and (with neighbours) its two neighbours with every held-out seed (best_rate_follow_up);
+    a grid of one rate (a rate given) adds the held-out seeds there alone. The plan of no finished
+    runs is every group's grid."""
     first = plan_points(design, {})
     held_out = len(design.values("seed")) - 1
     sizes = Counter((p["block"], p["arm"], optimizer_of(p)) for p in first).values()
-    return len(first) + sum(held_out if size == 1 else EXTENSIONS + 2 * refine + 3 * held_out for size in sizes)
+    rates_held_out = 3 if neighbours else 1
+    return len(first) + sum(held_out if size == 1 else EXTENSIONS + 2 * refine + rates_held_out * held_out for size in sizes)
 
 
 def design_grids(design: Sweep) -> dict[str, list[float]]:
@@ -213,12 +215,14 @@ def keeps(p: Point) -> bool:
 
 def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: list[Arm] | tuple[Arm, ...], max_iters: int, warmup: int,
                  grids: dict[str, tuple[float, ...]] | None = None, base_lr: float = DEFAULT_BASE_LR, refine: bool = False,
-                 rules: tuple[Rule, ...] = (), arm_grids: dict[tuple[str, str], tuple[float, ...]] | None = None) -> Sweep:
+                 rules: tuple[Rule, ...] = (), arm_grids: dict[tuple[str, str], tuple[float, ...]] | None = None,
+                 neighbours: bool = True) -> Sweep:
     """Each (block, arm, optimizer) at its own best rate of its optimizer's grid (grids; default
     AdamW's lrs alone; arm_grids, keyed by (arm, optimizer), gives an arm a grid of its own):
     study.best_rate_follow_up plans the runs from the finished ones alone (with refine, the
     midpoints beside the selection seed's best too), so a re-run resumes the design. The first of
-    seeds is the selection seed; rules are judged on the held-out seeds' gaps. A grid of one rate is
+    seeds is the selection seed; rules are judged on the held-out seeds' gaps, which run at each
+    selected rate and, with neighbours, at its two neighbours. A grid of one rate is
     a rate given: every seed runs there, and nothing is chosen or extended. A design of AdamW alone
     has no optimizer axis, so its points, and its runs' settings and folders, are those of the study
     before the axis."""
@@ -254,7 +258,7 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
         settings=settings,
         label=label,
         keep=keeps,
-        follow_up=best_rate_follow_up(EXTENSIONS, grid=grid_of, refine=refine),
+        follow_up=best_rate_follow_up(EXTENSIONS, grid=grid_of, refine=refine, neighbours=neighbours),
         extra=lambda p, out_dir: {"optimizer": optimizer_of(p), **step_size_record(out_dir)},
         diagnostics=True,
         rules=rules,
@@ -456,6 +460,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add_seed_option(p, DEFAULT_SEEDS, role=": the selection seed, then the held-out seeds of the best rates")
     p.add_argument("--selection_seed", type=int, default=None, help="the seed of --seeds that selects each arm's rate (default: the first)")
     p.add_argument("--refine", action="store_true", help="add the midpoints beside the selection seed's best rate (a sqrt(2) step) before the held-out seeds run")
+    p.add_argument("--no_neighbours", action="store_true",
+                   help="run the held-out seeds at each arm's selected rate alone, not at its two neighbours too (a table that reads the selected rates only)")
     p.add_argument("--blocks", default="gpt2,llama", help="the blocks (default gpt2,llama)")
     p.add_argument("--arms", default="all", help=f"'all' or a comma-separated subset of: {', '.join(ARM_BY_SLUG)} (default all)")
     add_length_options(p, DEFAULT_MAX_ITERS, warmup_iters=DEFAULT_WARMUP, warmup_of=" of every arm but nGPT")
@@ -491,7 +497,7 @@ def design_of(args: argparse.Namespace, overrides: list[str]) -> Sweep:
         raise UsageError(f"--warmup_iters {args.warmup_iters} must lie in [0, --max_iters={args.max_iters}).")
     seeds = seed_order(list(dict.fromkeys(parse_number_list(args.seeds, "seeds", int))), args.selection_seed)
     return design_sweep(lrs, seeds, blocks, arms, args.max_iters, args.warmup_iters, grids, base_lr_of(args), args.refine,
-                        tuple(map(parse_rule, args.rule)), arm_grids)
+                        tuple(map(parse_rule, args.rule)), arm_grids, not args.no_neighbours)
 
 
 def optimizer_grids(args: argparse.Namespace, lrs: list[float], given: list[str]) -> dict[str, tuple[float, ...]]:
@@ -564,7 +570,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     model = parsed.model_config()
     if args.dry_run:
         estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile)
-        print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine), estimate))
+        print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine, not args.no_neighbours), estimate))
         return 0
     optimizers = design_optimizers(design)
     several = optimizers != [ADAMW]
@@ -586,7 +592,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     grids = design_grids(design)
     record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
-              "held_out_seeds": list(seeds.held_out), "refine": args.refine, "metric": metric, "best": summary, "runs": rows}
+              "held_out_seeds": list(seeds.held_out), "refine": args.refine, "neighbours": not args.no_neighbours, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
 
 

@@ -1024,12 +1024,14 @@ def refined_rates(rates: list[float], losses: dict[float, float]) -> list[float]
 
 
 def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed",
-                        grid: Callable[[Point], tuple[float, ...]] | None = None, refine: bool = False) -> Callable[[Sweep, dict[Point, float]], list[Point]]:
+                        grid: Callable[[Point], tuple[float, ...]] | None = None, refine: bool = False,
+                        neighbours: bool = True) -> Callable[[Sweep, dict[Point, float]], list[Point]]:
     """The rule 'each group (every axis but the rate and the seed) at its own best rate': the
     selection seed (the seed axis's first value, Seeds) at each rate of the group's grid
     (grid(group); without one, the rate axis's values), extended past the best (swept_rates); with
     refine, once those are finished, the midpoints on each side of the best (refined_rates). Once
-    the selection seed's rates are all finished, the held-out seeds run at its best rate and that
+    the selection seed's rates are all finished, the held-out seeds run at its best rate and (unless
+    neighbours is False: a study that reports the selected rate alone, issue 50's E3) at that
     rate's neighbours. The best is the selection seed's alone, so the held-out seeds' losses there
     are free of the choice (selected_cell). In the order to run them: every selection run, then
     the held-out seeds at the best rates, then at their neighbours (so a sweep cut short misses
@@ -1055,7 +1057,8 @@ def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed
                 continue  # still sweeping, or every rate diverged or collapsed: no best to seed
             best = rates.index(min(rates, key=lambda lr: losses[lr]))
             at_best += [group.but(**{rate: rates[best], seed: s}) for s in seeds.held_out]
-            beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in seeds.held_out]
+            if neighbours:
+                beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in seeds.held_out]
         return [p for p in sweeps + at_best + beside if sweep.keep(p)]
 
     return follow_up
