@@ -282,3 +282,25 @@ def test_the_tokens_gap_pairs_each_held_out_seeds_evaluations_at_each_arms_own_r
     mean_line = next(line for line in fig.axes[0].lines if line.get_label().startswith("0.5-SpheretNorm (moved)"))
     assert list(mean_line.get_xdata()) == [0.0]  # no mean where a seed failed (1000), nor after it (2000 has seed 2 alone)
     plt.close(fig)
+
+
+def test_each_corpus_is_a_row_of_panels_on_its_own_y_range() -> None:
+    """Web text's gap of 0.4 beside Tiny Shakespeare's 0.01 (E3): one y-range would flatten the
+    second, so each corpus is a row with its own; a corpus without an optimizer leaves its panel empty."""
+    from spheretnorm.experiments.gap_figure import GapPoint, gap_axes
+
+    def gaps(corpus: str, optimizer: str, values: tuple[float, float]) -> list[GapPoint]:
+        return [GapPoint("llama", optimizer, "p_spheret-0.5", "0.5-SpheretNorm", 1000.0 * i, seed, g, "s", corpus)
+                for i, g in enumerate(values) for seed in (2, 3)]
+
+    points = gaps("web", "adamw", (0.4, 0.3)) + gaps("plays", "adamw", (0.01, 0.02)) + gaps("plays", "muonh", (-0.01, -0.02))
+    fig = gap_axes(points, "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
+    web_adamw, web_muonh, plays_adamw, plays_muonh = fig.axes[:4]
+    assert [ax.get_title() for ax in (web_adamw, plays_adamw, plays_muonh)] == [
+        "LLaMA block, AdamW, web", "LLaMA block, AdamW, plays", "LLaMA block, MuonH, plays"]
+    assert not web_muonh.axison and web_adamw.get_ylim()[1] > 0.4 and plays_adamw.get_ylim()[1] < 0.1
+    assert plays_adamw.get_ylim() == plays_muonh.get_ylim()
+    one = gap_axes(gaps("", "adamw", (0.4, 0.3)), "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
+    assert len(one.axes) == 1 and one.axes[0].get_title() == "LLaMA block, AdamW"  # one corpus (or none recorded): no row title
+    plt.close(fig)
+    plt.close(one)

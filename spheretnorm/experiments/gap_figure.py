@@ -10,8 +10,9 @@ rows, on the table's loss), at the sweep's n_layer or n_embd; the means are join
 tokens: the same pairs of runs, read from their metrics.jsonl, give the gap at each periodic
 evaluation (its val_loss on the sampled batches: the whole split is evaluated at the end only)
 against the tokens seen so far; each sweep is a line of its own (a 600- and a 2,400-iteration run
-have other schedules). A panel per (block, optimizer); per arm, each seed's gap a point and the
-mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed or
+have other schedules). A panel per (block, optimizer), a row of panels per corpus (the records'
+"corpus", each row on its own y-range: a gap of 0.3 on web text would flatten one of 0.01 on
+Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed or
 diverged; -inf: Pre-LN did) is a cross at the panel's edge: it counts against its arm, as the
 decision rules say, and is never averaged.
 """
@@ -56,6 +57,7 @@ class GapPoint:
     seed: int
     gap: float  # +inf: the arm failed and Pre-LN trained; -inf: the reverse
     series: str = ""  # the sweep it comes from, where each sweep is a line of its own (tokens)
+    corpus: str = ""  # the sweep's corpus (its record's "corpus"): a row of panels each
 
 
 def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoint]:
@@ -68,7 +70,8 @@ def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoi
     if key not in record:
         raise UsageError(f"--gap_against {against}: {source}'s fair_sweep.json has no {key!r} (written before it was recorded); "
                          f"run the sweep's command with --table_only there once, then again.")
-    return [GapPoint(s["block"], s.get("optimizer", "adamw"), s["arm"], s["title"], float(record[key]), int(seed), float(gap))
+    return [GapPoint(s["block"], s.get("optimizer", "adamw"), s["arm"], s["title"], float(record[key]), int(seed), float(gap),
+                     corpus=record.get("corpus", ""))
             for s in record.get("best", []) if s["arm"] != BASELINE
             for seed, gap in (s.get("gaps") or {}).items() if gap is not None and not math.isnan(float(gap))]
 
@@ -89,7 +92,8 @@ def eval_gap_points(record: dict[str, Any], folder: Path) -> list[GapPoint]:
             if final is None or mine is None or theirs is None or math.isnan(float(final)):
                 continue
             a, b = eval_losses(folder, mine), eval_losses(folder, theirs)
-            point = lambda x, gap: GapPoint(block, optimizer, arm, s["title"], float(x), int(seed), gap, folder.name)  # noqa: E731
+            point = lambda x, gap: GapPoint(block, optimizer, arm, s["title"], float(x), int(seed), gap, folder.name,  # noqa: E731
+                                            record.get("corpus", ""))
             out += [point(x, a[x] - b[x]) for x in sorted(a.keys() & b.keys())]
             if not math.isfinite(float(final)):
                 out.append(point(max((a if final > 0 else b) or {0: 0}), float(final)))
@@ -126,8 +130,8 @@ def mean_gaps(points: Iterable[GapPoint]) -> dict[float, float]:
 
 
 def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None) -> list[Path]:
-    """The figure, saved as out.{png,pdf}: a panel per (block, optimizer) that has points, on one
-    y-range, each arm in its method's colour (methods: arm slug -> method key); dotted lines at
+    """The figure, saved as out.{png,pdf}: a panel per (block, optimizer) that has points, a row
+    per corpus, each row on one y-range, each arm in its method's colour (methods: arm slug -> method key); dotted lines at
     +-band (a decision rule's threshold) where given."""
     return save_figure(gap_axes(points, against, title, methods, band), out)
 
@@ -137,15 +141,32 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
     panels = list(dict.fromkeys((p.block, p.optimizer) for p in points))
     if not panels:
         raise UsageError("--gap_against: the sweeps hold no held-out gap yet (no arm beside Pre-LN has a held-out seed at its rate).")
-    fig, axes = titled_grid(1, len(panels), PANEL_INCHES, title)
+    corpora = list(dict.fromkeys(p.corpus for p in points))
+    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title, sharey="row")
+    xs = sorted({p.x for p in points})
+    width = (xs[-1] - xs[0]) or xs[0] or 1.0
+    series = list(dict.fromkeys(p.series for p in points))
+    for row, corpus in zip(axes, corpora):
+        draw_row(row, [p for p in points if p.corpus == corpus], panels, against, methods, band, xs, width, series,
+                 f", {corpus}" if len(corpora) > 1 and corpus else "")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out gap: arm minus Pre-LN (same seed)")
+    extra = [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
+    figure_legend(fig, axes, extra)
+    return fig
+
+
+def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], against: str, methods: dict[str, str], band: float | None,
+             xs: list[float], width: float, series: list[str], corpus: str) -> None:
+    """One corpus's panels (a panel it has no point in stays empty and unframed), on one y-range."""
     finite = [p.gap for p in points if math.isfinite(p.gap)] + ([band, -band] if band else []) + [0.0]
     low, high = min(finite), max(finite)
     pad = 0.15 * (high - low or 0.01)
-    xs = sorted({p.x for p in points})
-    width = (xs[-1] - xs[0]) or xs[0] or 1.0
-    for ax, (block, optimizer) in zip(axes[0], panels):
+    for ax, (block, optimizer) in zip(row, panels):
         mine = [p for p in points if (p.block, p.optimizer) == (block, optimizer)]
-        series = list(dict.fromkeys(p.series for p in points))
+        if not mine:
+            ax.set_axis_off()
+            continue
         for arm, line in dict.fromkeys((p.arm, p.series) for p in mine):
             draw_arm(ax, [p for p in mine if (p.arm, p.series) == (arm, line)], width, (low - pad, high + pad),
                      method_style(methods.get(arm, arm))["color"], SERIES_STYLES[series.index(line) % len(SERIES_STYLES)])
@@ -161,12 +182,8 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.set_xlim(xs[0] - 0.2 * width, xs[-1] + 0.2 * width)
         ax.set_xlabel(AXES[against][1])
-        ax.set_title(f"{BLOCK_TITLES.get(block, block)} block, {OPTIMIZERS[optimizer].title if optimizer in OPTIMIZERS else optimizer}", fontsize=10)
+        ax.set_title(f"{BLOCK_TITLES.get(block, block)} block, {OPTIMIZERS[optimizer].title if optimizer in OPTIMIZERS else optimizer}{corpus}", fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out gap: arm minus Pre-LN (same seed)")
-    extra = [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
-    figure_legend(fig, axes, extra)
-    return fig
 
 
 def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-") -> None:
