@@ -96,6 +96,32 @@ def test_the_follow_up_extends_past_a_best_end_by_the_grids_factor_then_seeds_th
     assert later == [("pre_ln", 2.0, 2), ("pre_ln", 1.0, 2), ("pre_ln", 4.0, 2)]  # geonorm is still sweeping: nothing seeded
 
 
+def test_runs_are_planned_anew_as_each_ends_so_a_selected_rates_seeds_go_before_anothers_neighbours(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """pre_ln's best (2) is inside its grid, geonorm's (4) at its top, so geonorm extends to 8 while
+    pre_ln's held-out seeds are due. Planned a batch at a time, pre_ln's neighbours (1 and 4, seed 2)
+    ran in that batch, before geonorm's selected rate got its held-out seed; planned as each run
+    ends, geonorm's seed 2 at 4 starts as soon as its extension has ended, and every neighbour last."""
+    from spheretnorm.experiments import study
+
+    losses = {"pre_ln": {1.0: 2.0, 2.0: 1.5, 4.0: 1.7}, "geonorm": {1.0: 2.0, 2.0: 1.8, 4.0: 1.6, 8.0: 1.9}}
+    started: list[str] = []
+    monkeypatch.setattr(study, "run_job", lambda job, threads, stopper=None: started.append(job.label) or study.JobResult(job, 0, 0.0, ""))
+    monkeypatch.setattr(study, "point_row", lambda sweep, p, result, unigram: {
+        "status": "ok", "val_loss": losses[p["method"]][p["lr"]], "val_loss_full": losses[p["method"]][p["lr"]]})
+    sweep = toy(axes=(Axis("method", ("pre_ln", "geonorm")), Axis("lr", (1.0, 2.0, 4.0)), Axis("seed", (1, 2))), follow_up=best_rate_follow_up())
+    rows: dict = {}
+    study.run_as_planned(sweep, Place(tmp_path / "out", tmp_path, jobs=1), rows)
+    assert started == ["pre_ln/lr1_s1", "pre_ln/lr2_s1", "pre_ln/lr4_s1", "geonorm/lr1_s1", "geonorm/lr2_s1", "geonorm/lr4_s1",
+                       "geonorm/lr8_s1",  # the extension (a selection run) first
+                       "pre_ln/lr2_s2", "geonorm/lr4_s2",  # then each selected rate's held-out seed
+                       "pre_ln/lr1_s2", "pre_ln/lr4_s2", "geonorm/lr2_s2", "geonorm/lr8_s2"]  # then the neighbours
+    assert len(rows) == 13
+    out = capsys.readouterr().out
+    assert out.startswith("toy: 6 runs in the plan now (the finished ones may add more), 1 at a time")
+    assert "[3/9] pre_ln/lr4_s1: " in out and "[7/13] geonorm/lr8_s1: " in out  # each line counts the plan as it is then
+
+
 def test_tables_show_a_dash_for_a_missing_value_and_a_missing_run() -> None:
     rows = [{"m": "a", "lr": 1e-3, "loss": 2.0}, {"m": "a", "lr": 3e-3, "loss": None}, {"m": "b", "lr": 1e-3, "loss": 1.5}]
     columns = (Column("method", "m", align=":--"), Column("lr", "lr", "g"), Column("loss", "loss", ".2f"))

@@ -68,11 +68,12 @@ def signal_when(path: Path, sig: int) -> threading.Thread:
 
 def test_a_stop_signal_reaches_the_running_job_and_starts_no_other(tmp_path: Path, fake_train: Path) -> None:
     first, second = jobs(tmp_path, 2)
+    queue = [first, second]
     signal_when(first.out_dir / "started", signal.SIGINT)
     started = time.monotonic()
     try:
         with pytest.raises(study.SweepStopped) as stopped:
-            study.run_jobs([first, second], parallel=1, threads=1)
+            study.schedule(lambda free: [queue.pop(0) for _ in range(min(free, len(queue)))], lambda result: None, 1, 1, lambda: len(queue))
     except KeyboardInterrupt:
         pytest.fail("SIGINT stopped the sweep only; its train.py ran on")
     assert time.monotonic() - started < 10  # the job did not sleep to its end

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -323,28 +323,35 @@ def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult
     return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "")
 
 
-def run_jobs(jobs: list[Job], parallel: int, threads: int) -> list[JobResult]:
-    """Run the jobs, `parallel` at a time, printing a line as each ends; results in the jobs' order."""
+def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None], parallel: int, threads: int,
+             waiting: Callable[[], int]) -> None:
+    """Run the jobs take(free) hands out, at most `parallel` at a time, and ask it for more each
+    time one ends (after ended(result) has seen it), until it hands out none and none runs: a plan
+    that grows with the finished runs starts what they call for at once, not after the rest of an
+    older batch. A line is printed as each job ends (waiting(): how many more the plan holds now).
+    A stop signal reaches the running jobs (which checkpoint), starts no other, and ends in
+    SweepStopped once they have exited."""
     if parallel < 1 or threads < 1:
         raise UsageError(f"--jobs and --threads must be positive integers, got {parallel} and {threads}.")
-    lock = threading.Lock()
-    done = [0]
     stopper = Stopper()
-
-    def work(job: Job) -> JobResult | None:
-        if stopper.signum is not None:
-            return None  # stopped: no new run starts
-        result = run_job(job, threads, stopper)
-        with lock:
-            done[0] += 1
-            print(job_status_line(result, done[0], len(jobs)), flush=True)
-        return result
-
+    running: dict[Future[JobResult], Job] = {}
+    count = 0
     with stopper.installed(), ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(work, jobs))
+        while True:
+            if stopper.signum is None:  # stopped: no new run starts
+                for job in take(parallel - len(running)):
+                    running[pool.submit(run_job, job, threads, stopper)] = job
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                del running[future]
+                result = future.result()
+                ended(result)
+                count += 1
+                print(job_status_line(result, count, count + len(running) + waiting()), flush=True)
     if stopper.signum is not None:
         raise SweepStopped(stopper.signum, stopper.stopped)
-    return results
 
 
 def job_status_line(result: JobResult, index: int, total: int) -> str:
@@ -727,25 +734,28 @@ def train_argv(sweep: Sweep, p: Point, place: Place) -> list[str]:
     return as_args({**run_settings(sweep, p), **folders}) + place.overrides
 
 
-def run_points(sweep: Sweep, points: list[Point], place: Place) -> dict[Point, JobResult]:
-    """Run (or, with table_only or dry_run, find) the points' runs, one job per folder."""
+def folder_jobs(sweep: Sweep, points: list[Point], place: Place) -> dict[str, Job]:
+    """One job per run folder of the points, in their order, each checked (make_job)."""
     jobs: dict[str, Job] = {}
     for p in points:
         folder, argv = sweep.folder(p), train_argv(sweep, p, place)
         if folder in jobs and jobs[folder].argv != argv:  # a spec whose folder drops a setting that matters
             raise ValueError(f"Sweep {sweep.name!r} gives {folder} to runs with other settings; its folder must tell them apart.")
         jobs[folder] = jobs.get(folder) or make_job(folder, argv, place.out_dir / folder)
+    return jobs
+
+
+def run_points(sweep: Sweep, points: list[Point], place: Place) -> dict[Point, JobResult]:
+    """Find the points' runs already in their folders, one per folder, running nothing (table_only,
+    and dry_run, which also prints each folder's state); run_as_planned runs them."""
+    jobs = folder_jobs(sweep, points, place)
     if place.dry_run:
         for folder, job in jobs.items():
             place.listed[folder] = run_state(job)
             print(f"{job.label}: {job.out_dir} ({place.listed[folder]})")
-    if place.table_only or place.dry_run:
-        results = {f: JobResult(job, None, 0.0, "") for f, job in jobs.items() if (job.out_dir / CONFIG_NAME).is_file()}
-        note_runs_without_config(jobs.values())
-    else:
-        print(f"{sweep.name}: {len(jobs)} runs to run or reuse, {place.jobs} at a time, {place.threads} thread(s) each", flush=True)
-        results = dict(zip(jobs, run_jobs(list(jobs.values()), place.jobs, place.threads)))
-    return {p: results[sweep.folder(p)] for p in points if sweep.folder(p) in results and not results[sweep.folder(p)].busy}
+    results = {f: JobResult(job, None, 0.0, "") for f, job in jobs.items() if (job.out_dir / CONFIG_NAME).is_file()}
+    note_runs_without_config(jobs.values())
+    return {p: results[sweep.folder(p)] for p in points if sweep.folder(p) in results}
 
 
 def note_runs_without_config(jobs: Iterable[Job]) -> None:
@@ -861,20 +871,64 @@ def name_rows(sweep: Sweep, points: list[Point], rows: dict[Point, dict[str, Any
 def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
     """Plan, run what is missing, plan again with the new losses, until the plan stops growing;
     the rows in the plan's order. A finished or stopped run is reused and an interrupted one
-    resumes, so a re-run continues the sweep; a run that failed is not tried twice in one call."""
+    resumes, so a re-run continues the sweep; a run that failed is not tried twice in one call.
+    Runs are planned anew as each one ends (run_as_planned); table_only and dry_run find, a
+    plan's worth at a time, the runs already there."""
     # A dry run may find no data yet (it prepares none): its rows then have no unigram to compare.
     unigram = unigram_loss(place.data_dir) if (place.data_dir / "meta.json").is_file() else math.nan
     rows: dict[Point, dict[str, Any]] = {}
+    if not (place.table_only or place.dry_run):
+        run_as_planned(sweep, place, rows, unigram)
     tried: set[Point] = set()
     while True:
-        metric = table_metric(rows.values())  # the plan selects on the loss its table will show
-        points = plan_points(sweep, {p: final_loss(r, metric) for p, r in rows.items() if has_ended(r)})
+        points = current_plan(sweep, rows)
         todo = [p for p in points if p not in tried]
-        if not todo:
+        if not todo or not (place.table_only or place.dry_run):
             return name_rows(sweep, points, rows, table_metric(rows.values()))
         tried.update(todo)
         for p, result in run_points(sweep, todo, place).items():
             rows[p] = point_row(sweep, p, result, unigram)
+
+
+def current_plan(sweep: Sweep, rows: dict[Point, dict[str, Any]]) -> list[Point]:
+    """The sweep's plan given the rows of its ended runs, selecting on the loss its table will show."""
+    metric = table_metric(rows.values())
+    return plan_points(sweep, {p: final_loss(r, metric) for p, r in rows.items() if has_ended(r)})
+
+
+def run_as_planned(sweep: Sweep, place: Place, rows: dict[Point, dict[str, Any]], unigram: float = math.nan) -> None:
+    """Run the plan's missing runs place.jobs at a time, planning again as each one ends, so that a
+    run the finished ones call for (a selected rate's held-out seed) starts next, ahead of the
+    older plan's rest (a neighbour's); rows gets each ended run's row. Points that share a folder
+    share its one run; every folder is checked (make_job) before any of them starts."""
+    tried: set[Point] = set()
+    running: dict[str, list[Point]] = {}  # folder -> the points its running job stands for
+
+    def take(free: int) -> list[Job]:
+        todo = [p for p in current_plan(sweep, rows) if p not in tried]
+        jobs = folder_jobs(sweep, todo, place)
+        started = []
+        for folder, job in jobs.items():
+            if folder not in running and len(started) < free:
+                running[folder] = []
+                started.append(job)
+            if folder in running:
+                points = [p for p in todo if sweep.folder(p) == folder]
+                running[folder] += points
+                tried.update(points)
+        return started
+
+    def waiting() -> int:  # the folders the plan holds now that have not started
+        return len({sweep.folder(p) for p in current_plan(sweep, rows) if p not in tried} - running.keys())
+
+    def ended(result: JobResult) -> None:
+        for p in running.pop(result.job.label):
+            if not result.busy:
+                rows[p] = point_row(sweep, p, result, unigram)
+
+    print(f"{sweep.name}: {len({sweep.folder(p) for p in current_plan(sweep, rows)})} runs in the plan now (the finished ones may add more), "
+          f"{place.jobs} at a time, {place.threads} thread(s) each", flush=True)
+    schedule(take, ended, place.jobs, place.threads, waiting)
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: tuple[Column, ...] | list[Column]) -> str:
