@@ -369,6 +369,9 @@ def test_the_summary_gives_each_optimizer_its_gap_to_pre_ln_with_it_and_with_ada
             in table[0])
     assert table[-1].startswith("| LLaMA | 0.5-SpheretNorm | Muon | 0.04 | 1.800 | 2: 1.880 | 1.880 | 2: -0.080 | -0.080 | - | "
                                 "no interval (1 seed; it needs 3) | -0.220 | no interval (1 seed; it needs 3) | - |")
+    # A design without AdamW (E3's MuonH sweeps) has no AdamW runs to compare with: no column of "runs missing".
+    alone = fair_sweep.markdown_table(summary[3:], fair_sweep.best_columns(True, Seeds(1, (2,)), with_adamw=False)).splitlines()
+    assert "AdamW (same seed)" not in alone[0] and "| 95% interval | held-out failed at |" in alone[0]
 
 
 @pytest.mark.parametrize("flag,valid", [("--grid=sgd=0.1,0.2", "with OPT one of --optimizers (adamw, muon)"),

@@ -346,13 +346,14 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def best_columns(several: bool, seeds: Seeds) -> tuple[Column, ...]:
+def best_columns(several: bool, seeds: Seeds, with_adamw: bool = True) -> tuple[Column, ...]:
     """The summary's columns: the selection seed's rate and loss, the held-out seeds (each, and the
     mean: the headline), and the paired gap to Pre-LN over the held-out seeds; with several
     optimizers the rate is each one's rate key, and a second gap, to Pre-LN with AdamW, says what
-    the optimizer gains over the study's first design."""
+    the optimizer gains over the study's first design (where the design runs AdamW: with_adamw;
+    a sweep of MuonH alone would show "runs missing" in it)."""
     same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
-    to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_text"), Column("95% interval", "adamw_gap_interval")) if several else ()
+    to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_text"), Column("95% interval", "adamw_gap_interval")) if several and with_adamw else ()
     return (
         Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
         Column("optimizer", "optimizer_title", align=":--"), Column(f"best {rate_header(several)} (seed {seeds.selection})", "best_lr", "g"),
@@ -587,7 +588,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
                           place.out_dir / "fair_sweep", optimizers) if rows else []
     text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given_rates(design))} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
-            f"{markdown_table(summary, best_columns(several, seeds))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
+            f"{markdown_table(summary, best_columns(several, seeds, ADAMW in optimizers))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
     record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
