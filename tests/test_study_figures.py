@@ -297,10 +297,29 @@ def test_each_corpus_is_a_row_of_panels_on_its_own_y_range() -> None:
     fig = gap_axes(points, "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
     web_adamw, web_muonh, plays_adamw, plays_muonh = fig.axes[:4]
     assert [ax.get_title() for ax in (web_adamw, plays_adamw, plays_muonh)] == [
-        "LLaMA block, AdamW, web", "LLaMA block, AdamW, plays", "LLaMA block, MuonH, plays"]
+        "LLaMA block, AdamW\nweb", "LLaMA block, AdamW\nplays", "LLaMA block, MuonH\nplays"]
     assert not web_muonh.axison and web_adamw.get_ylim()[1] > 0.4 and plays_adamw.get_ylim()[1] < 0.1
     assert plays_adamw.get_ylim() == plays_muonh.get_ylim()
     one = gap_axes(gaps("", "adamw", (0.4, 0.3)), "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
     assert len(one.axes) == 1 and one.axes[0].get_title() == "LLaMA block, AdamW"  # one corpus (or none recorded): no row title
     plt.close(fig)
     plt.close(one)
+
+
+def test_a_legend_of_long_labels_takes_fewer_columns_so_it_fits_the_figure() -> None:
+    """E3's labels name the sweep beside the arm (80 characters): three columns of them ran off both
+    edges of a two-panel figure; the columns now widen with the longest label."""
+    from spheretnorm.experiments.figures import figure_legend, titled_grid
+
+    fig, axes = titled_grid(1, 2, (4.2, 3.4), "t")
+    for i in range(3):
+        axes[0][0].plot([0, 1], [i, i], label=f"0.5-SpheretNorm (sweep_{i}), mean of the held-out seeds" + "x" * 25)
+    figure_legend(fig, axes)
+    assert fig.legends[0]._ncols == 1  # 9 inches hold one 80-character column (about 5.7 inches), not three
+    short, axes = titled_grid(1, 2, (4.2, 3.4), "t")
+    for i in range(3):
+        axes[0][0].plot([0, 1], [i, i], label=f"arm {i}")
+    figure_legend(short, axes)
+    assert short.legends[0]._ncols == 3
+    plt.close(fig)
+    plt.close(short)

@@ -558,6 +558,7 @@ def failure_handle() -> Line2D:
 
 
 LEGEND_COLUMN_INCHES = 3.0  # room of one legend entry as long as the fair sweep's longest arm name, at font size 8
+LEGEND_CHAR_INCHES = 0.065  # the width of one character of a legend label at font size 8, with room to spare
 
 
 def figure_legend(fig: plt.Figure, axes: np.ndarray, extra: list[Line2D] | None = None) -> None:
@@ -572,8 +573,10 @@ def figure_legend(fig: plt.Figure, axes: np.ndarray, extra: list[Line2D] | None 
     if any(line.get_gid() == FAILURE_GID for ax in axes.flat for line in ax.lines):
         more.append(failure_handle())
     items = [*handles.values(), *more]
-    columns = max(1, min(len(items), int(fig.get_figwidth() // LEGEND_COLUMN_INCHES)))
-    fig.legend(items, [*handles, *(h.get_label() for h in more)], loc="outside lower center", ncol=columns, fontsize=8, frameon=False)
+    labels = [*handles, *(h.get_label() for h in more)]
+    column = max(LEGEND_COLUMN_INCHES, 0.5 + LEGEND_CHAR_INCHES * max(map(len, labels), default=0))  # a longer label, a wider column
+    columns = max(1, min(len(items), int(fig.get_figwidth() // column)))
+    fig.legend(items, labels, loc="outside lower center", ncol=columns, fontsize=8, frameon=False)
 
 
 def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:

@@ -148,7 +148,7 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
     series = list(dict.fromkeys(p.series for p in points))
     for row, corpus in zip(axes, corpora):
         draw_row(row, [p for p in points if p.corpus == corpus], panels, against, methods, band, xs, width, series,
-                 f", {corpus}" if len(corpora) > 1 and corpus else "")
+                 f"\n{corpus}" if len(corpora) > 1 and corpus else "")
     for ax in axes[:, 0]:
         ax.set_ylabel("held-out gap: arm minus Pre-LN (same seed)")
     extra = [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
