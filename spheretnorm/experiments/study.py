@@ -879,11 +879,12 @@ def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
     rows: dict[Point, dict[str, Any]] = {}
     if not (place.table_only or place.dry_run):
         run_as_planned(sweep, place, rows, unigram)
+        return name_rows(sweep, current_plan(sweep, rows), rows, table_metric(rows.values()))
     tried: set[Point] = set()
     while True:
         points = current_plan(sweep, rows)
         todo = [p for p in points if p not in tried]
-        if not todo or not (place.table_only or place.dry_run):
+        if not todo:
             return name_rows(sweep, points, rows, table_metric(rows.values()))
         tried.update(todo)
         for p, result in run_points(sweep, todo, place).items():
