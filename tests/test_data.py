@@ -278,6 +278,36 @@ def test_rerun_replaces_outputs_and_failed_run_keeps_them(tmp_path, docs_jsonl):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temp files left
 
 
+def test_a_study_keeps_characters_already_prepared_from_the_same_file(tmp_path, capsys):
+    """ensure_data with --input: the same file's characters stay as they are (the same inode, so a run
+    training from them is not disturbed); changed text, other options or a cut split prepare afresh."""
+    from spheretnorm.data.preparation import prepared_already
+    from spheretnorm.experiments.study import ensure_data
+
+    text = tmp_path / "play.txt"
+    text.write_text("ANNE:\nThe king of the hill is near.\n" * 200, encoding="utf-8")
+    data = tmp_path / "data"
+    first = ensure_data(data, str(text))
+    inode = (data / "train.bin").stat().st_ino
+    assert "preparing the characters of" in capsys.readouterr().out
+    assert ensure_data(data, str(text)) == first and (data / "train.bin").stat().st_ino == inode
+    assert "same sha256" in capsys.readouterr().out
+
+    text.write_text("BEN:\nThe rain of the sea is gone.\n" * 200, encoding="utf-8")
+    assert prepared_already("shakespeare_char", [str(text)], data) is None
+    assert ensure_data(data, str(text))["source"]["files"][0]["sha256"] != first["source"]["files"][0]["sha256"]
+    assert (data / "train.bin").stat().st_ino != inode
+
+    prepare_quiet("shakespeare_char", input=[str(text)], out_dir=str(data), val_fraction=0.2)  # not the table's split
+    assert prepared_already("shakespeare_char", [str(text)], data) is None
+    ensure_data(data, str(text))
+    assert prepared_already("shakespeare_char", [str(text)], data) is not None
+    with open(data / "val.bin", "ab") as f:  # a split that is not its recorded size
+        f.write(b"\0\0")
+    assert prepared_already("shakespeare_char", [str(text)], data) is None
+    assert prepared_already("shakespeare_char", [str(text)], tmp_path / "empty") is None
+
+
 def test_open_split_refuses_mismatched_files(tmp_path, docs_jsonl):
     prepare_quiet("openwebtext", input=[str(docs_jsonl)], out_dir=str(tmp_path), val_fraction=0.2)
     with open(tmp_path / "val.bin", "ab") as f:

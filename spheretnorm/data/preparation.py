@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.data.pipeline import (
     DATASETS,
@@ -40,10 +42,11 @@ from spheretnorm.data.pipeline import (
     contiguous_split,
     get_spec,
     gpt2_encoder,
+    sha256_file,
     tokenize_and_write,
     utc_now_iso,
 )
-from spheretnorm.runtime.token_files import PrepareError
+from spheretnorm.runtime.token_files import SPLITS, TOKEN_DTYPE, PrepareError, load_meta
 from spheretnorm.data.sources import DocumentSource, embedded_source, hub_source, local_source, url_source
 from spheretnorm.data.tokenizer import TokenizerUnavailableError
 
@@ -265,6 +268,34 @@ def prepare(dataset: str, **options: Any) -> dict[str, Any]:
             print(warning, file=sys.stderr, flush=True)
         meta = _build_meta(spec, opts, source, plan.encoder, counts, time.perf_counter() - started)
         writer.commit(meta)
+    return meta
+
+
+def prepared_already(dataset: str, inputs: list[str], out_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """out_dir's meta.json where ``prepare(dataset, input=inputs, out_dir=out_dir)`` made it, with the
+    table's defaults, from files of the same content (sha256), and both splits hold their recorded
+    sizes; else None. Preparing again would write the same tokens and would replace the files under
+    any run training from them, so a caller that finds them may keep them."""
+    try:
+        meta = load_meta(out_dir)
+    except (PrepareError, OSError, ValueError):
+        return None
+    spec = get_spec(dataset)
+    opts = _resolve(PrepareOptions(dataset=dataset, input=list(inputs), out_dir=str(out_dir)), spec)
+    source = meta.get("source") or {}
+    wanted = {"dataset": spec.name, "split_seed": opts.seed, "val_fraction": opts.val_fraction, "max_docs": opts.max_docs,
+              "max_tokens": opts.max_tokens}
+    if any(meta.get(key) != value for key, value in wanted.items()):
+        return None
+    if source.get("kind") != "local" or source.get("text_field") != opts.text_field:
+        return None
+    if [f.get("sha256") for f in source.get("files") or []] != [sha256_file(Path(path)) for path in inputs]:
+        return None
+    itemsize = np.dtype(TOKEN_DTYPE).itemsize
+    for split in SPLITS:
+        path = Path(out_dir) / f"{split}.bin"
+        if not path.is_file() or path.stat().st_size != meta.get(f"{split}_tokens", -1) * itemsize:
+            return None
     return meta
 
 

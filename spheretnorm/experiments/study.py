@@ -35,7 +35,7 @@ from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.kernels import kernel_path_text
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.token_files import load_meta
-from spheretnorm.data.preparation import prepare
+from spheretnorm.data.preparation import prepare, prepared_already
 from spheretnorm.data.pipeline import TINY_SHAKESPEARE
 from spheretnorm.experiments.grid import (
     CONFIG_NAME,
@@ -129,18 +129,24 @@ def study_name(parsed: ParsedConfig) -> str:
 
 
 def ensure_data(data_dir: Path, input_path: str | None = None) -> dict[str, Any]:
-    """Prepare Tiny Shakespeare (characters) in data_dir unless it is there; returns meta.json.
+    """Prepare a corpus's characters in data_dir unless it is there; returns meta.json.
 
     The text comes from input_path, else ../shared/data/tinyshakespeare.txt when present, else
-    data/prepare.py's download. An explicit input_path always prepares afresh.
+    data/prepare.py's download. An explicit input_path prepares afresh unless data_dir already holds
+    that file's characters (the same sha256): a second sweep over a data folder must not replace the
+    files the first one's runs are training from.
     """
     data_dir = Path(data_dir)
     if input_path is None and (data_dir / "meta.json").is_file():
         return load_meta(data_dir)
     if input_path is not None and not Path(input_path).is_file():
         raise UsageError(f"--input {input_path!r} is not a file; give a plain-text corpus such as tinyshakespeare.txt.")
+    if input_path is not None and (meta := prepared_already(DATASET, [input_path], data_dir)) is not None:
+        print(f"using the characters of {input_path} prepared in {data_dir} (same sha256)", flush=True)
+        return meta
     source = input_path or (str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None)
-    print(f"preparing {DATASET} in {data_dir} from {source or 'the download URL of data/prepare.py'}", flush=True)
+    print(f"preparing the characters of {source or 'the download URL of data/prepare.py'} in {data_dir} "
+          f"(data/prepare.py's {DATASET} format)", flush=True)
     return prepare(DATASET, input=[source] if source else None, out_dir=str(data_dir), progress=False)
 
 
@@ -477,7 +483,7 @@ def add_place_options(parser: Any, out_dir: str, table_only: bool = True, dry_ru
     if dry_run:
         parser.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
     parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help=f"prepared {DATASET} data (default: data/{DATASET}; prepared when missing)")
-    parser.add_argument("--input", default=None, help="text corpus to prepare (default: ../shared/data/tinyshakespeare.txt when present, else download)")
+    parser.add_argument("--input", default=None, help="text corpus to prepare as characters; kept where --data_dir holds it already, same sha256 (default: ../shared/data/tinyshakespeare.txt when present, else download)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
 
