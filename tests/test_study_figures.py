@@ -300,6 +300,11 @@ def test_each_corpus_is_a_row_of_panels_on_its_own_y_range() -> None:
         "LLaMA block, AdamW\nweb", "LLaMA block, AdamW\nplays", "LLaMA block, MuonH\nplays"]
     assert not web_muonh.axison and web_adamw.get_ylim()[1] > 0.4 and plays_adamw.get_ylim()[1] < 0.1
     assert plays_adamw.get_ylim() == plays_muonh.get_ylim()
+    # The y label is the figure's, once: a label per row was taller than a row and the two overlapped.
+    assert fig.get_supylabel().startswith("held-out gap") and not any(ax.get_ylabel() for ax in fig.axes)
+    fig.canvas.draw()
+    label = fig._supylabel.get_window_extent()
+    assert 0 <= label.y0 and label.y1 <= fig.bbox.height
     one = gap_axes(gaps("", "adamw", (0.4, 0.3)), "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
     assert len(one.axes) == 1 and one.axes[0].get_title() == "LLaMA block, AdamW"  # one corpus (or none recorded): no row title
     plt.close(fig)
