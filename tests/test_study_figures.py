@@ -253,6 +253,28 @@ def test_the_gap_figure_puts_each_held_out_gap_at_its_depth_and_a_failed_seed_at
     assert err.count("\n") == 1 and "has no 'n_layer'" in err and "--table_only" in err
 
 
+def test_gap_y_panel_gives_each_panel_its_own_range_and_row_shares_one(tmp_path: Path) -> None:
+    from spheretnorm.experiments import fair_comparison
+    from spheretnorm.experiments.gap_figure import gap_axes, gap_points
+
+    adamw = sweep_record(12, {"1338": 1.36, "1339": 0.18})  # a stalled seed: a gap of a whole nat
+    muonh = sweep_record(12, {"1338": -0.008, "1339": -0.002})
+    for row in muonh["best"]:
+        row["optimizer"] = "muonh"
+    points = gap_points(adamw, "width", "a") + gap_points(muonh, "width", "m")
+    shared = gap_axes(points, "width", "t", {"p_spheret-0.5": "p_spheret:0.5"}, band=0.02)
+    assert shared.axes[0].get_ylim() == shared.axes[1].get_ylim() and shared.axes[1].get_ylim()[1] > 1.36
+    own = gap_axes(points, "width", "t", {"p_spheret-0.5": "p_spheret:0.5"}, band=0.02, y_range="panel")
+    low, high = own.axes[1].get_ylim()
+    assert own.axes[0].get_ylim()[1] > 1.36 and -0.03 < low < -0.02 and 0.02 < high < 0.03  # MuonH's panel: its gaps and the band
+    folder = tmp_path / "w"
+    folder.mkdir()
+    (folder / "fair_sweep.json").write_text(json.dumps({**adamw, "best": adamw["best"] + muonh["best"]}))
+    with pytest.raises(SystemExit):  # argparse names the valid choices
+        fair_comparison.main(["--compare", f"{folder},{folder}", "--gap_against", "width", "--gap_y", "column"])
+    assert fair_comparison.main(["--compare", f"{folder},{folder}", "--gap_y", "panel", "--out_dir", str(tmp_path)]) == 2  # without --gap_against
+
+
 def test_the_tokens_gap_pairs_each_held_out_seeds_evaluations_at_each_arms_own_rate(tmp_path: Path) -> None:
     from spheretnorm.experiments.gap_figure import gap_axes, gap_points
 

@@ -81,7 +81,7 @@ from spheretnorm.experiments.figures import (
     LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
 )
 from spheretnorm.experiments.gap_figure import AXES as GAP_AXES
-from spheretnorm.experiments.gap_figure import gap_figure, gap_points
+from spheretnorm.experiments.gap_figure import GAP_Y_RANGES, gap_figure, gap_points
 from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
@@ -473,6 +473,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    help="with --compare: plot each arm's held-out gap to Pre-LN against the sweeps' depth or width (final gaps), or "
                         "against the tokens seen (each periodic evaluation of the runs) instead, as OUT_DIR/gap_vs_<depth|width|tokens>.png")
     p.add_argument("--band", type=float, default=0.02, help="with --gap_against: dotted lines at +-BAND, the decision rules' threshold (default 0.02; 0: none)")
+    p.add_argument("--gap_y", choices=list(GAP_Y_RANGES), default="row",
+                   help="with --gap_against: the panels of a row share one y-range (row, the default) or each has its own (panel: "
+                        "a small gap stays readable beside a large one)")
     add_table_options(p)
     return p.parse_known_args(argv)
 
@@ -558,10 +561,12 @@ def parse_arms(spec: str) -> list[Arm]:
 
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
+    if args.gap_y != "row" and not args.gap_against:
+        raise UsageError(f"--gap_y {args.gap_y} sets the gap figure's y-ranges; it needs --gap_against depth, width or tokens with --compare.")
     if args.compare is not None:  # --compare= too: it runs nothing, as any --compare
         blocks, optimizers = parse_choices(args.blocks, BLOCK_TITLES, "blocks"), parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
         if args.gap_against:
-            return compare_gaps(args.compare, Path(args.out_dir), blocks, optimizers, args.gap_against, args.band)
+            return compare_gaps(args.compare, Path(args.out_dir), blocks, optimizers, args.gap_against, args.band, args.gap_y)
         return compare_sweeps(args.compare, Path(args.out_dir), blocks, optimizers)
     if args.gap_against:
         raise UsageError(f"--gap_against {args.gap_against} draws finished sweeps; give them with --compare DIR,DIR,...")
@@ -621,7 +626,7 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
     return 0
 
 
-def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float) -> int:
+def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float, y_range: str = "row") -> int:
     """--compare DIR,... --gap_against AXIS: each arm's held-out gaps to Pre-LN in finished sweeps
     against their depth, width or tokens seen (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}."""
     folders = [Path(d.strip()) for d in spec.split(",") if d.strip()]
@@ -630,7 +635,7 @@ def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[s
     loss = ", periodic evaluations" if against == "tokens" else ""
     written = gap_figure(points, against, f"Held-out gap to Pre-LN against {GAP_AXES[against][1]}, each arm at its own rate "
                          f"({len(folders)} sweep{'s' if len(folders) > 1 else ''}{loss})", out_dir / f"gap_vs_{against}",
-                         {a.slug: a.method for a in ARMS}, band or None)
+                         {a.slug: a.method for a in ARMS}, band or None, y_range)
     print("Written: " + ", ".join(map(str, written)))
     return 0
 

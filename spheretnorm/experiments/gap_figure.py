@@ -129,26 +129,35 @@ def mean_gaps(points: Iterable[GapPoint]) -> dict[float, float]:
             if all(map(math.isfinite, g.values())) and (not points[0].series or set(g) == every)}
 
 
-def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None) -> list[Path]:
+# --gap_y: which panels share a y-range. 'row' (a corpus's panels) lets the eye compare optimizers at a glance; 'panel'
+# keeps a small effect readable beside a large one (MuonH's gaps of 0.01 beside AdamW's stalled +1.36).
+GAP_Y_RANGES = ("row", "panel")
+
+
+def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None,
+               y_range: str = "row") -> list[Path]:
     """The figure, saved as out.{png,pdf}: a panel per (block, optimizer) that has points, a row
-    per corpus, each row on one y-range, each arm in its method's colour (methods: arm slug -> method key); dotted lines at
-    +-band (a decision rule's threshold) where given."""
-    return save_figure(gap_axes(points, against, title, methods, band), out)
+    per corpus, each row (or, with y_range 'panel', each panel) on one y-range, each arm in its method's colour
+    (methods: arm slug -> method key); dotted lines at +-band (a decision rule's threshold) where given."""
+    return save_figure(gap_axes(points, against, title, methods, band, y_range), out)
 
 
-def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str, str], band: float | None = None) -> plt.Figure:
+def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str, str], band: float | None = None,
+             y_range: str = "row") -> plt.Figure:
     """gap_figure's figure, drawn and not saved."""
+    if y_range not in GAP_Y_RANGES:
+        raise UsageError(f"--gap_y {y_range!r} is not one of: {', '.join(GAP_Y_RANGES)}.")
     panels = list(dict.fromkeys((p.block, p.optimizer) for p in points))
     if not panels:
         raise UsageError("--gap_against: the sweeps hold no held-out gap yet (no arm beside Pre-LN has a held-out seed at its rate).")
     corpora = list(dict.fromkeys(p.corpus for p in points))
-    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title, sharey="row")
+    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title, sharey="row" if y_range == "row" else False)
     xs = sorted({p.x for p in points})
     width = (xs[-1] - xs[0]) or xs[0] or 1.0
     series = list(dict.fromkeys(p.series for p in points))
     for row, corpus in zip(axes, corpora):
         draw_row(row, [p for p in points if p.corpus == corpus], panels, against, methods, band, xs, width, series,
-                 f"\n{corpus}" if len(corpora) > 1 and corpus else "")
+                 f"\n{corpus}" if len(corpora) > 1 and corpus else "", y_range == "panel")
     # One label for the figure: the rows share its meaning, and a label per row is taller than a short row (two rows overlapped).
     fig.supylabel("held-out gap: arm minus Pre-LN (same seed)", fontsize=10)
     extra = [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
@@ -157,16 +166,15 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
 
 
 def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], against: str, methods: dict[str, str], band: float | None,
-             xs: list[float], width: float, series: list[str], corpus: str) -> None:
-    """One corpus's panels (a panel it has no point in stays empty and unframed), on one y-range."""
-    finite = [p.gap for p in points if math.isfinite(p.gap)] + ([band, -band] if band else []) + [0.0]
-    low, high = min(finite), max(finite)
-    pad = 0.15 * (high - low or 0.01)
+             xs: list[float], width: float, series: list[str], corpus: str, own_range: bool = False) -> None:
+    """One corpus's panels (a panel it has no point in stays empty and unframed), on one y-range, or
+    each on its own (own_range)."""
     for ax, (block, optimizer) in zip(row, panels):
         mine = [p for p in points if (p.block, p.optimizer) == (block, optimizer)]
         if not mine:
             ax.set_axis_off()
             continue
+        low, high, pad = gap_range(mine if own_range else points, band)
         for arm, line in dict.fromkeys((p.arm, p.series) for p in mine):
             draw_arm(ax, [p for p in mine if (p.arm, p.series) == (arm, line)], width, (low - pad, high + pad),
                      method_style(methods.get(arm, arm))["color"], SERIES_STYLES[series.index(line) % len(SERIES_STYLES)])
@@ -184,6 +192,13 @@ def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], ag
         ax.set_xlabel(AXES[against][1])
         ax.set_title(f"{BLOCK_TITLES.get(block, block)} block, {OPTIMIZERS[optimizer].title if optimizer in OPTIMIZERS else optimizer}{corpus}", fontsize=10)
         ax.grid(alpha=0.3)
+
+
+def gap_range(points: list[GapPoint], band: float | None) -> tuple[float, float, float]:
+    """The lowest and highest finite gap (0 and +-band always shown) and the padding beyond them."""
+    finite = [p.gap for p in points if math.isfinite(p.gap)] + ([band, -band] if band else []) + [0.0]
+    low, high = min(finite), max(finite)
+    return low, high, 0.15 * (high - low or 0.01)
 
 
 def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-") -> None:
