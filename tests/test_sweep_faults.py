@@ -162,6 +162,21 @@ def test_a_run_whose_config_is_not_json_is_one_line(tmp_path: Path, capsys: pyte
     assert err.count("\n") == 1 and err.startswith(f"error: {run / 'config.json'} is not JSON")
 
 
+def test_a_resumed_runs_time_is_its_whole_time_not_its_last_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped by a signal and resumed by the next sweep: the job that finished it ran its
+    last part only; train.py's clock (elapsed_s) carries across the resume, so the table's time is the run's."""
+    monkeypatch.setattr(study, "train_command", lambda job: [sys.executable, "-c", "pass"])
+    fresh, stopped = jobs(tmp_path, 2)
+    stopped.out_dir.mkdir()
+    (stopped.out_dir / "ckpt.pt").write_bytes(b"")  # what the stop left
+    first, second = study.run_job(fresh, 1), study.run_job(stopped, 1)
+    assert not first.resumed and second.resumed
+    final = {"kind": "eval", "iter": 600, "elapsed_s": 400.0, "diag_s": 1.0, "full_eval_s": 20.0}
+    assert study.run_seconds(second, final) == 421.0 + study.START_UP_SECONDS  # not the 0.1 s the last job took
+    assert study.run_seconds(first, final) == first.seconds  # a run trained start to end in one job: its wall-clock
+    assert study.run_seconds(second, None) == second.seconds  # no evaluation row: what was measured
+
+
 def test_a_finished_runs_time_counts_its_start_up_and_final_evaluation() -> None:
     """A run found finished is timed as a whole (what the dry run's estimate uses): train.py's
     elapsed_s at the last evaluation leaves out the start-up and that evaluation's own work."""

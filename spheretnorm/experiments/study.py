@@ -57,7 +57,8 @@ from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.config import ConfigError, ParsedConfig, config_keys, parse_config
 from spheretnorm.runtime.identity import config_conflicts
 from spheretnorm.runtime.methods import method_args
-from spheretnorm.runtime.run_folder import METRICS_NAME, OutDirError, check_folder
+from spheretnorm.runtime.run_folder import (CKPT_NAME, METRICS_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, OutDirError,
+                                           check_folder)
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
@@ -184,6 +185,7 @@ class JobResult:
     seconds: float
     message: str  # train.py's "error: ..." line when it failed
     busy: bool = False  # another sweep trains this folder now: not run, not tabulated
+    resumed: bool = False  # it started from a checkpoint an earlier (stopped) job left: `seconds` is its last part only
 
     @property
     def reused(self) -> bool:
@@ -324,9 +326,15 @@ def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult
     with folder_lock(job.out_dir) as held:
         if not held:
             return JobResult(job, None, 0.0, "", busy=True)
+        resumed = holds_checkpoint(job.out_dir)
         with open(log, "w", encoding="utf-8") as out:
             code = (stopper or Stopper()).run(job, train_command(job), cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "")
+    return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "", resumed=resumed)
+
+
+def holds_checkpoint(out_dir: Path) -> bool:
+    """Whether train.py --init_from=auto will resume in out_dir: a checkpoint of any parallel mode, healthy or a stop's."""
+    return any((out_dir / name).exists() for name in (CKPT_NAME, SHARDED_CKPT_NAME, STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME))
 
 
 def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None], parallel: int, threads: int,
@@ -377,12 +385,12 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
     """What a finished job left: status (ok / stuck at unigram / stopped: collapse / diverged / ...), final losses, time.
 
     val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
-    is this job's wall-clock, or finished_run_seconds for a run found finished.
+    is the run's whole time (run_seconds).
     """
     run = load_run(result.job.out_dir) if (result.job.out_dir / CONFIG_NAME).is_file() else None
     status, reason = classify(run, result.returncode, unigram, result.message)
     final = run.final_eval if run else None
-    seconds = result.seconds if not result.reused else finished_run_seconds(final)
+    seconds = run_seconds(result, final)
     return {
         "status": status,
         "reason": reason,
@@ -402,6 +410,16 @@ def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
 # A run's start-up before train.py's clock starts (imports, data, model): what a finished run's
 # elapsed_s leaves out, besides its final evaluation's own seconds (measured: 5 to 10 s on 2 cores).
 START_UP_SECONDS = 8.0
+
+
+def run_seconds(result: JobResult, final: dict[str, Any] | None) -> float | None:
+    """A run's whole time: this job's wall-clock for a run trained start to end in it; for one found
+    finished, or resumed from an earlier job's checkpoint (whose wall-clock is its last part only),
+    finished_run_seconds, since train.py's clock carries across a resume."""
+    if result.reused or result.resumed:
+        whole = finished_run_seconds(final)
+        return whole if whole is not None or result.reused else result.seconds
+    return result.seconds
 
 
 def finished_run_seconds(final: dict[str, Any] | None) -> float | None:
