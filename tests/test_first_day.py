@@ -168,9 +168,9 @@ class FakeGroup:
 
 @pytest.mark.parametrize("error, calls", [
     (CollapseError("c"), ["barrier", "destroy"]), (NonFiniteLossError("n"), ["barrier", "destroy"]),
-    (WriteFailed("w"), ["destroy"]), (None, ["destroy"]), (ValueError("bug"), ["destroy"]),
+    (WriteFailed("w"), ["destroy"]), (None, ["barrier", "destroy"]), (ValueError("bug"), ["destroy"]),
 ])  # fmt: skip
-def test_after_a_shared_stop_the_ranks_leave_together(monkeypatch: pytest.MonkeyPatch, error, calls: list[str]) -> None:
+def test_after_a_shared_stop_or_the_runs_end_the_ranks_leave_together(monkeypatch: pytest.MonkeyPatch, error, calls: list[str]) -> None:
     group = FakeGroup()
     monkeypatch.setattr(distributed, "torch_dist", group)
     leave_process_group(error)
