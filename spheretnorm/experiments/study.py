@@ -57,8 +57,7 @@ from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.config import ConfigError, ParsedConfig, config_keys, parse_config
 from spheretnorm.runtime.identity import config_conflicts
 from spheretnorm.runtime.methods import method_args
-from spheretnorm.runtime.run_folder import (CKPT_NAME, METRICS_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, OutDirError,
-                                           check_folder)
+from spheretnorm.runtime.run_folder import METRICS_NAME, OutDirError, check_folder, holds_any_checkpoint
 
 DATASET = "shakespeare_char"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / DATASET
@@ -326,15 +325,10 @@ def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult
     with folder_lock(job.out_dir) as held:
         if not held:
             return JobResult(job, None, 0.0, "", busy=True)
-        resumed = holds_checkpoint(job.out_dir)
+        resumed = holds_any_checkpoint(job.out_dir)
         with open(log, "w", encoding="utf-8") as out:
             code = (stopper or Stopper()).run(job, train_command(job), cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "", resumed=resumed)
-
-
-def holds_checkpoint(out_dir: Path) -> bool:
-    """Whether train.py --init_from=auto will resume in out_dir: a checkpoint of any parallel mode, healthy or a stop's."""
-    return any((out_dir / name).exists() for name in (CKPT_NAME, SHARDED_CKPT_NAME, STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME))
 
 
 def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None], parallel: int, threads: int,
@@ -416,10 +410,10 @@ def run_seconds(result: JobResult, final: dict[str, Any] | None) -> float | None
     """A run's whole time: this job's wall-clock for a run trained start to end in it; for one found
     finished, or resumed from an earlier job's checkpoint (whose wall-clock is its last part only),
     finished_run_seconds, since train.py's clock carries across a resume."""
-    if result.reused or result.resumed:
-        whole = finished_run_seconds(final)
-        return whole if whole is not None or result.reused else result.seconds
-    return result.seconds
+    if result.reused:
+        return finished_run_seconds(final)
+    whole = finished_run_seconds(final) if result.resumed else None
+    return result.seconds if whole is None else whole
 
 
 def finished_run_seconds(final: dict[str, Any] | None) -> float | None:

@@ -113,6 +113,12 @@ def has_checkpoint(train: TrainConfig) -> bool:
     return checkpoint_path(train).exists() or stop_checkpoint_path(train).exists()
 
 
+def holds_any_checkpoint(out_dir: Path) -> bool:
+    """has_checkpoint for any parallel mode, from the folder alone (a sweep that has not parsed the
+    run's settings): whether train.py --init_from=auto would resume there."""
+    return any((out_dir / name).exists() for name in (CKPT_NAME, SHARDED_CKPT_NAME, STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME))
+
+
 def remove_stop_checkpoint(train: TrainConfig) -> None:
     """A healthy save makes a stop's checkpoint stale: removed, so that a resume takes the newer one."""
     stopped = stop_checkpoint_path(train)
