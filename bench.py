@@ -53,11 +53,11 @@ import torch
 
 from spheretnorm.runtime.device import DeviceError, autocast_context, enable_tf32, estimate_mfu, get_device, peak_flops_for, resolve_dtype
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
-from spheretnorm.kernels import SPHERE_IMPLS, resolve_impl
+from spheretnorm.kernels import SPHERE_IMPLS, compile_mode_text, resolve_impl
 from spheretnorm.experiments.memory import saved_activation_bytes  # what autograd keeps for backward
 from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.imports import import_modules, imports_of_overrides
-from spheretnorm.runtime.config import ConfigError, TrainConfig, config_help, parse_config, parse_value, wants_help
+from spheretnorm.runtime.config import COMPILE_SCOPES, ConfigError, TrainConfig, config_help, parse_config, parse_value, wants_help
 from spheretnorm.runtime.methods import method_key
 from spheretnorm.runtime.distributed import DistInfo, init_distributed
 from spheretnorm.runtime.parallel import build_model, init_process_group_for, is_sharded, wrap_model
@@ -70,6 +70,7 @@ BENCH_OPTIONS = {
     "--blocks=": "blocks to measure, comma-separated (gpt2, llama); default: the config's --block",
     "--optimizers=": "optimizers to measure, comma-separated or all (spheretnorm/optim.py); default: the config's --optimizer",
     "--compile=False": "as train.py (True/False), or both for eager and compiled rows",
+    "--compile_scope=": "compiled rows per scope, comma-separated (blocks, model: train.py's compile_scope); default: the config's",
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
     "--json=": "also write the full report to this JSON file; '-': print the results as one JSON line on stdout",
@@ -88,6 +89,7 @@ class BenchOptions:
     connections: list[str]
     sphere_impls: list[str]
     compile_modes: tuple[bool, ...]
+    compile_scopes: list[str] = field(default_factory=list)  # empty: the config's compile_scope
     blocks: list[str] = field(default_factory=list)  # empty: the config's block
     optimizers: list[str] = field(default_factory=list)  # empty: the config's optimizer
     steps: int = 20
@@ -106,7 +108,7 @@ def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str
 
 def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
     """Take out the bench options; the rest goes to train.py's config parser."""
-    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "optimizers": "", "compile": None, "steps": "20", "warmup": "5", "json": "", "profile": "0"}
+    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "optimizers": "", "compile": None, "compile_scope": "", "steps": "20", "warmup": "5", "json": "", "profile": "0"}
     rest = []
     for arg in argv:
         key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
@@ -133,6 +135,7 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
         connections=_names(raw["connections"], list(CONNECTIONS), "connections"),
         sphere_impls=_names(raw["sphere_impl"], list(SPHERE_IMPLS), "sphere_impl"),
         compile_modes=modes,
+        compile_scopes=_names(raw["compile_scope"], list(COMPILE_SCOPES), "compile_scope") if raw["compile_scope"] else [],
         blocks=_names(raw["blocks"], list(BLOCKS), "blocks") if raw["blocks"] else [],
         optimizers=_names(raw["optimizers"], list(OPTIMIZERS), "optimizers") if raw["optimizers"] else [],
         steps=steps,
@@ -174,6 +177,7 @@ class Variant:
     peak_mb: float | None = None
 
     device_type: str = "cpu"
+    scope: str = "blocks"  # compile_scope of a compiled row
 
     @property
     def label(self) -> dict[str, Any]:
@@ -182,7 +186,7 @@ class Variant:
             impl = self.cfg.sphere_impl
             if impl == "auto":  # say what auto picked here
                 impl = f"auto ({resolve_impl(impl, self.device_type)})"
-        return {"method": method_key(self.cfg), "block": self.cfg.block, "impl": impl, "mode": "compiled" if self.compiled else "eager",
+        return {"method": method_key(self.cfg), "block": self.cfg.block, "impl": impl, "mode": compile_mode_text(self.compiled, self.scope),
                 "optimizer": self.optimizer}
 
 
@@ -215,6 +219,16 @@ def with_optimizer(train: TrainConfig, name: str) -> TrainConfig:
     return train if name == train.optimizer else replace(train, optimizer=name, optimizer_params={})
 
 
+def compile_variants(opts: BenchOptions, train: TrainConfig) -> list[tuple[bool, str]]:
+    """(compiled, compile_scope) of the rows: an eager row once, a compiled row per scope of
+    --compile_scope (default: the config's compile_scope)."""
+    rows = []
+    for compiled in opts.compile_modes or (train.compile,):
+        scopes = (opts.compile_scopes or [train.compile_scope]) if compiled else [train.compile_scope]
+        rows += [(compiled, scope) for scope in scopes]
+    return rows
+
+
 def build_variants(
     base: GPTConfig, train: TrainConfig, opts: BenchOptions, device: str, dtype: str, bias: bool | None = None,
     dist: DistInfo = DistInfo(),
@@ -227,19 +241,18 @@ def build_variants(
     g = torch.Generator().manual_seed(train.seed)
     x = torch.randint(base.vocab_size, shape, generator=g).to(device)
     y = torch.randint(base.vocab_size, shape, generator=g).to(device)
-    modes = opts.compile_modes or (train.compile,)
     variants = []
-    for compiled in modes:
+    for compiled, scope in compile_variants(opts, train):
         for block in opts.blocks or [base.block]:
             for name in opts.connections:
                 impls = opts.sphere_impls if name in SPHERE_CONNECTIONS else ["auto"]
                 for impl, optimizer in itertools.product(impls, opts.optimizers or [train.optimizer]):
                     cfg = replace(base, connection=name, sphere_impl=impl, block=block, bias=bias)
-                    run = replace(with_optimizer(train, optimizer), compile=compiled)
+                    run = replace(with_optimizer(train, optimizer), compile=compiled, compile_scope=scope)
                     model = build_model(cfg, run, dist, device, dtype)
                     fwd, _ = wrap_model(model, run, dist, device.split(":")[0], dist.local_rank)
                     step = make_step(model, fwd, run, x, y, device, dtype)
-                    variants.append(Variant(cfg, compiled, step, model, [], optimizer, device_type=device.split(":")[0]))
+                    variants.append(Variant(cfg, compiled, step, model, [], optimizer, device_type=device.split(":")[0], scope=run.compile_scope))
     return variants
 
 

@@ -478,7 +478,7 @@ def run_config(t: Trainer) -> dict[str, Any]:
     return {
         **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
         "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
-        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t))}
+        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t), t.cfg.compile_scope)}
 
 
 def sphere_kernels(t: Trainer) -> str | None:
@@ -486,6 +486,11 @@ def sphere_kernels(t: Trainer) -> str | None:
     if not CONNECTIONS[t.model_cfg.connection].on_sphere:
         return None
     return sphere_kernel_path(t.model_cfg.sphere_impl, t.device.split(":")[0], t.cfg.compile)
+
+
+def compiled_scope(cfg: TrainConfig) -> str:
+    """' (each block)' or ' (whole model)' after compile=True in the summary line; '' when eager."""
+    return "" if not cfg.compile else " (each block)" if cfg.compile_scope == "blocks" else " (whole model)"
 
 
 def summary_line(t: Trainer) -> str:
@@ -496,7 +501,7 @@ def summary_line(t: Trainer) -> str:
         f"{method_key(t.model_cfg)} | {t.raw_model.get_num_params() / 1e6:.2f}M params | "
         f"{t.dist.world_size} process(es) x {t.cfg.batch_size} seqs x {t.accum} micro-steps = "
         f"{t.cfg.global_batch_size} seqs ({t.tokens_per_step:,} tokens) per step | "
-        f"{t.device} {t.dtype} | compile={t.cfg.compile}{kernels} | out_dir {t.cfg.out_dir}"
+        f"{t.device} {t.dtype} | compile={t.cfg.compile}{compiled_scope(t.cfg)}{kernels} | out_dir {t.cfg.out_dir}"
     )
 
 

@@ -132,11 +132,18 @@ def sphere_backward(
 # Kernels: the maths above, compiled once per retraction kind and device type
 
 
-def kernel_path_text(dtype: str, compiled: bool, sphere: str | None) -> str:
+def kernel_path_text(dtype: str, compiled: bool, sphere: str | None, scope: str = "model") -> str:
     """A run's numeric path in one string, as config.json records it (kernel_path) and the studies'
-    tables compare it: the dtype, eager or compiled, and the sphere update's path ('none' off the
-    sphere). Runs on two paths agree only up to rounding, which near a collapse can decide it."""
-    return f"{dtype} {'compiled' if compiled else 'eager'} {sphere or 'none'}"
+    tables compare it: the dtype, how it ran (eager; compiled: the whole model one graph, the only
+    compile before compile_scope existed; compiled_blocks: each block compiled), and the sphere
+    update's path ('none' off the sphere). Runs on two paths agree only up to rounding, which near
+    a collapse can decide it."""
+    return f"{dtype} {compile_mode_text(compiled, scope)} {sphere or 'none'}"
+
+
+def compile_mode_text(compiled: bool, scope: str = "model") -> str:
+    """'eager', 'compiled' (the whole model one graph) or 'compiled_blocks' (compile_scope=blocks)."""
+    return "eager" if not compiled else "compiled" if scope == "model" else f"compiled_{scope}"
 
 
 def kernels_disabled() -> bool:

@@ -164,7 +164,7 @@ HELP_EXPECTATIONS = [
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
     ("scripts/export_hf.py", ["--ckpt", "--out", "--format", "(default: hf)"]),
     ("scripts/consolidate.py", ["folder", "--out", "(default: ckpt.pt beside the folder;", "--replace_newer"]),
-    ("scripts/run_cost.py", ["--shapes", "(default: 12x128,24x128,12x256,36x128)", "--paths", "--iters", "(default: 20,60)"]),
+    ("scripts/run_cost.py", ["--shapes", "(default: 12x128,24x128,12x256,36x128)", "--paths", "--blocks", "--iters", "(default: 20,80;"]),
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
     ("scripts/coord_check.py", ["--widths", "(default: 64,128,256,512,1024)", "--lr", "(default 0.003)"]),
     ("scripts/mup_transfer.py", ["--widths", "(default: 64,256)", "--lrs", "--max_iters", "(default 250)"]),

@@ -1,20 +1,26 @@
 """What a study's run costs on this machine, path by path: start-up and compile, the step, the evaluations.
 
-    python scripts/run_cost.py                                    # the four study shapes, eager and compiled
-    python scripts/run_cost.py --shapes 24x128 --arms pre_ln --paths compiled --iters 20,100
+    python scripts/run_cost.py                                    # the four study shapes, eager and compiled per block
+    python scripts/run_cost.py --shapes 24x128 --arms pre_ln --paths compiled_blocks --iters 20,100
+    python scripts/run_cost.py --shapes 12x128,36x128 --paths compiled,compiled_blocks --blocks llama,gpt2   # compile scopes
     python scripts/run_cost.py --dtypes float32,bfloat16 --json cost.json
 
 Each (shape, arm, path, dtype) trains the real train.py in a subprocess of one thread, as a
-study's run does (LLaMA's block, the fair sweep's batch and block, its recipe), twice: SHORT and
+study's run does (LLaMA's block unless --blocks says, the fair sweep's batch and block, its recipe), twice: SHORT and
 LONG iterations (--iters), each ending as a study run ends (eval_iters batches per split,
 diagnostics and the whole validation split). The costs are the processes' CPU seconds, which on
 one thread are about what the run takes alone on its core: less moved by other work on the machine
 than wall time, not immune to it (a core's sibling thread and the shared caches slow it too, by
 up to 2x in one measurement here), so measure on an idle machine. The
 difference of the two lengths is the step; what is left of the short run is the fixed part
-(imports, data, model, compile, checkpoints). A compiled case trains LONG once more first, cold:
-that first compile's extra is `cold_extra_s`, paid by the first run of a shape in a sweep, whose
-later runs find torch.compile's caches. `study_run_s` projects a 600-iteration study run with six
+(imports, data, model, compile, checkpoints). A compiled case trains LONG once more first, cold
+(a cache directory of its own for torch.compile, empty at the start): that first compile's extra
+is `cold_extra_s`, paid by the first run of a shape in a sweep, whose later runs find
+torch.compile's caches; `cold_start_s` = fixed_s + cold_extra_s is such a first run's start,
+compile included. The paths: eager; compiled (compile_scope=model, the whole model one graph, the
+studies' path before 2026-12-07); compiled_blocks (compile_scope=blocks, each block compiled, one
+graph for every layer). torch.compile compiles on one thread here (TORCHINDUCTOR_COMPILE_THREADS=1),
+so that the CPU seconds hold its whole work. `study_run_s` projects a 600-iteration study run with six
 evaluations. A benchmark, not a test: its numbers belong in the closing note or docs/LOG.md.
 """
 
@@ -38,7 +44,9 @@ from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
 STUDY_ITERS = 600  # the studies' run length
 STUDY_EVALS = 6  # at 0, 120, ..., 600
-PATHS = {"eager": False, "compiled": True}
+# path -> (compile, compile_scope): the three ways a run's model can execute (kernels.compile_mode_text)
+PATHS = {"eager": (False, "blocks"), "compiled": (True, "model"), "compiled_blocks": (True, "blocks")}
+BLOCK_NAMES = ("llama", "gpt2")
 
 
 @dataclass(frozen=True)
@@ -48,30 +56,33 @@ class Case:
     arm: str
     path: str
     dtype: str
+    block: str = "llama"
 
     @property
     def name(self) -> str:
-        return f"{self.n_layer}x{self.n_embd} {self.arm} {self.path} {self.dtype}"
+        return f"{self.n_layer}x{self.n_embd} {self.block} {self.arm} {self.path} {self.dtype}"
 
 
 def train_args(case: Case, iters: int, out_dir: Path, data_dir: Path) -> list[str]:
     arm = ARM_BY_SLUG[case.arm]
     settings = {
         **SHAPE, **PAPER_RECIPE, **method_settings(arm.method), **dict(arm.keys),
-        "n_layer": case.n_layer, "n_embd": case.n_embd, "block": "llama", "learning_rate": 2e-3, "min_lr": 2e-4,
+        "n_layer": case.n_layer, "n_embd": case.n_embd, "block": case.block, "learning_rate": 2e-3, "min_lr": 2e-4,
         "warmup_iters": min(100, iters // 2), "max_iters": iters, "lr_decay_iters": iters, "eval_interval": iters,
-        "log_interval": 1, "compile": PATHS[case.path], "dtype": case.dtype, "device": "cpu", "out_dir": str(out_dir),
+        "log_interval": 1, "compile": PATHS[case.path][0], "compile_scope": PATHS[case.path][1], "dtype": case.dtype, "device": "cpu", "out_dir": str(out_dir),
         "data_dir": str(data_dir), "always_save_checkpoint": True, "wandb_log": False,
     }
     return [sys.executable, str(REPO_ROOT / "train.py"), *as_args(settings)]
 
 
-def train_once(case: Case, iters: int, data_dir: Path, threads: int) -> tuple[float, list[dict[str, Any]] | str]:
+def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path) -> tuple[float, list[dict[str, Any]] | str]:
     """(CPU seconds of the train.py process, its metrics rows or an error line): one case trained
-    for `iters` iterations. CPU time, not wall time: less moved by other work on the machine."""
+    for `iters` iterations, torch.compile's caches in `cache`. CPU time, not wall time: less moved
+    by other work on the machine."""
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
         out = Path(tmp) / "run"
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
         with open(Path(tmp) / "log", "w+", encoding="utf-8") as log:
             child = subprocess.Popen(train_args(case, iters, out, data_dir), env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(child.pid, 0)
@@ -89,13 +100,21 @@ def measure(case: Case, short: int, long: int, data_dir: Path, threads: int = 1)
     compile, the final evaluation, checkpoints). Compiled cases run the short one second, so that
     both find torch.compile's caches as a sweep's later runs do; the first compile's cold cost is
     reported on its own."""
-    first_cpu, first = train_once(case, long, data_dir, threads)
-    short_cpu, rows = train_once(case, short, data_dir, threads)
-    long_cpu, long_rows = (train_once(case, long, data_dir, threads) if PATHS[case.path] else (first_cpu, first))
+    with tempfile.TemporaryDirectory(prefix="run_cost_inductor_") as cache:
+        first_cpu, first = train_once(case, long, data_dir, threads, Path(cache))
+        short_cpu, rows = train_once(case, short, data_dir, threads, Path(cache))
+        compiled = PATHS[case.path][0]
+        long_cpu, long_rows = train_once(case, long, data_dir, threads, Path(cache)) if compiled else (first_cpu, first)
     for result in (first, rows, long_rows):
         if isinstance(result, str):
             return {"case": case.name, "error": result}
-    return costs(case, rows, short_cpu, long_cpu, short, long, first_cpu)
+    return costs(case, rows, short_cpu, long_cpu, short, long, first_cpu) | {"final_loss": final_train_loss(long_rows)}
+
+
+def final_train_loss(rows: list[dict[str, Any]]) -> float | None:
+    """The last train row's loss: the same case on two paths should agree to rounding."""
+    train = [r for r in rows if r.get("kind") == "train" and r.get("train_loss") is not None]
+    return train[-1]["train_loss"] if train else None
 
 
 def costs(case: Case, short_rows: list[dict[str, Any]], short_cpu: float, long_cpu: float, short: int, long: int,
@@ -107,8 +126,9 @@ def costs(case: Case, short_rows: list[dict[str, Any]], short_cpu: float, long_c
     full = final.get("full_eval_s") or 0.0
     fixed = short_cpu - step * short - one_eval - full  # start-up, compile, checkpoint writes
     return {
-        "case": case.name, "n_layer": case.n_layer, "n_embd": case.n_embd, "arm": case.arm, "path": case.path, "dtype": case.dtype,
-        "fixed_s": round(fixed, 1), "cold_extra_s": round(first_cpu - long_cpu, 1), "step_ms": round(1000 * step, 1),
+        "case": case.name, "n_layer": case.n_layer, "n_embd": case.n_embd, "block": case.block, "arm": case.arm, "path": case.path,
+        "dtype": case.dtype, "fixed_s": round(fixed, 1), "cold_extra_s": round(first_cpu - long_cpu, 1),
+        "cold_start_s": round(fixed + first_cpu - long_cpu, 1), "step_ms": round(1000 * step, 1),
         "eval_s": round(one_eval, 2), "full_eval_s": round(full, 2),
         "study_run_s": round(fixed + STUDY_ITERS * step + STUDY_EVALS * one_eval + full, 0),
     }
@@ -125,13 +145,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--shapes", default="12x128,24x128,12x256,36x128", help="LAYERSxWIDTH, comma-separated (default: 12x128,24x128,12x256,36x128)")
     p.add_argument("--arms", default="pre_ln,p_spheret-0.5", help="fair-sweep arms, comma-separated (default: pre_ln,p_spheret-0.5)")
-    p.add_argument("--paths", default="eager,compiled", help="eager, compiled or both, comma-separated (default: eager,compiled)")
+    p.add_argument("--paths", default="eager,compiled_blocks",
+                   help="eager, compiled (the whole model), compiled_blocks (each block), comma-separated (default: eager,compiled_blocks)")
+    p.add_argument("--blocks", default="llama", help="llama, gpt2, comma-separated (default: llama, the studies' block)")
     p.add_argument("--dtypes", default="float32", help="float32, bfloat16, comma-separated (default: float32; bf16 only where the CPU has it natively)")
-    p.add_argument("--iters", default="20,60", help="SHORT,LONG: the two lengths each case trains, their difference gives the step (default: 20,60)")
+    p.add_argument("--iters", default="20,80",
+                   help="SHORT,LONG: the two lengths each case trains, their difference gives the step (default: 20,80; a difference of 20 "
+                        "was within the CPU time's own scatter of +-2 s between processes here)")
     p.add_argument("--jobs", type=int, default=2, help="cases at a time, one thread each (default: 2)")
     p.add_argument("--json", default="", help="also write the rows to this file")
     args = p.parse_args(argv)
-    for key, valid in (("arms", ARM_BY_SLUG), ("paths", PATHS), ("dtypes", ("float32", "bfloat16"))):
+    for key, valid in (("arms", ARM_BY_SLUG), ("paths", PATHS), ("dtypes", ("float32", "bfloat16")), ("blocks", BLOCK_NAMES)):
         bad = [v for v in getattr(args, key).split(",") if v not in valid]
         if bad:
             raise UsageError(f"--{key}: {', '.join(bad)} unknown; use some of: {', '.join(valid)}.")
@@ -143,7 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    keys = ("case", "fixed_s", "cold_extra_s", "step_ms", "eval_s", "full_eval_s", "study_run_s")
+    keys = ("case", "fixed_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     return "\n".join(lines + ["| " + " | ".join(str(r.get(k, r.get("error", ""))) for k in keys) + " |" for r in rows])
 
@@ -156,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     ensure_data(DEFAULT_DATA_DIR)
-    cases = [Case(n, d, arm, path, dtype) for n, d in shapes for arm in args.arms.split(",") for dtype in args.dtypes.split(",")
-             for path in args.paths.split(",")]
+    cases = [Case(n, d, arm, path, dtype, block) for n, d in shapes for block in args.blocks.split(",") for arm in args.arms.split(",")
+             for dtype in args.dtypes.split(",") for path in args.paths.split(",")]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = []
         for row in pool.map(lambda c: measure(c, args.short, args.long, DEFAULT_DATA_DIR), cases):

@@ -48,6 +48,7 @@ HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnor
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 PARALLEL_MODES = ("ddp", "fsdp")  # spheretnorm/runtime/parallel.py
+COMPILE_SCOPES = ("blocks", "model")  # runtime/parallel.py's compile_model
 FSDP_STARTS = ("auto", "full", "meta")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 SEED_MAX = 2**32 - 1  # np.random.seed's largest seed
@@ -130,6 +131,10 @@ class TrainConfig:
     device: str = field(default="auto", metadata=NEUTRAL)  # auto | cpu | cuda | cuda:N | mps
     dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA, else fp32
     compile: bool = field(default=False, metadata=NEUTRAL)  # torch.compile the model (the paper trains without it); under fsdp each block
+    # what one torch.compile covers: blocks compiles one block and every layer of the model reuses its graph
+    # (the compile costs about one block's at any depth); model traces the whole model as one graph, the
+    # only scope before 2026-12-07 (its compile grows with depth), kept to reproduce runs made with it
+    compile_scope: str = field(default="blocks", metadata=_choices(*COMPILE_SCOPES, run=NEUTRAL))
     # ddp: a whole model per process; fsdp: FSDP2 shards of it (weights, gradients, AdamW), sharded checkpoints
     parallel: str = field(default="ddp", metadata=_choices(*PARALLEL_MODES, run=NEUTRAL))
     # fsdp only: full builds the whole model and shards it (DDP's initial weights); meta builds it on the
@@ -176,6 +181,9 @@ class TrainConfig:
         for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {getattr(self, name)}.")
+        if self.compile_scope == "model" and self.parallel == "fsdp":  # FSDP2 wraps and so compiles block by block
+            raise ConfigError("compile_scope=model traces the whole model as one graph, which parallel=fsdp cannot run (it shards "
+                              "and compiles block by block); use compile_scope=blocks, or parallel=ddp.")
         if self.fsdp_init != "auto" and self.parallel != "fsdp":  # it would be ignored without a word
             raise ConfigError(f"fsdp_init={self.fsdp_init} applies to --parallel=fsdp only, and this run has parallel={self.parallel}; drop it or add --parallel=fsdp.")
         if not (math.isfinite(self.dist_timeout) and self.dist_timeout > 0):

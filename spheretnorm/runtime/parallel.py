@@ -89,7 +89,18 @@ def checkpoint_activations(model: GPT) -> None:
     """Recompute each block's forward in its backward (torch.utils.checkpoint): only a block's input
     is kept. The forward is replaced on the instance, so parameter names (and checkpoints) stay."""
     for block in model.transformer.h:
-        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+        block.forward = recomputed_in_backward(block.forward)
+
+
+def recomputed_in_backward(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """forward under torch.utils.checkpoint. A function of this file, not a functools.partial of
+    torch's checkpoint: torch.compile skips a frame whose forward is one of torch's own functions
+    and traces this one, so a compiled block (compile_scope=blocks, FSDP) keeps both."""
+
+    def run(*args: torch.Tensor | None, **kwargs: torch.Tensor | None) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
 
 
 def mixed_precision(dtype: str) -> object:
@@ -117,11 +128,37 @@ def shard(model: GPT, dist: DistInfo, device: str, dtype: str, compile_blocks: b
     # output skipping the next all-gather, cannot happen here: no activation of the model is
     # changed in place (tests/test_layout.py reads model.py for in-place ops). That message only.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
+    if compile_blocks:
+        compile_blocks_of(model)
     for block in model.transformer.h:
-        if compile_blocks:
-            block.compile()
         fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=scalar_parameters(block))
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=scalar_parameters(model))
+    return model
+
+
+def compile_blocks_of(model: GPT) -> None:
+    """torch.compile each block in place (Module.compile: parameter names and checkpoints unchanged).
+
+    The blocks share one forward, and torch.compile inlines built-in modules, taking their
+    parameters as inputs, so the first block's graph serves every layer: the compile costs about
+    one block's at any depth, where tracing the whole model grows with it (docs/LOG.md, 2026-12-07).
+    A per-layer number (a sphere connection's depth decay) fails one guard at the second layer,
+    which compiles once more with that number as an input; no layer after it compiles. The
+    embeddings, final norm, head and loss stay eager: with the blocks compiled they are a few
+    percent of a step (measured in the same LOG entry).
+    """
+    for block in model.transformer.h:
+        block.compile()
+
+
+def compile_model(model: GPT, scope: str) -> torch.nn.Module:
+    """The model as the training step calls it under compile=true: its blocks compiled in place
+    (scope 'blocks', returning the model itself), or one torch.compile of the whole ('model')."""
+    if scope == "model":
+        return torch.compile(model)
+    if scope != "blocks":
+        raise ValueError(f"compile_scope={scope!r} is not valid; choose one of: blocks, model.")
+    compile_blocks_of(model)
     return model
 
 
@@ -180,7 +217,7 @@ def wrap_model(model: GPT, cfg: TrainConfig, dist: DistInfo, device_type: str, l
     or the FSDP root itself for both (its blocks are compiled already)."""
     if cfg.parallel == "fsdp":
         return model, model
-    fwd_model = torch.compile(model) if cfg.compile else model
+    fwd_model = compile_model(model, cfg.compile_scope) if cfg.compile else model
     if not dist.enabled:
         return fwd_model, fwd_model
     return DDP(fwd_model, device_ids=[local_rank] if device_type == "cuda" else None), fwd_model
