@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Step time and MFU of every connection at the paper's S shape on one GPU, compiled, bf16:
+# Step time and MFU of every connection at the paper's S (or M: SCALE=m) shape on one GPU, compiled
+# per block (compile_scope=blocks, train.py's default since 2026-12-07; COMPILE_SCOPE=model for the
+# whole-model graph), bf16:
 # both blocks under AdamW, Pre-LN and 0.5-SpheretNorm under Muon too (its step does not depend
 # on the connection), then a profile of the slowest compiled connection. One block per call of
 # about 10 minutes on an H100/H200 (BLOCKS=gpt2, then BLOCKS=llama: both blocks in one call did
 # not fit 600 s on 2026-12-04, see docs/LOG.md), every part bounded by its own timeout:
 #   1. warm torch.compile's caches: one process per (block, connection), a few at a time, one
-#      step each (compilation is CPU work; these timings are thrown away);
+#      step each (compilation is CPU work); each process's wall time, its cold compile included,
+#      is logged as 'compile+1 step' (an upper bound of the compile: they run a few at a time);
 #   2. bench.py per block, every connection in one process, timed round-robin from warm caches;
 #   3. Muon: Pre-LN and 0.5-SpheretNorm in both blocks;
 #   4. bench.py --profile on the slowest connection of part 2 beside Pre-LN.
 #
 #   BLOCKS=gpt2 bash scripts/gpu_speed.sh        # torch with CUDA; BLOCKS="gpt2 llama" for both
 #   OUT=results/ BLOCKS=llama bash scripts/gpu_speed.sh   # where the log and the JSON go
+#   SCALE=m BLOCKS=gpt2 bash scripts/gpu_speed.sh         # the paper's M shape (24 x 1024)
 set -uo pipefail
 if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -24,8 +28,10 @@ PY=$(command -v python || command -v python3)
 export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/spheretnorm_inductor}
 BLOCKS=${BLOCKS:-gpt2}
+SCALE=${SCALE:-s}
+COMPILE_SCOPE=${COMPILE_SCOPE:-blocks}
 WARM_AT_ONCE=${WARM_AT_ONCE:-5}  # at most ~20 GB of GPU memory each at S, batch 16
-S="config/openwebtext_s.py --batch_size=16 --dtype=bfloat16 --device=cuda --compile=True"
+S="config/openwebtext_${SCALE}.py --batch_size=16 --dtype=bfloat16 --device=cuda --compile=True --compile_scope=$COMPILE_SCOPE"
 CONNECTIONS=$("$PY" -c "from spheretnorm.model import CONNECTIONS; print(' '.join(CONNECTIONS))") || exit 1
 section() { echo; echo "== $1 == ($(date +%T))"; }
 
@@ -35,8 +41,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 section "1. warm the compile caches ($WARM_AT_ONCE at a time)"
 warm() {
+  local start=$SECONDS
   timeout 240 "$PY" bench.py $S --blocks="$1" --connections="$2" --steps=1 --warmup=1 >/dev/null 2>>"$OUT/warm.log" \
-    && echo "  warm: $1 $2" || echo "  warm: $1 $2 FAILED or timed out (see warm.log)"
+    && echo "  warm: $1 $2, compile+1 step $((SECONDS - start)) s" || echo "  warm: $1 $2 FAILED or timed out (see warm.log)"
 }
 export -f warm
 export PY S OUT
