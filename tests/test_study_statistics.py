@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spheretnorm.experiments import fair_comparison as fair_sweep
-from spheretnorm.experiments.stats import parse_rule, spread, t_quantile, verdict
+from spheretnorm.experiments.stats import every_gap_power, normal_cdf, parse_rule, sign_counts, sign_test, spread, t_quantile, verdict
 from spheretnorm.experiments.study import (
     Axis, Sweep, best_rate_follow_up, ensure_data, kernel_path_of, parse_train_args, plan_points, point, train_argv, Place,
 )
@@ -42,6 +42,49 @@ def test_the_interval_needs_three_values_and_uses_n_minus_1_degrees_of_freedom()
     two = spread([-0.03, -0.01])
     assert two.sd == pytest.approx(math.sqrt(0.0002)) and (two.low, two.high) == (None, None)
     assert two.interval_text() == "no interval (2 seeds; it needs 3)"
+
+
+@pytest.mark.parametrize("wins,n,p", [
+    (5, 5, 0.0625),            # 2 * 0.5**5 = 2 / 32
+    (0, 5, 0.0625),            # the other side, the same split
+    (15, 15, 6.103515625e-05), # 2 * 0.5**15 = 2 / 32768
+    (16, 16, 3.0517578125e-05),  # 2 / 65536
+    (9, 10, 0.021484375),      # 2 * (1 + 10) / 1024
+    (8, 10, 0.109375),         # 2 * (1 + 10 + 45) / 1024
+    (3, 6, 1.0),               # 2 * (1 + 6 + 15 + 20) / 64 = 1.3125, capped at 1
+    (1, 1, 1.0),
+])
+def test_the_sign_test_is_twice_the_smaller_binomial_tail(wins: int, n: int, p: float) -> None:
+    assert sign_test(wins, n) == pytest.approx(p, rel=1e-12)
+
+
+def test_the_sign_test_leaves_ties_out_and_refuses_impossible_counts() -> None:
+    gaps = [-0.01, 0.0, -0.02, -0.03]  # one tie: 3 of 3 signed pairs negative, not 3 of 4
+    assert sign_counts(gaps) == (3, 0)
+    negative, positive = sign_counts(gaps)
+    assert sign_test(negative, negative + positive) == pytest.approx(0.25)  # 2 / 8
+    assert sign_test(3, 4) == pytest.approx(0.625)  # what counting the tie as a pair would give: 2 * (1 + 4) / 16
+    assert sign_counts([-0.01, math.inf, -math.inf]) == (2, 1)  # a failure counts by its sign
+    for wins, n in ((6, 5), (-1, 5), (0, 0)):
+        with pytest.raises(ValueError):
+            sign_test(wins, n)
+
+
+def test_the_two_seed_rule_power_is_the_normal_tail_to_the_power_n() -> None:
+    # Phi(0) = 0.5, Phi(1) = 0.8413447460685429 and Phi(1.959964) = 0.975 from the normal table.
+    assert normal_cdf(0.0) == 0.5
+    assert normal_cdf(1.0) == pytest.approx(0.8413447460685429, rel=1e-12)
+    assert normal_cdf(-1.959963984540054) == pytest.approx(0.025, rel=1e-9)
+    above, below = parse_rule("every_gap>0.02"), parse_rule("every_gap<-0.02")
+    assert every_gap_power(above, 0.02, 0.01, 2) == pytest.approx(0.25)  # a true gap on the threshold: 0.5 * 0.5
+    assert every_gap_power(above, 0.03, 0.01, 2) == pytest.approx(0.8413447460685429 ** 2)  # one SD beyond it
+    assert every_gap_power(below, -0.03, 0.01, 2) == pytest.approx(0.8413447460685429 ** 2)  # the mirror image
+    assert every_gap_power(below, 0.03, 0.01, 2) == pytest.approx((1 - 0.9999997133484281) ** 2)  # Phi(-5) ** 2
+    assert every_gap_power(above, 0.02, 0.01, 5) == pytest.approx(0.03125)  # 0.5 ** 5
+    with pytest.raises(ValueError):
+        every_gap_power(parse_rule("upper<0"), 0.03, 0.01, 2)
+    with pytest.raises(ValueError):
+        every_gap_power(above, 0.03, 0.0, 2)
 
 
 def test_a_rule_says_holds_does_not_hold_or_undecided() -> None:

@@ -165,3 +165,42 @@ def verdict(rule: Rule, gaps: dict[int, float | None]) -> str:
             return f"undecided (no interval: {s.n} held-out seeds, it needs {MIN_SEEDS_FOR_INTERVAL})"
         bound = s.high if rule.quantity == "upper" else s.low
     return HOLDS if holds(bound, rule.threshold) else FAILS
+
+
+# -----------------------------------------------------------------------------
+# Beside the rules (issue 63): an exact sign test over paired gaps, and a two-seed rule's power
+
+
+def normal_cdf(z: float) -> float:
+    """P(Z <= z) for a standard normal Z."""
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def sign_counts(gaps: list[float]) -> tuple[int, int]:
+    """(negative, positive) among paired gaps; a gap of exactly 0 is a tie and counts in neither,
+    as the sign test leaves ties out. A failed run's gap (+inf or -inf) counts by its sign."""
+    return sum(1 for g in gaps if g < 0), sum(1 for g in gaps if g > 0)
+
+
+def sign_test(wins: int, n: int) -> float:
+    """The exact two-sided sign test: the chance, if each of n pairs' signs were a fair coin, of a
+    split at least as lopsided as wins of n (twice the smaller binomial tail, at most 1). n counts
+    the pairs with a sign, ties left out (sign_counts). All n of n gives 2 * 0.5**n."""
+    if n < 1 or not 0 <= wins <= n:
+        raise ValueError(f"sign_test needs 0 <= wins <= n and n >= 1, got wins={wins} and n={n}.")
+    fewer = min(wins, n - wins)
+    tail = sum(math.comb(n, k) for k in range(fewer + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def every_gap_power(rule: Rule, true_gap: float, sd: float, n: int) -> float:
+    """The chance that an every_gap rule ('every_gap>0.02') holds on n held-out seeds when each
+    seed's gap is an independent normal draw with mean true_gap and standard deviation sd (sd taken
+    as known; a seed that fails is outside this model): Phi((true_gap - t) / sd) ** n for '>' and
+    Phi((t - true_gap) / sd) ** n for '<'."""
+    if rule.quantity != "every_gap":
+        raise ValueError(f"every_gap_power reads an every_gap rule, got {rule.text}.")
+    if sd <= 0 or n < 1:
+        raise ValueError(f"every_gap_power needs sd > 0 and n >= 1, got sd={sd} and n={n}.")
+    z = (true_gap - rule.threshold) / sd if rule.op == ">" else (rule.threshold - true_gap) / sd
+    return normal_cdf(z) ** n
