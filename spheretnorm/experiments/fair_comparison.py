@@ -571,7 +571,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.gap_against:
         raise UsageError(f"--gap_against {args.gap_against} draws finished sweeps; give them with --compare DIR,DIR,...")
     design = design_of(args, overrides)
-    found, place, unigram = start_study(design, args, overrides)
+    found, place, yardsticks = start_study(design, args, overrides)
     parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
     model = parsed.model_config()
     if args.dry_run:
@@ -589,14 +589,14 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     shape = f"{model.n_layer} x {model.n_embd}{mup}, {args.max_iters} iterations"
     against = "each optimizer's rate" if several else "the learning rate"
     corpus = corpus_title(place.data_dir)
-    figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, {corpus})",
+    figures = plot_design(rows, blocks, yardsticks.unigram, f"Final val loss against {against} ({shape}, {corpus})",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
     text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given_rates(design))} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several, seeds, ADAMW in optimizers))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
-    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, **yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "neighbours": not args.no_neighbours, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)

@@ -12,7 +12,7 @@ evaluation (its val_loss on the sampled batches: the whole split is evaluated at
 against the tokens seen so far; each sweep is a line of its own (a 600- and a 2,400-iteration run
 have other schedules). A panel per (block, optimizer), a row of panels per corpus (the records'
 "corpus", each row on its own y-range: a gap of 0.3 on web text would flatten one of 0.01 on
-Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed or
+Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed, stalled or
 diverged; -inf: Pre-LN did) is a cross at the panel's edge: it counts against its arm, as the
 decision rules say, and is never averaged.
 """
