@@ -12,6 +12,7 @@ import copy
 import json
 import math
 import random
+import shutil
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -293,6 +294,40 @@ def test_a_held_out_seed_that_stalled_at_the_selected_rate_fails_the_cell_as_a_c
     assert record["bigram_loss"] == pytest.approx(counted_bigram_loss(data_dir), rel=1e-9)
     assert [(r["lr"], r["seed"], r["reason"]) for r in record["runs"] if r["status"] == "stalled"] == [
         (0.002, 1339, f"val loss 3.100 above the bigram loss {counted_bigram_loss(data_dir):.3f} (unigram {record['unigram_loss']:.3f})")]
+
+
+def test_compare_judges_an_old_record_from_its_data_folder_or_says_in_one_line_it_cannot(data_dir: Path, tmp_path: Path,
+                                                                                          capsys: pytest.CaptureFixture) -> None:
+    from spheretnorm.experiments.gap_figure import gap_points
+
+    new = tmp_path / "new"
+    write_sweep(new, data_dir, with_stall("p_spheret-0.5", 1339, 2e-3))
+    assert fair_sweep.main(argv(new, data_dir)) == 0
+    old = tmp_path / "old"  # the same sweep as the code before the status recorded it: the stall "ok", its 3.10 in the gaps
+    shutil.copytree(new, old)
+    record = json.loads((old / "fair_sweep.json").read_text())
+    del record["bigram_loss"]
+    record["runs"] = [{**r, "status": "ok", "reason": ""} if r["status"] == "stalled" else r for r in record["runs"]]
+    sphere = next(s for s in record["best"] if s["arm"] == "p_spheret-0.5")
+    sphere["gaps"] = {"1338": -0.03, "1339": 0.91, "1340": -0.03}  # 3.10 - 2.19 at seed 1339
+    (old / "fair_sweep.json").write_text(json.dumps(record))
+
+    def gaps(folder: Path) -> dict[int, float]:
+        return {p.seed: p.gap for p in gap_points(fair_sweep.judged_record(folder), "width", str(folder))}
+
+    capsys.readouterr()
+    assert gaps(new) == {1338: pytest.approx(-0.03), 1339: math.inf, 1340: pytest.approx(-0.03)}
+    assert capsys.readouterr().out == ""  # a record with its bigram loss is read as written
+    assert gaps(old) == {1338: pytest.approx(-0.03), 1339: math.inf, 1340: pytest.approx(-0.03)}
+    assert capsys.readouterr().out == (f"note: {old / 'fair_sweep.json'} predates the 'stalled' status; its runs were judged against "
+                                       f"the bigram loss {counted_bigram_loss(data_dir):.3f} of {data_dir}: 1 stalled.\n")
+    for config in old.glob("**/config.json"):  # the data folder its runs trained on is gone
+        config.write_text(json.dumps({**json.loads(config.read_text()), "data_dir": str(tmp_path / "gone")}))
+    assert gaps(old) == {1338: pytest.approx(-0.03), 1339: pytest.approx(0.91), 1340: pytest.approx(-0.03)}  # as recorded
+    note = capsys.readouterr().out
+    assert note.count("\n") == 1 and "stalls cannot be judged for that record" in note
+    assert fair_sweep.main(["--compare", f"{old},{new}", "--gap_against", "width", "--blocks", "llama", f"--out_dir={tmp_path / 'figs'}"]) == 0
+    assert (tmp_path / "figs" / "gap_vs_width.png").is_file()
 
 
 def test_two_held_out_seeds_give_no_interval_and_a_missing_one_leaves_the_rule_undecided(data_dir: Path, tmp_path: Path) -> None:
