@@ -413,7 +413,7 @@ def test_figures_name_the_corpus_the_data_was_prepared_from(data_dir: Path, tmp_
 def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "sweep"
     argv = [
-        "--arms=pre_ln", "--blocks=llama", "--lrs=1e-2,3e-2", "--seeds=5,6", "--max_iters=30", "--warmup_iters=3",
+        "--arms=pre_ln", "--blocks=llama", "--lrs=1e-2,3e-2", "--seeds=5,6", "--max_iters=100", "--warmup_iters=3",
         f"--out_dir={out}", f"--data_dir={data_dir}", "--jobs=2",
         "--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--global_batch_size=4", "--eval_iters=2",
         "--compile=false",  # the studies compile by default; four tiny compiles would only slow the suite
@@ -422,7 +422,9 @@ def test_the_command_runs_the_plan_and_a_rerun_reuses_every_finished_run(data_di
     first = capsys.readouterr().out
     record = json.loads((out / "fair_sweep.json").read_text())
     losses = {r["lr"]: r["val_loss"] for r in record["runs"] if r["seed"] == 5}
-    assert all(r["status"] == "ok" for r in record["runs"])
+    # Every run ended and was judged: the tiny model needs 100 steps to get below the play's bigram loss (0.99) at 1e-2 and 3e-2
+    # (0.83 to 0.92 and 0.39 to 0.45 when this was written); a rate it does not train at is "stalled", a failure the plan reads as one.
+    assert {r["status"] for r in record["runs"]} <= {"ok", "stalled"} and any(r["status"] == "ok" for r in record["runs"])
     # Two rates: the best lies at an end, so the grid grew by one step (x3) there, then seed 6 ran at the best and its neighbour.
     rates, finished = swept_rates([1e-2, 3e-2], losses)
     assert finished and len(rates) == 3 and sorted(losses) == rates

@@ -370,7 +370,7 @@ def test_reproduce_cpu_two_methods(tmp_path: Path, tiny_corpus: Path, capsys: py
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((repro / "summary.json").read_text())
     assert [r["method"] for r in summary["runs"]] == ["pre_ln", "proj_spheret"]
-    assert all(r["status"] in ("ok", "stuck at unigram") and r["last_eval_iter"] == 20 for r in summary["runs"])
+    assert all(r["status"] in ("ok", "stuck at unigram", "stalled") and r["last_eval_iter"] == 20 for r in summary["runs"])  # 20 steps of a tiny model
     # A second call reuses the finished runs instead of training again.
     assert reproduce_cpu.main(argv) == 0
     assert "already finished" in capsys.readouterr().out

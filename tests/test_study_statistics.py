@@ -8,11 +8,16 @@ chosen by hand; every expected number below is worked out in its comment, not by
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import random
+import shutil
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from spheretnorm.experiments import fair_comparison as fair_sweep
@@ -178,14 +183,29 @@ MAX_ITERS = 600
 SPHERE_PATH = "float32 eager fused_eager"
 
 
+CHAIN_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
+CHAIN_SUCCESSORS = 16
+
+
+def chain_text(length: int = 20_000) -> str:
+    """Characters of a made-up chain: each of 40 letters is followed by one of its 16 fixed successors
+    at random (seeded). Its unigram loss is near ln 40 = 3.69 and its bigram loss near ln 16 = 2.77, so
+    the losses chosen below (2.15 to 2.43) are trained runs, and one between 2.9 and 3.5 a stall."""
+    rng = random.Random(0)
+    successors = {c: rng.sample(CHAIN_LETTERS, CHAIN_SUCCESSORS) for c in CHAIN_LETTERS}
+    out, c = [], "a"
+    for _ in range(length):
+        out.append(c)
+        c = rng.choice(successors[c])
+    return "".join(out)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Characters of a small made-up play (unigram loss near 3), prepared as the studies prepare Tiny Shakespeare."""
+    """chain_text's characters, prepared as the studies prepare Tiny Shakespeare."""
     root = tmp_path_factory.mktemp("stats_data")
-    lines = [f"{who}:\nThe {what} of the {where} is {how}.\n" for who in ("ANNE", "BEN") for what in ("king", "rain")
-             for where in ("hill", "sea") for how in ("near", "gone")]
-    (root / "play.txt").write_text("\n".join(lines * 30), encoding="utf-8")
-    ensure_data(root / "data", str(root / "play.txt"))
+    (root / "chain.txt").write_text(chain_text(), encoding="utf-8")
+    ensure_data(root / "data", str(root / "chain.txt"))
     return root / "data"
 
 
@@ -281,6 +301,76 @@ def test_a_held_out_seed_that_collapsed_at_the_selected_rate_fails_the_cell(data
     assert sphere[3:11] == ["0.002", "2.150", "1338: 2.180, 1339: collapsed, 1340: 2.200", "failed (seed 1339 collapsed)",
                             "1338: -0.030, 1339: +inf, 1340: -0.030", "failed (seed 1339: the arm failed)", "-", "-"]
     assert "- rule every_gap<-0.02 (every held-out seed's gap below -0.02): 0.5-SpheretNorm (LLaMA) -> does not hold" in table(out)
+
+
+STALL = 3.10  # a whole-split loss above chain_text's bigram loss (2.84) and, sampled (3.20), below its unigram line (3.66 - 0.05)
+
+
+def counted_bigram_loss(data_dir: Path) -> float:
+    """The add-one bigram cross-entropy of docs/LOG.md (2026-12-07), counted here in plain Python."""
+    vocab = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
+    train, val = ([int(t) for t in np.fromfile(data_dir / f"{split}.bin", dtype=np.uint16)] for split in ("train", "val"))
+    pairs, starts = Counter(zip(train, train[1:])), Counter(train[:-1])
+    return -sum(math.log((pairs[a, b] + 1) / (starts[a] + vocab)) for a, b in zip(val, val[1:])) / (len(val) - 1)
+
+
+def with_stall(arm: str, seed: int, lr: float) -> dict:
+    losses = copy.deepcopy(LOSSES)
+    losses[arm][seed][lr] = STALL
+    return losses
+
+
+def test_a_held_out_seed_that_stalled_at_the_selected_rate_fails_the_cell_as_a_collapse_does(data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_sweep(out, data_dir, with_stall("p_spheret-0.5", 1339, 2e-3))
+    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02")) == 0
+    lines = table(out)
+    sphere = row_of(lines, "0.5-SpheretNorm")
+    # Counted as trained, 3.10 would give a mean of (2.18 + 3.10 + 2.20) / 3 = 2.493 and a gap of (-0.03 + 0.91 - 0.03) / 3 = +0.283.
+    assert sphere[3:12] == ["0.002", "2.150", "1338: 2.180, 1339: stalled, 1340: 2.200", "failed (seed 1339 stalled)",
+                            "1338: -0.030, 1339: +inf, 1340: -0.030", "failed (seed 1339: the arm failed)", "-", "-",
+                            "0.002 (seed 1339 stalled), 0.004 (seed 1339 collapsed)"]
+    assert sphere[-1] == "0.002, 0.004"  # diverged or collapsed at
+    assert "- rule every_gap<-0.02 (every held-out seed's gap below -0.02): 0.5-SpheretNorm (LLaMA) -> does not hold" in lines
+    assert "| LLaMA | 0.5-SpheretNorm | AdamW | 0.002 | 1339 | 3.100 | stalled | - | - | - |" in lines
+    record = json.loads((out / "fair_sweep.json").read_text())
+    assert record["bigram_loss"] == pytest.approx(counted_bigram_loss(data_dir), rel=1e-9)
+    assert [(r["lr"], r["seed"], r["reason"]) for r in record["runs"] if r["status"] == "stalled"] == [
+        (0.002, 1339, f"val loss 3.100 above the bigram loss {counted_bigram_loss(data_dir):.3f} (unigram {record['unigram_loss']:.3f})")]
+
+
+def test_compare_judges_an_old_record_from_its_data_folder_or_says_in_one_line_it_cannot(data_dir: Path, tmp_path: Path,
+                                                                                          capsys: pytest.CaptureFixture) -> None:
+    from spheretnorm.experiments.gap_figure import gap_points
+
+    new = tmp_path / "new"
+    write_sweep(new, data_dir, with_stall("p_spheret-0.5", 1339, 2e-3))
+    assert fair_sweep.main(argv(new, data_dir)) == 0
+    old = tmp_path / "old"  # the same sweep as the code before the status recorded it: the stall "ok", its 3.10 in the gaps
+    shutil.copytree(new, old)
+    record = json.loads((old / "fair_sweep.json").read_text())
+    del record["bigram_loss"]
+    record["runs"] = [{**r, "status": "ok", "reason": ""} if r["status"] == "stalled" else r for r in record["runs"]]
+    sphere = next(s for s in record["best"] if s["arm"] == "p_spheret-0.5")
+    sphere["gaps"] = {"1338": -0.03, "1339": 0.91, "1340": -0.03}  # 3.10 - 2.19 at seed 1339
+    (old / "fair_sweep.json").write_text(json.dumps(record))
+
+    def gaps(folder: Path) -> dict[int, float]:
+        return {p.seed: p.gap for p in gap_points(fair_sweep.judged_record(folder), "width", str(folder))}
+
+    capsys.readouterr()
+    assert gaps(new) == {1338: pytest.approx(-0.03), 1339: math.inf, 1340: pytest.approx(-0.03)}
+    assert capsys.readouterr().out == ""  # a record with its bigram loss is read as written
+    assert gaps(old) == {1338: pytest.approx(-0.03), 1339: math.inf, 1340: pytest.approx(-0.03)}
+    assert capsys.readouterr().out == (f"note: {old / 'fair_sweep.json'} predates the 'stalled' status; its runs were judged against "
+                                       f"the bigram loss {counted_bigram_loss(data_dir):.3f} of {data_dir}: 1 stalled.\n")
+    for config in old.glob("**/config.json"):  # the data folder its runs trained on is gone
+        config.write_text(json.dumps({**json.loads(config.read_text()), "data_dir": str(tmp_path / "gone")}))
+    assert gaps(old) == {1338: pytest.approx(-0.03), 1339: pytest.approx(0.91), 1340: pytest.approx(-0.03)}  # as recorded
+    note = capsys.readouterr().out
+    assert note.count("\n") == 1 and "stalls cannot be judged for that record" in note
+    assert fair_sweep.main(["--compare", f"{old},{new}", "--gap_against", "width", "--blocks", "llama", f"--out_dir={tmp_path / 'figs'}"]) == 0
+    assert (tmp_path / "figs" / "gap_vs_width.png").is_file()
 
 
 def test_two_held_out_seeds_give_no_interval_and_a_missing_one_leaves_the_rule_undecided(data_dir: Path, tmp_path: Path) -> None:

@@ -116,9 +116,9 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters"})
     sweep = block_sweep(parse_number_list(args.seeds, "seeds", int), parse_number_list(args.ngpt_lrs, "ngpt_lrs", float),
                         args.max_iters, args.eval_interval)
-    rows, place, unigram = start_study(sweep, args, overrides)
+    rows, place, yardsticks = start_study(sweep, args, overrides)
     text = runs_text(sweep, rows, "Pre-LN of the same block")
-    return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, [], rows, started)
+    return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "runs": rows}, [], rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

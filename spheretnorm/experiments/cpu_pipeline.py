@@ -8,7 +8,7 @@ Trains each method (24 layers x 128 wide, Tiny Shakespeare characters, block 64,
 one learning rate and one warm-up for all, two runs at a time on one thread each, then writes
 OUT_DIR/tables.{md,tex} (the paper's Tables 2 and 3 for these runs), OUT_DIR/figures/*.{png,pdf}
 (loss curves, as the paper's Figures 2 and 3), OUT_DIR/summary.json, and prints the tables,
-each run's outcome (ok / stuck at unigram / diverged) and the wall-clock time. On 2 cores the default
+each run's outcome (ok / stuck at unigram / stalled / diverged) and the wall-clock time. On 2 cores the default
 took 15 minutes (results in docs/EXPERIMENTS.md).
 
 Runs go to OUT_DIR/shakespeare_char_24x128/<method>/ (train.log beside metrics.jsonl); a run
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot, tabulate as tables
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides
+from spheretnorm.experiments.grid import check_overrides
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_length_options, add_methods_option, add_place_options, as_args,
@@ -98,15 +98,14 @@ def reproduce(args: argparse.Namespace, overrides: list[str]) -> int:
     settings = settings_text(parsed, ensure_data(Path(args.data_dir), args.input), args.jobs, args.threads)
     print(settings + "\n", flush=True)
 
-    rows, place, unigram = start_study(spec, args, overrides)
+    rows, place, yardsticks = start_study(spec, args, overrides)
 
     built = tables.build_tables(place.out_dir, ["2", "3"], with_paper=False)
     table_paths = tables.write_tables(built, place.out_dir / "tables")
     figure_paths = plot.plot_group(place.out_dir, DATASET, scale_of(asdict(parsed.model_config())), place.out_dir / "figures" / spec.name, args.smooth)
     print("\n" + tables.render(built, "markdown"))
-    print(f"Run outcomes ({STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN}, no better than "
-          f"predicting character frequencies; diverged: the loss became non-finite):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
-    summary = {"settings": settings, "train_args": as_args(spec.base) + overrides, "unigram_loss": unigram,
+    print(f"Run outcomes ({yardsticks.rules_text()}):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
+    summary = {"settings": settings, "train_args": as_args(spec.base) + overrides, **yardsticks.record(),
                "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows,
                "tables": [str(p) for p in table_paths], "figures": [str(p) for p in figure_paths]}
     return publish(place.out_dir, "summary", None, summary, [*table_paths, *figure_paths], rows, started)

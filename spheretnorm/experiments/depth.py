@@ -84,11 +84,11 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     check_overrides(overrides, {**RESERVED, "seed": "--seeds", "alpha_index": "--ablation", "warmup_iters": "--warmup_iters", "max_iters": "--max_iters"})
     sweep = depth_sweep(parse_methods(args.methods), parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer",
                         args.warmup_iters, args.max_iters, args.eval_interval)
-    rows, place, unigram = start_study(sweep, args, overrides)
+    rows, place, yardsticks = start_study(sweep, args, overrides)
     found = [load_run(Path(r["out_dir"])) for r in rows if (Path(r["out_dir"]) / CONFIG_NAME).is_file()]
     figures = plot.plot_diagnostics(found, f"{place.out_dir.name}: 24 x 128", place.out_dir / "figures" / "diagnostics") if found else []
     text = runs_text(sweep, rows, display_name("pre_ln"))
-    return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "runs": rows}, figures, rows, started)
+    return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "runs": rows}, figures, rows, started)
 
 
 def main(argv: list[str] | None = None) -> int:

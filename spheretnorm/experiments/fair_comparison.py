@@ -81,8 +81,10 @@ from spheretnorm.experiments.figures import (
     LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
 )
 from spheretnorm.experiments.gap_figure import AXES as GAP_AXES
-from spheretnorm.experiments.gap_figure import GAP_Y_RANGES, gap_figure, gap_points
-from spheretnorm.experiments.grid import BLOCK_TITLES, check_overrides, parse_choices
+from spheretnorm.experiments.gap_figure import GAP_Y_RANGES, gap_figure, gap_points, run_file
+from spheretnorm.experiments.grid import (
+    BLOCK_TITLES, CONFIG_NAME, STALLED, bigram_loss, check_overrides, is_stalled, parse_choices, stall_reason,
+)
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
     CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
@@ -571,7 +573,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.gap_against:
         raise UsageError(f"--gap_against {args.gap_against} draws finished sweeps; give them with --compare DIR,DIR,...")
     design = design_of(args, overrides)
-    found, place, unigram = start_study(design, args, overrides)
+    found, place, yardsticks = start_study(design, args, overrides)
     parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
     model = parsed.model_config()
     if args.dry_run:
@@ -589,14 +591,14 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     shape = f"{model.n_layer} x {model.n_embd}{mup}, {args.max_iters} iterations"
     against = "each optimizer's rate" if several else "the learning rate"
     corpus = corpus_title(place.data_dir)
-    figures = plot_design(rows, blocks, unigram, f"Final val loss against {against} ({shape}, {corpus})",
+    figures = plot_design(rows, blocks, yardsticks.unigram, f"Final val loss against {against} ({shape}, {corpus})",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
     text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given_rates(design))} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
             f"{markdown_table(summary, best_columns(several, seeds, ADAMW in optimizers))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
-    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, "unigram_loss": unigram, "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, **yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "neighbours": not args.no_neighbours, "metric": metric, "best": summary, "runs": rows}
     return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
@@ -606,7 +608,7 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
     """--compare DIR,DIR,...: the runs of finished sweeps (their fair_sweep.json) in `blocks` with
     `optimizers`, a row of panels per sweep (a width, say) and a column per block and optimizer
     that some sweep ran, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
-    records = [(Path(d.strip()), read_sweep_record(Path(d.strip()))) for d in spec.split(",") if d.strip()]
+    records = [(Path(d.strip()), judged_record(Path(d.strip()))) for d in spec.split(",") if d.strip()]
     if len(records) < 2:
         raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
     columns = [(b, o) for b in blocks for o in optimizers
@@ -630,7 +632,7 @@ def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[s
     """--compare DIR,... --gap_against AXIS: each arm's held-out gaps to Pre-LN in finished sweeps
     against their depth, width or tokens seen (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}."""
     folders = [Path(d.strip()) for d in spec.split(",") if d.strip()]
-    points = [p for folder in folders for p in gap_points(read_sweep_record(folder), against, str(folder))
+    points = [p for folder in folders for p in gap_points(judged_record(folder), against, str(folder))
               if p.block in blocks and p.optimizer in optimizers]
     loss = ", periodic evaluations" if against == "tokens" else ""
     written = gap_figure(points, against, f"Held-out gap to Pre-LN against {GAP_AXES[against][1]}, each arm at its own rate "
@@ -653,6 +655,51 @@ def read_sweep_record(folder: Path) -> dict[str, Any]:
         raise UsageError(f"--compare: {path} is not a fair sweep's JSON record ({e}); run --table_only in {folder} to write it again.") from None
     except OSError as e:  # a folder in its place, a file where a folder of its path should be, no permission
         raise UsageError(f"--compare: {path} cannot be read ({e.strerror or e}); give the --out_dir folders of finished sweeps.") from None
+
+
+def judged_record(folder: Path) -> dict[str, Any]:
+    """A finished sweep's record (read_sweep_record) with its runs judged for a stall (grid.STALLED):
+    as written where it holds a bigram_loss (every record since the status); one from before has its
+    "ok" runs judged against the bigram loss of the data folder they trained on and its summary
+    rebuilt (rejudged); where that folder is not here, as written, and one line says so."""
+    record = read_sweep_record(folder)
+    if "bigram_loss" in record or not record.get("runs"):
+        return record
+    data_dir = trained_data_dir(folder, record["runs"])
+    if data_dir is None:
+        print(f"note: {folder / 'fair_sweep.json'} predates the '{STALLED}' status and the data folder its runs trained on is not "
+              f"here, so stalls cannot be judged for that record; its runs are drawn as recorded.")
+        return record
+    judged = rejudged(record, bigram_loss(data_dir))
+    count = sum(r["status"] == STALLED for r in judged["runs"])
+    print(f"note: {folder / 'fair_sweep.json'} predates the '{STALLED}' status; its runs were judged against the bigram loss "
+          f"{judged['bigram_loss']:.3f} of {data_dir}: {count} stalled.")
+    return judged
+
+
+def trained_data_dir(folder: Path, runs: list[dict[str, Any]]) -> Path | None:
+    """The prepared data folder a sweep's runs trained on (the first run's config.json that names one
+    holding a meta.json), or None."""
+    for row in runs:
+        config = run_file(folder, row, CONFIG_NAME)
+        data_dir = json.loads(config.read_text(encoding="utf-8")).get("data_dir") if config else None
+        if data_dir and (Path(data_dir) / "meta.json").is_file():
+            return Path(data_dir)
+    return None
+
+
+def rejudged(record: dict[str, Any], bigram: float) -> dict[str, Any]:
+    """The record with each "ok" run whose final loss lies above `bigram` stalled, and its summary
+    ("best": selection, held-out cells, gaps) rebuilt from those runs as the table builds it (best_rows)."""
+    unigram = record.get("unigram_loss")
+    runs = [{**r, "status": STALLED, "reason": stall_reason(r, bigram, unigram)} if r["status"] == "ok" and is_stalled(r, bigram) else r
+            for r in record["runs"]]
+    best = record.get("best", [])
+    blocks = list(dict.fromkeys(s["block"] for s in best))
+    arms = [ARM_BY_SLUG[a] for a in dict.fromkeys(s["arm"] for s in best)]
+    seeds = Seeds(record["selection_seed"], tuple(record["held_out_seeds"])) if "selection_seed" in record else Seeds.of(record["seeds"])
+    summary = best_rows(runs, blocks, arms, seeds, record.get("metric", "val_loss"), record.get("optimizers", [ADAMW]))
+    return {**record, "bigram_loss": bigram, "runs": runs, "best": summary}
 
 
 def given_rates(design: Sweep) -> str:

@@ -12,7 +12,7 @@ evaluation (its val_loss on the sampled batches: the whole split is evaluated at
 against the tokens seen so far; each sweep is a line of its own (a 600- and a 2,400-iteration run
 have other schedules). A panel per (block, optimizer), a row of panels per corpus (the records'
 "corpus", each row on its own y-range: a gap of 0.3 on web text would flatten one of 0.01 on
-Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed or
+Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed, stalled or
 diverged; -inf: Pre-LN did) is a cross at the panel's edge: it counts against its arm, as the
 decision rules say, and is never averaged.
 """
@@ -100,14 +100,22 @@ def eval_gap_points(record: dict[str, Any], folder: Path) -> list[GapPoint]:
     return out
 
 
-def eval_losses(folder: Path, row: dict[str, Any]) -> dict[int, float]:
-    """{tokens seen: val_loss} of a run's finite periodic evaluations. Its folder is found under
-    the sweep's folder by its last three parts (<block>/<arm>/lr<R>_s<S>), so that a sweep moved or
-    unpacked elsewhere (docs/run_records) still reads; its recorded out_dir else."""
+def run_file(folder: Path, row: dict[str, Any], name: str) -> Path | None:
+    """A file of a run of a sweep's record (its metrics.jsonl, config.json): found under the sweep's
+    folder by the run folder's last three parts (<block>/<arm>/lr<R>_s<S>), so that a sweep moved or
+    unpacked elsewhere (docs/run_records) still reads; in its recorded out_dir else; None where neither holds it
+    (or the row records no out_dir)."""
+    if not row.get("out_dir"):
+        return None
     recorded = Path(row["out_dir"])
-    path = next((d / METRICS_NAME for d in (folder.joinpath(*recorded.parts[-3:]), recorded) if (d / METRICS_NAME).is_file()), None)
+    return next((d / name for d in (folder.joinpath(*recorded.parts[-3:]), recorded) if (d / name).is_file()), None)
+
+
+def eval_losses(folder: Path, row: dict[str, Any]) -> dict[int, float]:
+    """{tokens seen: val_loss} of a run's finite periodic evaluations, from its metrics.jsonl (run_file)."""
+    path = run_file(folder, row, METRICS_NAME)
     if path is None:
-        raise UsageError(f"--gap_against tokens: no {METRICS_NAME} for {row.get('name', recorded)} under {folder} or at {recorded}; "
+        raise UsageError(f"--gap_against tokens: no {METRICS_NAME} for {row.get('name', row.get('out_dir'))} under {folder} or at {row.get('out_dir')}; "
                          "unpack the sweep's run folders there first.")
     return {int(r["tokens"]): float(r["val_loss"]) for r in read_metrics(path)
             if r.get("kind") == "eval" and "tokens" in r and isinstance(r.get("val_loss"), float) and math.isfinite(r["val_loss"])}

@@ -404,7 +404,7 @@ def sort_groups(groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 # -----------------------------------------------------------------------------
-# Outcome of a run: finished, stuck at unigram, diverged
+# Outcome of a run: finished, stuck at unigram, stalled, diverged
 
 
 def unigram_loss(data_dir: Path) -> float:
@@ -422,10 +422,63 @@ def unigram_loss(data_dir: Path) -> float:
     return float(-(p_val[seen] * np.log(np.maximum(p_train[seen], 1e-12))).sum())
 
 
+def bigram_loss(data_dir: Path) -> float:
+    """Cross-entropy (nats) of the val split's neighbouring token pairs under the train split's pair
+    counts with add-one smoothing over the vocabulary: P(b | a) = (n(a, b) + 1) / (n(a) + V), n(a, b)
+    the train positions where b follows a, n(a) their sum over b (docs/LOG.md, 2026-12-07).
+
+    The loss of a model that reads the previous token alone; a run that ends above it is "stalled"
+    (2.482 on Shakespeare-char). Pairs are counted sparsely (np.unique), so a vocabulary of 50,257
+    costs no V x V table.
+    """
+    meta = load_meta(data_dir)
+    vocab = int(meta["vocab_size"])
+    train, val = (np.asarray(open_split(data_dir, s, meta), dtype=np.int64) for s in ("train", "val"))
+    if len(val) < 2:
+        return math.nan  # no pair to predict
+    pairs, counts = np.unique(train[:-1] * vocab + train[1:], return_counts=True)
+    starts = np.bincount(train[:-1], minlength=vocab)  # n(a)
+    wanted = val[:-1] * vocab + val[1:]
+    at = np.clip(np.searchsorted(pairs, wanted), 0, max(len(pairs) - 1, 0))
+    seen = counts[at] * (pairs[at] == wanted) if len(pairs) else np.zeros(len(wanted), dtype=np.int64)
+    return float(-np.mean(np.log((seen + 1) / (starts[val[:-1]] + vocab))))
+
+
+@dataclass(frozen=True)
+class Yardsticks:
+    """What a finished run's final loss is judged against (classify): the unigram and bigram losses
+    of its data, nan where the data is not there to compute them."""
+
+    unigram: float = math.nan
+    bigram: float = math.nan
+
+    @staticmethod
+    def of(data_dir: Path) -> "Yardsticks":
+        """Both losses of a prepared data folder; nan for both where it holds no meta.json (a dry run's)."""
+        if not (Path(data_dir) / "meta.json").is_file():
+            return Yardsticks()
+        return Yardsticks(unigram_loss(data_dir), bigram_loss(data_dir))
+
+    def record(self) -> dict[str, float]:
+        """The keys a study's record stores them under."""
+        return {"unigram_loss": self.unigram, "bigram_loss": self.bigram}
+
+    def rules_text(self) -> str:
+        """What classify's statuses of a run that finished but did not learn mean, with these numbers."""
+        return (f"{STUCK_AT_UNIGRAM}: final val loss above the unigram loss {self.unigram:.3f} - {COLLAPSE_MARGIN}, no better than "
+                f"predicting token frequencies; {STALLED}: final whole-split val loss above the bigram loss {self.bigram:.3f}, no "
+                "better than the previous token's pair counts; diverged: the loss became non-finite and train.py stopped")
+
+
 STOPPED_COLLAPSE = "stopped: collapse"
 # A run that finished no better than the token frequencies: it never learnt past the unigram
 # level (it may or may not have collapsed; the collapse alarm's status is STOPPED_COLLAPSE).
 STUCK_AT_UNIGRAM = "stuck at unigram"
+# A run that finished below the unigram line but no better than the previous token's pair counts
+# (bigram_loss) on its whole val split: it did not learn to use its context (docs/LOG.md, 2026-12-07).
+STALLED = "stalled"
+# classify's statuses of a run that has its final eval row at max_iters.
+FINISHED = ("ok", STUCK_AT_UNIGRAM, STALLED)
 # What each exit status of train.py means (its EXIT_* constants), for the scripts' progress lines.
 EXIT_TEXT = {
     EXIT_CRASH: "crashed",
@@ -440,14 +493,36 @@ def exit_text(code: int) -> str:
     return f"{EXIT_TEXT[code]} (exit status {code})" if code in EXIT_TEXT else f"exit status {code}"
 
 
-def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "") -> tuple[str, str]:
-    """(status, reason): status is ok, stuck at unigram, stopped: collapse, diverged, failed or unfinished.
+def final_val_loss(final: Mapping[str, Any]) -> float:
+    """The loss a stall is judged on: the whole val split's (val_loss_full) where the final eval row
+    (or a study's row of the run) has it, else its sampled val_loss."""
+    full = final.get("val_loss_full")
+    return float(full if full is not None else final["val_loss"])
+
+
+def is_stalled(final: Mapping[str, Any], bigram: float | None) -> bool:
+    """Whether a finished run's final loss (final_val_loss) lies above the bigram loss; never where
+    the bigram loss is not known (None or nan)."""
+    return bigram is not None and final_val_loss(final) > bigram
+
+
+def stall_reason(final: Mapping[str, Any], bigram: float, unigram: float | None) -> str:
+    """'val loss 3.133 above the bigram loss 2.482 (unigram 3.347)'."""
+    below = f" (unigram {unigram:.3f})" if unigram is not None and math.isfinite(unigram) else ""
+    return f"val loss {final_val_loss(final):.3f} above the bigram loss {bigram:.3f}{below}"
+
+
+def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "",
+             bigram: float | None = None) -> tuple[str, str]:
+    """(status, reason): status is ok, stuck at unigram, stalled, stopped: collapse, diverged, failed or unfinished.
 
     stopped: collapse: train.py's collapse alarm stopped the run (exit status 3, or its stop row
     when the run was not started here). diverged: train.py stopped on a non-finite loss (exit
     status 4, or its stop row). stuck at unigram: the run finished but its final val loss is above
-    unigram - COLLAPSE_MARGIN, no better than predicting the token frequencies. returncode None
-    means the run was not started here (it was found finished or stopped).
+    unigram - COLLAPSE_MARGIN, no better than predicting the token frequencies. stalled: the run
+    finished below that line but its final whole-split loss (final_val_loss) is above the bigram
+    loss, no better than the previous token's pair counts. returncode None means the run was not
+    started here (it was found finished or stopped).
     """
     stop = run.stop if run is not None else None
     reason = stop["reason"] if stop else None
@@ -467,4 +542,6 @@ def classify(run: Run | None, returncode: int | None, unigram: float | None, err
         cosine = final.get("final_cosine")
         extra = f", final cosine {cosine:.3f}" if cosine is not None else ""
         return STUCK_AT_UNIGRAM, f"val loss {final['val_loss']:.3f} vs unigram {unigram:.3f}{extra}"
+    if is_stalled(final, bigram):
+        return STALLED, stall_reason(final, bigram, unigram)  # type: ignore[arg-type]
     return "ok", ""

@@ -253,7 +253,7 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     grids = rate_grids(optimizers, parse_numbers(args.lrs, float, "lrs"), args.grid)
     check_shape(widths, args.head_dim, args.max_iters)
     spec = transfer_sweep(parse_methods(args.methods), widths, grids, args.n_layer, args.head_dim, args.max_iters, args.base_lr)
-    rows, place, unigram = start_study(spec, args, overrides)
+    rows, place, yardsticks = start_study(spec, args, overrides)
     base = widths[0]
     title = f"Shakespeare-char, {args.n_layer} layers, {args.max_iters} iterations: final val loss (μP base width {base})"
     figures = plot_transfer(rows, title, place.out_dir / "mup_transfer")
@@ -264,7 +264,7 @@ def study(args: argparse.Namespace, overrides: list[str]) -> int:
     note = f"At width {base} μP is the standard parametrisation, so its rows are the same runs."
     text = f"{title}\n\n" + "\n\n".join(tables) + f"\n\n{note}\n\n" + "\n".join(moves_text(moves))
     record = {"widths": widths, "grids": grids, "lrs": grids.get("adamw"), "base_width": base, "max_iters": args.max_iters, "n_layer": args.n_layer,
-              "base_lr": args.base_lr, "unigram_loss": unigram, "moves": moves, "runs": rows}
+              "base_lr": args.base_lr, **yardsticks.record(), "moves": moves, "runs": rows}
     return publish(place.out_dir, "transfer", text, record, figures, rows, started)
 
 

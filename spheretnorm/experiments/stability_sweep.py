@@ -6,9 +6,10 @@
 For each method, peak LR and warm-up, one run of the CPU model (24 layers x 128 wide, Tiny
 Shakespeare characters, block 64, batch 16, cosine decay to lr/10 at --max_iters), then a plot
 like Keel's Figure 1a: final val loss against the LR (log scale), one line per method, one
-panel per warm-up. Marked on it: runs stuck at unigram (final val loss no better than the
-unigram loss, drawn on the dotted unigram line's level: a hollow red ring) and diverged runs
-(the loss became non-finite and train.py stopped: a red cross at the panel's top). Any other
+panel per warm-up. Marked on it: runs that ended with a loss but did not learn (stuck at
+unigram: no better than the unigram loss, the dotted line; stalled: no better than the bigram
+loss; or stopped by the collapse alarm): a hollow red ring at their loss; and diverged runs (the
+loss became non-finite and train.py stopped): a red cross at the panel's top. Any other
 --key=value is passed to every train.py run (e.g. --n_layer=12 --block_size=128).
 
 Writes OUT_DIR/sweep.json (every run's result), OUT_DIR/sweep.md (the table) and
@@ -31,10 +32,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spheretnorm.experiments.figures import method_style, save_figure
-from spheretnorm.experiments.grid import COLLAPSE_MARGIN, STUCK_AT_UNIGRAM, check_overrides, parse_numbers
+from spheretnorm.experiments.grid import check_overrides, parse_numbers
 from spheretnorm.runtime.methods import parse_methods, sort_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, UNSTABLE, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options,
     add_rate_grid_options, as_args, parse_train_args, pivot_table, publish, start_study, study_main, study_name, study_parser,
 )
 from spheretnorm.runtime.cli import UsageError
@@ -94,7 +95,8 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path) -> list[Path]:
-    """Val loss vs LR, one panel per warm-up; runs stuck at unigram and diverged runs marked in red."""
+    """Val loss vs LR, one panel per warm-up; the runs that did not learn (UNSTABLE) marked in red:
+    a ring at the loss of one that has one, a cross at the top for a diverged one."""
     warmups = sorted({r["warmup"] for r in rows})
     fig, axes = plt.subplots(1, len(warmups), figsize=(5.2 * len(warmups), 4.2), sharey=True, squeeze=False)
     finite = [r["val_loss"] for r in rows if r["val_loss"] is not None]
@@ -107,7 +109,7 @@ def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path
             ys = [r["val_loss"] for r in points if r["val_loss"] is not None]
             ax.plot(xs, ys, marker="o", markersize=4, label=display_name(method), **style)
             for r in points:
-                if r["status"] == STUCK_AT_UNIGRAM:
+                if r["status"] in UNSTABLE and r["val_loss"] is not None:
                     ax.plot(r["lr"], r["val_loss"], marker="o", markersize=13, markerfacecolor="none", markeredgecolor="red", linestyle="none")
                 elif r["status"] == "diverged":
                     ax.plot(r["lr"], top, marker="x", markersize=10, color="red", linestyle="none")
@@ -118,7 +120,7 @@ def plot_sweep(rows: list[dict[str, Any]], unigram: float, title: str, out: Path
         ax.set_title(f"warm-up {warmup} iterations")
         ax.set_xlabel("peak learning rate")
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel(f"final val loss (red ring: {STUCK_AT_UNIGRAM}, red x: diverged)")
+    axes[0][0].set_ylabel("final val loss (red ring: did not learn, red x: diverged)")
     axes[0][0].set_ylim(top=top + 0.1)
     # One legend under the panels, where it hides no point.
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -160,13 +162,11 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.max_iters <= max(warmups):
         raise UsageError(f"--max_iters {args.max_iters} must exceed the longest warm-up ({max(warmups)}); raise it or shorten --warmups.")
     spec = stability_sweep(methods, lrs, warmups, args.max_iters, overrides)
-    rows, place, unigram = start_study(spec, args, overrides)
+    rows, place, yardsticks = start_study(spec, args, overrides)
     title = f"{spec.name}: final val loss after {args.max_iters} iterations"
-    figure_paths = plot_sweep(rows, unigram, title, place.out_dir / "lr_sweep")
-    rule = (f"{STUCK_AT_UNIGRAM}: final val loss above the unigram loss {unigram:.3f} - {COLLAPSE_MARGIN} (no better than character "
-            "frequencies); diverged: the loss became non-finite and train.py stopped.")
-    text = f"{title}\n\n{sweep_table(rows)}\n\n{rule}\n\n" + "\n".join(findings(rows))
-    record = {"study": spec.name, "max_iters": args.max_iters, "unigram_loss": unigram,
+    figure_paths = plot_sweep(rows, yardsticks.unigram, title, place.out_dir / "lr_sweep")
+    text = f"{title}\n\n{sweep_table(rows)}\n\n{yardsticks.rules_text()}.\n\n" + "\n".join(findings(rows))
+    record = {"study": spec.name, "max_iters": args.max_iters, **yardsticks.record(),
               "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows}
     return publish(place.out_dir, "sweep", text, record, figure_paths, rows, started)
 

@@ -39,9 +39,12 @@ from spheretnorm.data.preparation import prepare, prepared_already
 from spheretnorm.data.pipeline import TINY_SHAKESPEARE
 from spheretnorm.experiments.grid import (
     CONFIG_NAME,
+    FINISHED,
     SHARED_DIR,
+    STALLED,
     STOPPED_COLLAPSE,
     STUCK_AT_UNIGRAM,
+    Yardsticks,
     check_overrides,
     classify,
     exit_text,
@@ -50,7 +53,6 @@ from spheretnorm.experiments.grid import (
     parse_numbers,
     reached_max_iters,
     stopped_row,
-    unigram_loss,
 )
 from spheretnorm.experiments.stats import Rule, Spread, parse_rule, spread, verdict
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
@@ -375,14 +377,14 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
     return f"[{index}/{total}] {job.label}: {outcome} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
 
 
-def outcome(result: JobResult, unigram: float) -> dict[str, Any]:
-    """What a finished job left: status (ok / stuck at unigram / stopped: collapse / diverged / ...), final losses, time.
+def outcome(result: JobResult, yardsticks: Yardsticks) -> dict[str, Any]:
+    """What a finished job left: status (ok / stuck at unigram / stalled / stopped: collapse / diverged / ...), final losses, time.
 
     val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
     is the run's whole time (run_seconds).
     """
     run = load_run(result.job.out_dir) if (result.job.out_dir / CONFIG_NAME).is_file() else None
-    status, reason = classify(run, result.returncode, unigram, result.message)
+    status, reason = classify(run, result.returncode, yardsticks.unigram, result.message, yardsticks.bigram)
     final = run.final_eval if run else None
     seconds = run_seconds(result, final)
     return {
@@ -433,7 +435,7 @@ def table_metric(rows: Iterable[dict[str, Any]]) -> str:
     """The loss a table (and the plan's selection) ranks: FULL_METRIC where every run that ran to
     its end has it, else SAMPLED_METRIC for all, so that no table compares one run's whole split
     with another's sampled batches."""
-    trained = [r for r in rows if r["status"] in ("ok", STUCK_AT_UNIGRAM)]  # the ones with a final eval row at max_iters
+    trained = [r for r in rows if r["status"] in FINISHED]  # the ones with a final eval row at max_iters
     return FULL_METRIC if trained and all(r.get(FULL_METRIC) is not None for r in trained) else SAMPLED_METRIC
 
 
@@ -821,7 +823,11 @@ def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: i
             f"follow-up, at {place.jobs} at a time ({basis}).")
 
 
-UNSTABLE = ("diverged", STUCK_AT_UNIGRAM, STOPPED_COLLAPSE)  # grid.classify's statuses of a run that did not learn
+# grid.classify's statuses of a run that did not learn, and what a table says of each, in "failed
+# (seed 1338 collapsed)": each is a failure wherever one of them is (no mean, a gap against its side,
+# a cross in a figure). The one table of them: UNSTABLE is its keys.
+FAILURE_WORDS = {"diverged": "diverged", STOPPED_COLLAPSE: "collapsed", STUCK_AT_UNIGRAM: "stuck at unigram", STALLED: "stalled"}
+UNSTABLE = tuple(FAILURE_WORDS)
 
 
 def final_loss(row: dict[str, Any], metric: str = SAMPLED_METRIC) -> float:
@@ -836,9 +842,9 @@ def has_ended(row: dict[str, Any]) -> bool:
     return row["status"] == "ok" or row["status"] in UNSTABLE
 
 
-def point_row(sweep: Sweep, p: Point, result: JobResult, unigram: float) -> dict[str, Any]:
+def point_row(sweep: Sweep, p: Point, result: JobResult, yardsticks: Yardsticks) -> dict[str, Any]:
     """A run's row: its row keys, its outcome, and what the sweep reads of its folder."""
-    row = {**{k: p.get(k) for k in sweep.row_keys()}, **outcome(result, unigram)}
+    row = {**{k: p.get(k) for k in sweep.row_keys()}, **outcome(result, yardsticks)}
     out_dir = result.job.out_dir
     if sweep.diagnostics and (out_dir / CONFIG_NAME).is_file():
         final = load_run(out_dir).final_eval
@@ -886,17 +892,16 @@ def name_rows(sweep: Sweep, points: list[Point], rows: dict[Point, dict[str, Any
     return out
 
 
-def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
+def run_sweep(sweep: Sweep, place: Place, yardsticks: Yardsticks = Yardsticks()) -> list[dict[str, Any]]:
     """Plan, run what is missing, plan again with the new losses, until the plan stops growing;
     the rows in the plan's order. A finished or stopped run is reused and an interrupted one
     resumes, so a re-run continues the sweep; a run that failed is not tried twice in one call.
     Runs are planned anew as each one ends (run_as_planned); table_only and dry_run find, a
-    plan's worth at a time, the runs already there."""
-    # A dry run may find no data yet (it prepares none): its rows then have no unigram to compare.
-    unigram = unigram_loss(place.data_dir) if (place.data_dir / "meta.json").is_file() else math.nan
+    plan's worth at a time, the runs already there. Each run's status is judged against the
+    data's yardsticks (grid.classify; a dry run may find no data yet, and then judges none)."""
     rows: dict[Point, dict[str, Any]] = {}
     if not (place.table_only or place.dry_run):
-        run_as_planned(sweep, place, rows, unigram)
+        run_as_planned(sweep, place, rows, yardsticks)
         return name_rows(sweep, current_plan(sweep, rows), rows, table_metric(rows.values()))
     tried: set[Point] = set()
     while True:
@@ -906,7 +911,7 @@ def run_sweep(sweep: Sweep, place: Place) -> list[dict[str, Any]]:
             return name_rows(sweep, points, rows, table_metric(rows.values()))
         tried.update(todo)
         for p, result in run_points(sweep, todo, place).items():
-            rows[p] = point_row(sweep, p, result, unigram)
+            rows[p] = point_row(sweep, p, result, yardsticks)
 
 
 def current_plan(sweep: Sweep, rows: dict[Point, dict[str, Any]]) -> list[Point]:
@@ -915,7 +920,7 @@ def current_plan(sweep: Sweep, rows: dict[Point, dict[str, Any]]) -> list[Point]
     return plan_points(sweep, {p: final_loss(r, metric) for p, r in rows.items() if has_ended(r)})
 
 
-def run_as_planned(sweep: Sweep, place: Place, rows: dict[Point, dict[str, Any]], unigram: float = math.nan) -> None:
+def run_as_planned(sweep: Sweep, place: Place, rows: dict[Point, dict[str, Any]], yardsticks: Yardsticks = Yardsticks()) -> None:
     """Run the plan's missing runs place.jobs at a time, planning again as each one ends, so that a
     run the finished ones call for (a selected rate's held-out seed) starts next, ahead of the
     older plan's rest (a neighbour's); rows gets each ended run's row. Points that share a folder
@@ -943,7 +948,7 @@ def run_as_planned(sweep: Sweep, place: Place, rows: dict[Point, dict[str, Any]]
     def ended(result: JobResult) -> None:
         for p in running.pop(result.job.label):
             if not result.busy:
-                rows[p] = point_row(sweep, p, result, unigram)
+                rows[p] = point_row(sweep, p, result, yardsticks)
 
     print(f"{sweep.name}: {len({sweep.folder(p) for p in current_plan(sweep, rows)})} runs in the plan now (the finished ones may add more), "
           f"{place.jobs} at a time, {place.threads} thread(s) each", flush=True)
@@ -991,8 +996,9 @@ def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = ""
     return text
 
 
-def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dict[str, Any]], Place, float]:
-    """A study command's run: prepare the data, run (or find) the sweep; its rows, place and unigram loss."""
+def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dict[str, Any]], Place, Yardsticks]:
+    """A study command's run: prepare the data, run (or find) the sweep; its rows, place and the
+    data's yardsticks (its unigram and bigram losses, which every run's status was judged against)."""
     place = Place.of(args, overrides)
     check_out_dir(place)
     if place.dry_run and not (place.data_dir / "meta.json").is_file():
@@ -1000,8 +1006,8 @@ def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dic
     else:
         ensure_data(place.data_dir, args.input)
     place.declared = declare(sweep, place)  # before any run starts
-    rows = run_sweep(sweep, place)
-    return rows, place, unigram_loss(place.data_dir) if (place.data_dir / "meta.json").is_file() else math.nan
+    yardsticks = Yardsticks.of(place.data_dir)
+    return run_sweep(sweep, place, yardsticks), place, yardsticks
 
 
 def check_out_dir(place: Place) -> None:
@@ -1163,10 +1169,6 @@ def seed_order(seeds: list[int], selection: int | None) -> list[int]:
     if selection not in seeds:
         raise UsageError(f"--selection_seed {selection} is not one of --seeds ({', '.join(map(str, seeds))}); give one of them.")
     return [selection, *(s for s in seeds if s != selection)]
-
-
-# What the table says of a run that did not learn (UNSTABLE), in "failed (seed 1338 collapsed)".
-FAILURE_WORDS = {"diverged": "diverged", STOPPED_COLLAPSE: "collapsed", STUCK_AT_UNIGRAM: "stuck at unigram"}
 
 
 @dataclass(frozen=True)
@@ -1376,11 +1378,11 @@ def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", basel
         started = time.perf_counter()
         check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in config_keys()}})
         chosen = replace(narrowed(sweep, args.axis), rules=sweep.rules + tuple(map(parse_rule, args.rule)))
-        rows, place, unigram = start_study(chosen, args, overrides)
+        rows, place, yardsticks = start_study(chosen, args, overrides)
         if place.dry_run:
             return 0
         text = runs_text(chosen, rows, baseline_title, place.declared, args.mix_kernel_paths)
-        return publish(place.out_dir, sweep.name, text, {"unigram_loss": unigram, "metric": table_metric(rows), "runs": rows}, [], rows, started)
+        return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "metric": table_metric(rows), "runs": rows}, [], rows, started)
 
     return study_main(p.parse_known_args, run, argv)
 
