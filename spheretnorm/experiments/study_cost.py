@@ -166,6 +166,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def progress_text(row: dict[str, Any]) -> str:
+    """A finished case in one line, with every part, so that a long measurement cut short keeps
+    what it measured (the table and the JSON come at the end)."""
+    return (f"{row['study_run_s']:.0f} s a study run ({row['step_ms']} ms a step; cold start {row['cold_start_s']} s, "
+            f"fixed {row['fixed_s']} s, an evaluation {row['eval_s']} s, the whole split {row['full_eval_s']} s)")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     keys = ("case", "fixed_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = []
         for row in pool.map(lambda c: measure(c, args.short, args.long, DEFAULT_DATA_DIR), cases):
-            print(f"  {row['case']}: " + (row.get("error") or f"{row['study_run_s']:.0f} s a study run ({row['step_ms']} ms a step)"), file=sys.stderr, flush=True)
+            print(f"  {row['case']}: " + (row.get("error") or progress_text(row)), file=sys.stderr, flush=True)
             rows.append(row)
     print(f"run_cost: CPU seconds of one thread; each case trained {args.short} and {args.long} iterations, {args.jobs} at a time, "
           f"load average {os.getloadavg()[0]:.2f}")
