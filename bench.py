@@ -18,6 +18,11 @@ Output: the setting line and the table on stdout; while it runs, progress lines 
 when asked: --json=FILE writes the full report to FILE, --json=- prints the results (without
 the per-step times) as one line on stdout after the table.
 
+'1st step s' is the first warm-up step of a variant, its torch.compile work included (the JSON
+adds first_step_cpu_s, the process's CPU seconds in it): a cold compile only where the compile
+caches are empty (TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)) and the variant is the process's first
+of its graph. The first variant of a process also pays the one-time imports of the compiler.
+
 Memory: 'saved MB' is what autograd keeps for backward in one eager forward pass (tensors
 packed by torch.autograd.graph.saved_tensors_hooks, each storage once, parameters left
 out): the activation memory of a step, on any device (not measured for --parallel=fsdp, whose
@@ -175,6 +180,8 @@ class Variant:
     optimizer: str = "adamw"
     optimizer_times: list[float] = field(default_factory=list)
     peak_mb: float | None = None
+    first_step_s: float | None = None  # the first warm-up step, torch.compile's work included (wall seconds)
+    first_step_cpu_s: float | None = None  # the same in this process's CPU seconds (less moved by other work on a CPU)
 
     device_type: str = "cpu"
     scope: str = "blocks"  # compile_scope of a compiled row
@@ -274,8 +281,11 @@ def run_round_robin(variants: list[Variant], opts: BenchOptions, device: str) ->
     n = len(variants)
     for i, v in enumerate(variants, 1):
         started = time.perf_counter()
-        for _ in range(opts.warmup):
+        for w in range(opts.warmup):
+            cpu = time.process_time()
             v.step()
+            if w == 0:
+                v.first_step_s, v.first_step_cpu_s = time.perf_counter() - started, time.process_time() - cpu
         progress(f"  warmed up {i}/{n}: {variant_name(v)} ({opts.warmup} step{'' if opts.warmup == 1 else 's'} in {time.perf_counter() - started:.1f} s)")
     cuda = device.startswith("cuda")
     started = last_line = time.perf_counter()
@@ -358,6 +368,8 @@ def result_row(v: Variant, train: TrainConfig, device: str, dtype: str, saved: i
         "saved_mb": saved / 2**20 if saved is not None else None,
         "peak_memory_mb": v.peak_mb,
         "mfu": estimate_mfu(v.model, train.batch_size, dt, peak_flops) if peak_flops else None,
+        "first_step_s": v.first_step_s,
+        "first_step_cpu_s": v.first_step_cpu_s,
         "step_ms_all": [round(1000 * t, 3) for t in v.times],
     }
 
@@ -390,6 +402,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
         ("saved_mb", "saved MB", ">8", ".1f"),
         ("peak_memory_mb", "peak MB", ">8", ",.0f"),
         ("mfu", "MFU", ">6", ".1%"),
+        ("first_step_s", "1st step s", ">10", ".1f"),
     ]
     head = "| " + " | ".join(format(title, align) for _, title, align, _ in cols) + " |"
     rule = "|" + "|".join("-" * (len(format(title, align)) + 2) for _, title, align, _ in cols) + "|"
