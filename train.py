@@ -61,7 +61,7 @@ from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import check_newest_is_own, resume_checkpoint, rng_from_plain
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.step import backward_step
-from spheretnorm.runtime.loss_terms import active_loss_terms
+from spheretnorm.runtime.loss_terms import active_loss_terms, with_recorded_loss_terms
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, config_help,
@@ -241,6 +241,8 @@ class Trainer:
         self.resume_from, self.resume_note = resume_checkpoint(train)
         ckpt = load_resume_checkpoint(train, self.resume_from) if train.init_from == "resume" else None
         if ckpt is not None:
+            if not train.eval_only:  # the loss terms it trained with, with consent (an evaluation computes none)
+                train = with_recorded_loss_terms(train, ckpt["train_config"], f"Checkpoint {str(self.resume_from)!r}", ConfigError)
             check_resume_keys(train, ckpt["train_config"])
         self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
         self.cfg = resolve_wandb_names(keep_recorded_imports(train, ckpt and ckpt["train_config"]), self.model_cfg)

@@ -20,6 +20,8 @@ from spheretnorm.model import GPT, MethodParam
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ConfigError, config_help, parse_config
+from spheretnorm.runtime.checkpoint import atomic_torch_save
+from spheretnorm.runtime.imports import consent_to_recorded_imports
 from spheretnorm.runtime.loss_terms import LOSS_TERMS, register_loss_term
 
 # (train_loss, grad_norm) of iterations 1-4 of train_args("pre_ln"), as train.py logged them
@@ -34,12 +36,18 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_markov_data(tmp_path_factory.mktemp("step_data"))
 
 
+def forget_z_loss() -> None:
+    """tests/zloss_term.py neither imported nor trusted, as in a fresh process (the module stays importable)."""
+    LOSS_TERMS.pop("z_loss", None)
+    sys.modules.pop("zloss_term", None)
+    consent_to_recorded_imports(False)
+
+
 @pytest.fixture
 def z_loss_module() -> Iterator[None]:
     """tests/zloss_term.py imported by the test (--imports=zloss_term), then gone, as in a fresh process."""
     yield
-    LOSS_TERMS.pop("z_loss", None)
-    sys.modules.pop("zloss_term", None)
+    forget_z_loss()
 
 
 def train_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
@@ -82,6 +90,79 @@ def test_a_z_loss_of_ones_own_module_changes_the_trajectory_and_logs_its_total(d
     assert recorded["loss_params"] == {"z_loss": 0.05} and recorded["imports"] == ["zloss_term"]
     ckpt = load_checkpoint(tmp_path / "on" / "ckpt.pt")
     assert ckpt["train_config"]["loss_params"] == {"z_loss": 0.05}
+
+
+# -----------------------------------------------------------------------------
+# A resume of a run with a loss term of its own module (issue 67, item 1)
+
+
+def z_loss_run(data_dir: Path, out_dir: Path) -> Path:
+    """A run trained 2 iterations with --imports=zloss_term --z_loss=0.05, then the module forgotten."""
+    train.main(train_args(data_dir, out_dir, "--imports=zloss_term", "--z_loss=0.05", "--max_iters=2", "--eval_interval=2"))
+    forget_z_loss()
+    return out_dir
+
+
+def resume(data_dir: Path, out_dir: Path, *extra: str) -> None:
+    train.main(train_args(data_dir, out_dir, "--init_from=resume", *extra))
+
+
+def test_a_resume_without_consent_refuses_to_drop_the_recorded_loss_term(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
+    """The module is importable, but the checkpoint records it: without --imports or
+    --trust_recorded_imports the resume stops in one sentence naming both, and runs nothing."""
+    out = z_loss_run(data_dir, tmp_path / "run")
+    with pytest.raises(ConfigError) as refusal:
+        resume(data_dir, out)
+    message = str(refusal.value)
+    assert "(its loss_params z_loss) records imports=['zloss_term']" in message and "\n" not in message
+    assert "--imports=zloss_term" in message and "--trust_recorded_imports=true" in message
+    assert "zloss_term" not in sys.modules
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["iter_num"] == 2 and ckpt["train_config"]["loss_params"] == {"z_loss": 0.05}
+
+
+def test_with_consent_a_resume_keeps_the_term_or_applies_and_says_its_change(
+    data_dir: Path, tmp_path: Path, z_loss_module: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--trust_recorded_imports=true imports the recorded module; its key then follows the command
+    line as every training key does: --z_loss=0.05 continues the run as if it had not stopped (the
+    same losses as the straight run), none turns the term off, said in the changed-keys NOTE. (With
+    consent this held before issue 67 too, the checkpoint's reader importing what it records: the
+    test keeps the refusal above from costing it.)"""
+    train.main(train_args(data_dir, tmp_path / "straight", "--imports=zloss_term", "--z_loss=0.05"))
+    straight = train_rows(tmp_path / "straight")
+    forget_z_loss()
+    kept = z_loss_run(data_dir, tmp_path / "kept")
+    resume(data_dir, kept, "--trust_recorded_imports=true", "--z_loss=0.05")
+    resumed = train_rows(kept)
+    assert [r["train_loss_total"] for r in resumed[2:]] == pytest.approx([r["train_loss_total"] for r in straight[2:]], abs=1e-6)
+    forget_z_loss()
+    off = z_loss_run(data_dir, tmp_path / "off")
+    capsys.readouterr()
+    resume(data_dir, off, "--trust_recorded_imports=true")
+    assert "z_loss: 0.05 -> 0.0" in capsys.readouterr().out
+    rows = train_rows(off)
+    assert [r["iter"] for r in rows] == [1, 2, 3, 4] and not any("train_loss_total" in r for r in rows[2:])
+    assert load_checkpoint(off / "ckpt.pt")["train_config"]["loss_params"] == {"z_loss": 0.0}
+
+
+def test_a_recorded_loss_key_that_no_module_declares_is_refused(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
+    """A checkpoint that records the term's keys but not its module: even with consent nothing
+    declares them, and the resume says which module to import rather than drop them."""
+    out = z_loss_run(data_dir, tmp_path / "run")
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    atomic_torch_save({**ckpt, "train_config": {**ckpt["train_config"], "imports": []}}, out / "ckpt.pt")
+    with pytest.raises(ConfigError, match=r"records loss_params \['z_loss'\], which no registered loss term declares .*--imports=MODULE"):
+        resume(data_dir, out, "--trust_recorded_imports=true")
+
+
+def test_an_evaluation_of_a_z_loss_run_needs_no_consent(data_dir: Path, tmp_path: Path, z_loss_module: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """The validation loss is the cross-entropy alone: evaluating the run imports nothing."""
+    out = z_loss_run(data_dir, tmp_path / "run")
+    capsys.readouterr()
+    resume(data_dir, out, "--eval_only=true")
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["val_loss"] > 0
+    assert "zloss_term" not in sys.modules
 
 
 # -----------------------------------------------------------------------------

@@ -15,16 +15,23 @@ training keys like an optimizer's (`--z_loss=1e-4`, `--help`, config.json and ch
 key is not at its default, so a run that does not set it computes exactly what it computed before
 the term existed. The one training step (runtime/step.py) adds the terms that are on, for
 train.py, bench.py and the coordinate check alike. A term of one's own module is registered when
-the module is imported (`--imports=MODULE`, as a connection of one's own).
+the module is imported (`--imports=MODULE`, as a connection of one's own). A checkpoint that
+records a term's keys records code: a resume imports the module it records with the user's
+consent only, as for a connection, and applies and says a changed key (with_recorded_loss_terms).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from spheretnorm.model import KEYED_REGISTRIES, MethodParam, check_registration
+from spheretnorm.runtime.imports import import_recorded
+
+if TYPE_CHECKING:  # config.py imports this module
+    from spheretnorm.runtime.config import TrainConfig
 
 # (logits, targets, train config) -> a scalar tensor added to the cross-entropy
 LossTerm = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -77,3 +84,35 @@ def extra_loss(logits: torch.Tensor, targets: torch.Tensor, train: Any) -> torch
     """The sum of the terms that are on (None when none is: the loss is the cross-entropy alone, untouched)."""
     terms = [LOSS_TERMS[name](logits, targets, train) for name in active_loss_terms(train)]
     return sum(terms[1:], terms[0]) if terms else None
+
+
+def unregistered_loss_keys(saved_train: Any) -> list[str]:
+    """The keys a saved training config (a checkpoint's train_config) holds in its loss_params that
+    no registered loss term declares, sorted ([] when none)."""
+    held = saved_train.get("loss_params") if isinstance(saved_train, dict) else None
+    declared = loss_term_params()
+    return sorted(str(key) for key in held if key not in declared) if isinstance(held, dict) else []
+
+
+def with_recorded_loss_terms(train: TrainConfig, saved_train: dict[str, Any], source: str, error: type[Exception]) -> TrainConfig:
+    """The training config of a resume (`train`), knowing every loss term its checkpoint records
+    (saved_train: the checkpoint's train_config; `source` names the file). A recorded term is
+    recorded code, as a connection is: the modules the checkpoint records are imported with the
+    user's consent only (imports.import_recorded, whose refusal names both ways to give it). The
+    terms' keys then join train's loss_params at the values the command line gives, their defaults
+    where it gives none, so that a resume applies and says a changed key as it does any other
+    (identity.changed_train_keys). A recorded key that no module declares even then is one `error`."""
+    keys = unregistered_loss_keys(saved_train)
+    if keys:
+        import_recorded(saved_train, f"{source} (its loss_params {', '.join(keys)})", error, needed=True)
+    missing = unregistered_loss_keys(saved_train)
+    if missing:
+        raise error(
+            f"{source} records loss_params {missing}, which no registered loss term declares (the registered terms' keys: "
+            f"{', '.join(loss_term_params()) or 'none'}); pass --imports=MODULE for the module of that loss term, "
+            "without which a resume can neither keep nor change its keys."
+        )
+    if set(train.loss_params) == set(loss_term_params()):
+        return train
+    # Terms registered since `train` was parsed (here, or by the checkpoint's reader with consent): resolved again.
+    return dataclasses.replace(train, loss_params=dict(train.loss_params))

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as torch_dist
 
 from spheretnorm.model import GPT
-from spheretnorm.optim import Optimizers, apply_group_settings, build_optimizer, group_settings, refused_resume_change
+from spheretnorm.optim import PEAK_LR, Optimizers, apply_group_settings, build_optimizer, group_settings, refused_resume_change
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_from_dict, optimizer_settings
 from spheretnorm.runtime.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -366,6 +366,8 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     state = _state(model, optimizer)
+    where = f"Sharded checkpoint {str(path)!r}"
+    as_built = _set_aside_added_group_keys(state, set(_dcp_metadata(Path(path), where).state_dict_metadata))
     try:
         # The index and the optimizer's values are pickles: read as checkpoint.py reads files, without code.
         safe = {"storage_reader": safe_dcp_reader(path), "planner": safe_dcp_planner()}
@@ -375,13 +377,36 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers
             with one_process_dcp():
                 dcp.load(state, no_dist=True, **safe)
     except dcp_errors() as exc:
-        raise CheckpointError(
-            f"Sharded checkpoint {str(path)!r} cannot be read: it is damaged or not of this model ({describe_error(dcp_cause(exc))})."
-        ) from None
+        raise CheckpointError(f"{where} cannot be read: it is damaged or not of this model ({describe_error(dcp_cause(exc))}).") from None
+    _put_back_group_keys(state, as_built)
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
         set_state_dict(model, tuple(optimizer), model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+# Keys that later code added to every optimizer group, which the folders of earlier commits lack:
+# each is filled as those commits meant it, with the value the group is built with now (peak_lr,
+# issue 47: the group's rate as its recipe built it, which the old code's schedule scaled too).
+ADDED_GROUP_KEYS = (PEAK_LR,)
+
+
+def _set_aside_added_group_keys(state: dict[str, Any], held: set[str]) -> dict[tuple[int, str], Any]:
+    """Take out of `state`'s optimizer groups the ADDED_GROUP_KEYS that the folder's index (`held`:
+    its flat keys, 'optimizer.param_groups.I.KEY') lacks, so that DCP does not ask the folder for
+    them; returns them, {(group, key): value as built}. Any other key the folder lacks stays in
+    `state`, and DCP refuses it."""
+    groups = state.get("optimizer", {}).get("param_groups", [])
+    missing = [(i, key) for i, group in enumerate(groups) for key in ADDED_GROUP_KEYS
+               if key in group and f"optimizer.param_groups.{i}.{key}" not in held]
+    return {(i, key): groups[i].pop(key) for i, key in missing}
+
+
+def _put_back_group_keys(state: dict[str, Any], as_built: dict[tuple[int, str], Any]) -> None:
+    """The group keys _set_aside_added_group_keys took out, back into the groups DCP filled."""
+    groups = state.get("optimizer", {}).get("param_groups", [])
+    for (i, key), value in as_built.items():
+        groups[i][key] = value
 
 
 def _barrier() -> None:
