@@ -27,8 +27,13 @@ Memory: 'saved MB' is what autograd keeps for backward in one eager forward pass
 packed by torch.autograd.graph.saved_tensors_hooks, each storage once, parameters left
 out): the activation memory of a step, on any device (not measured for --parallel=fsdp, whose
 weights are gathered during the forward). 'peak MB' is torch.cuda.max_memory_allocated of the
-variant's own steps on CUDA; on a CPU, the process's peak resident memory (ru_maxrss, with glibc
-told to return freed tensors), which covers every variant built, so measure one variant per run there.
+variant's own steps on CUDA; on a CPU, the process's peak resident memory (ru_maxrss), which covers
+every variant built, so measure one variant per run there. glibc keeps freed blocks of up to 32 MB in
+its heap, so that peak counts memory already given back; --tight_rss=true makes glibc return every
+freed tensor at once (a fixed mmap threshold) for a tight peak, but then each step pays the page
+faults of mapping its tensors anew, which slows a step by a share that differs between paths (a
+model compiled per block allocates between its graphs, a whole-model graph reuses its buffers:
+0.70 s against 0.25 s a step at 12 x 128 on a loaded 2-core machine, 2026-12-07), so time without it.
 
 Under torchrun every rank steps its own copy (--parallel=ddp: DDP; --parallel=fsdp: FSDP2 shards,
 runtime/parallel.py) on the same tokens; rank 0 prints, and 'peak MB' is the largest over the
@@ -79,6 +84,7 @@ BENCH_OPTIONS = {
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
     "--json=": "also write the full report to this JSON file; '-': print the results as one JSON line on stdout",
+    "--tight_rss=false": "on a CPU, make glibc return freed memory at once: a tight 'peak MB', slower steps (see above)",
     "--profile=0": "then profile this many more steps of each variant and print where a step's time goes "
     "(per kernel on a GPU, per op on a CPU) and, on a GPU, how much of the step the GPU is busy",
 }
@@ -101,6 +107,7 @@ class BenchOptions:
     warmup: int = 5
     json_path: str = ""
     profile_steps: int = 0
+    tight_rss: bool = False
 
 
 def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str]:
@@ -111,9 +118,18 @@ def _names(spec: str, valid: tuple[str, ...] | list[str], what: str) -> list[str
     return names
 
 
+def _flag(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"--{name}={value!r} is not valid; use true or false.")
+
+
 def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
     """Take out the bench options; the rest goes to train.py's config parser."""
-    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "optimizers": "", "compile": None, "compile_scope": "", "steps": "20", "warmup": "5", "json": "", "profile": "0"}
+    raw = {"connections": "all", "sphere_impl": "auto", "blocks": "", "optimizers": "", "compile": None, "compile_scope": "", "tight_rss": "false", "steps": "20", "warmup": "5", "json": "", "profile": "0"}
     rest = []
     for arg in argv:
         key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
@@ -147,6 +163,7 @@ def parse_bench_args(argv: list[str]) -> tuple[BenchOptions, list[str]]:
         warmup=warmup,
         json_path=raw["json"],
         profile_steps=profile,
+        tight_rss=_flag("tight_rss", raw["tight_rss"]),
     )
     return opts, rest
 
@@ -432,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dtype = resolve_dtype(train.dtype, device.split(":")[0])
     if device.startswith("cuda"):
         enable_tf32()
-    else:
+    elif opts.tight_rss:
         return_freed_memory()  # before the models: the peak RSS is then what they hold
     backend = train.backend or ("nccl" if device.startswith("cuda") else "gloo")
     dist = init_distributed(backend, train.dist_timeout)  # under torchrun; else one process

@@ -111,3 +111,8 @@ def test_bench_rows_per_compile_scope() -> None:
     assert bench.compile_variants(opts, TrainConfig(compile_scope="model")) == [(True, "model")]
     with pytest.raises(ConfigError, match="compile_scope"):
         bench.parse_bench_args(["--compile_scope=whole"])
+    # The CPU's tight peak RSS slows the steps of a per-block model more than a whole-model graph's: off unless asked.
+    assert bench.parse_bench_args([])[0].tight_rss is False
+    assert bench.parse_bench_args(["--tight_rss=true"])[0].tight_rss is True
+    with pytest.raises(ConfigError, match=r"--tight_rss='maybe' is not valid; use true or false"):
+        bench.parse_bench_args(["--tight_rss=maybe"])
