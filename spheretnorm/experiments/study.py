@@ -488,16 +488,20 @@ def wall_clock_line(wall: float, rows: list[dict[str, Any]]) -> str:
 # A study command: the options the studies share, each with one help text (a study's parse_args adds its own)
 
 
-def add_place_options(parser: Any, out_dir: str, table_only: bool = True, dry_run: bool = False) -> None:
+def add_place_options(parser: Any, out_dir: str, table_only: bool = True, dry_run: bool = False, data_dir: Path | None = None,
+                      corpus: str | None = None) -> None:
     """What Place.of and start_study read: --out_dir (the study's folder), --table_only and --dry_run
-    where the study has them, the data (--data_dir, --input) and the machine (--jobs, --threads)."""
+    where the study has them, the data (--data_dir, --input) and the machine (--jobs, --threads).
+    data_dir and corpus: a study's own defaults of --data_dir and --input (table2_mini's web text)."""
     parser.add_argument("--out_dir", default=out_dir, help=f"where the runs and what the study writes go (default {out_dir})")
     if table_only:
         parser.add_argument("--table_only", action="store_true", help="run nothing: tabulate the runs already in --out_dir")
     if dry_run:
         parser.add_argument("--dry_run", action="store_true", help="print the runs the plan holds now; run nothing")
-    parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help=f"prepared {DATASET} data (default: data/{DATASET}; prepared when missing)")
-    parser.add_argument("--input", default=None, help="text corpus to prepare as characters; kept where --data_dir holds it already, same sha256 (default: ../shared/data/tinyshakespeare.txt when present, else download)")
+    where = f"data/{DATASET}" if data_dir is None else str(data_dir.relative_to(REPO_ROOT) if data_dir.is_relative_to(REPO_ROOT) else data_dir)
+    parser.add_argument("--data_dir", default=str(data_dir or DEFAULT_DATA_DIR), help=f"prepared {DATASET} data (default: {where}; prepared when missing)")
+    source = corpus or "../shared/data/tinyshakespeare.txt when present, else download"
+    parser.add_argument("--input", default=corpus, help=f"text corpus to prepare as characters; kept where --data_dir holds it already, same sha256 (default: {source})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
 
