@@ -75,7 +75,7 @@ from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_proc
 from spheretnorm.runtime.start_notes import announce_start
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
-from spheretnorm.kernels import impl_unavailable, kernel_path_text, sphere_kernel_path
+from spheretnorm.kernels import compile_mode_text, impl_unavailable, kernel_path_text, sphere_kernel_path
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
     EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
@@ -490,11 +490,6 @@ def sphere_kernels(t: Trainer) -> str | None:
     return sphere_kernel_path(t.model_cfg.sphere_impl, t.device.split(":")[0], t.cfg.compile)
 
 
-def compiled_scope(cfg: TrainConfig) -> str:
-    """' (each block)' or ' (whole model)' after compile=True in the summary line; '' when eager."""
-    return "" if not cfg.compile else " (each block)" if cfg.compile_scope == "blocks" else " (whole model)"
-
-
 def summary_line(t: Trainer) -> str:
     """The run at a glance, printed when training starts."""
     path = sphere_kernels(t)
@@ -503,7 +498,7 @@ def summary_line(t: Trainer) -> str:
         f"{method_key(t.model_cfg)} | {t.raw_model.get_num_params() / 1e6:.2f}M params | "
         f"{t.dist.world_size} process(es) x {t.cfg.batch_size} seqs x {t.accum} micro-steps = "
         f"{t.cfg.global_batch_size} seqs ({t.tokens_per_step:,} tokens) per step | "
-        f"{t.device} {t.dtype} | compile={t.cfg.compile}{compiled_scope(t.cfg)}{kernels} | out_dir {t.cfg.out_dir}"
+        f"{t.device} {t.dtype} | {compile_mode_text(t.cfg.compile, t.cfg.compile_scope)}{kernels} | out_dir {t.cfg.out_dir}"
     )
 
 

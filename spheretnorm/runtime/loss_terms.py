@@ -23,15 +23,14 @@ consent only, as for a connection, and applies and says a changed key (with_reco
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
 from spheretnorm.model import KEYED_REGISTRIES, MethodParam, check_registration
 from spheretnorm.runtime.imports import import_recorded
 
-if TYPE_CHECKING:  # config.py imports this module
-    from spheretnorm.runtime.config import TrainConfig
+Config = TypeVar("Config")  # config.TrainConfig, not imported here: config.py imports this module
 
 # (logits, targets, train config) -> a scalar tensor added to the cross-entropy
 LossTerm = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -94,7 +93,7 @@ def unregistered_loss_keys(saved_train: Any) -> list[str]:
     return sorted(str(key) for key in held if key not in declared) if isinstance(held, dict) else []
 
 
-def with_recorded_loss_terms(train: TrainConfig, saved_train: dict[str, Any], source: str, error: type[Exception]) -> TrainConfig:
+def with_recorded_loss_terms(train: Config, saved_train: dict[str, Any], source: str, error: type[Exception]) -> Config:
     """The training config of a resume (`train`), knowing every loss term its checkpoint records
     (saved_train: the checkpoint's train_config; `source` names the file). A recorded term is
     recorded code, as a connection is: the modules the checkpoint records are imported with the

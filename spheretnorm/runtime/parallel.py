@@ -10,7 +10,6 @@ gathered parameters its diagnostics read (full_parameters).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import warnings

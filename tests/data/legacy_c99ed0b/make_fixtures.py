@@ -119,7 +119,6 @@ def main() -> None:
     args = parser.parse_args()
     repo, out = Path(args.repo).resolve(), Path(args.out).resolve()
     head = check_checkout(repo)
-    sys.path.insert(0, str(repo / "tests"))
     import torch
     from markov_data import write_markov_data
 
