@@ -92,6 +92,7 @@ from spheretnorm.experiments.study import (
     gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
     publish, rate_grids, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
 )
+from spheretnorm.kernels import compile_mode_text
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError
@@ -116,21 +117,28 @@ HYPERBALL_RADIUS = 1.0
 # (docs/LOG.md, 2026-12-01). The compiled path's step measured 1.5x faster (bench.py round-robin,
 # 12 x 128, docs/LOG.md 2026-12-04). The dry run's estimate until finished runs give their own times.
 SECONDS_PER_ITER = {False: 0.145, True: 0.145 / 1.5}
-# What a run costs besides its steps: start-up (imports, data, model) and, compiled, torch.compile's
-# first trace and its kernels from the cache a sweep's earlier runs filled (the very first compile of a
-# shape costs about a minute more); and the final evaluation over the whole val split, about as much
-# as FULL_EVAL_ITERS training steps (111k characters: 109 forward-only batches of 16 x 64).
-RUN_FIXED_SECONDS = {False: 10.0, True: 40.0}
+# What a run costs besides its steps, by its compile mode (kernels.compile_mode_text): start-up
+# (imports, data, model) and, compiled, torch.compile's trace and its kernels from the cache a sweep's
+# earlier runs filled. Compiled per block (compile_scope=blocks, the default since 2026-12-07) that is
+# about 6 to 9 s at 12 to 36 layers (run_cost.py, docs/LOG.md 2026-12-07) and the very first compile
+# of a shape about 20 s more at any depth; the whole model compiled as one graph (compile_scope=model)
+# costs about 40 s at 12 layers and grows with depth (scaled by n_layer / 12 here). Then the final
+# evaluation over the whole val split, about as much as FULL_EVAL_ITERS training steps (111k
+# characters: 109 forward-only batches of 16 x 64).
+RUN_FIXED_SECONDS = {"eager": 10.0, "compiled_blocks": 10.0, "compiled": 40.0}
 FULL_EVAL_ITERS = 40
 
 
-def estimated_run_seconds(model: GPTConfig, max_iters: int, compiled: bool) -> float:
-    """A run's seconds before any has finished, on its path: the fixed part, then the steps and
-    the final evaluation at SECONDS_PER_ITER scaled by depth times width. At these small widths the
-    per-token overheads keep the cost about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took
-    76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
+def estimated_run_seconds(model: GPTConfig, max_iters: int, compiled: bool, scope: str = "blocks") -> float:
+    """A run's seconds before any has finished, on its path: the fixed part (RUN_FIXED_SECONDS by
+    compile mode; a whole-model compile grows with depth), then the steps and the final evaluation
+    at SECONDS_PER_ITER scaled by depth times width. At these small widths the per-token overheads
+    keep the cost about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took 76 to 88 s, 12 x
+    128 runs 142 to 234 s; docs/LOG.md)."""
+    mode = compile_mode_text(compiled, scope)
+    fixed = RUN_FIXED_SECONDS[mode] * (model.n_layer / SHAPE["n_layer"] if mode == "compiled" else 1.0)
     scale = (model.n_layer * model.n_embd) / (SHAPE["n_layer"] * SHAPE["n_embd"])
-    return RUN_FIXED_SECONDS[compiled] + (max_iters + FULL_EVAL_ITERS) * SECONDS_PER_ITER[compiled] * scale
+    return fixed + (max_iters + FULL_EVAL_ITERS) * SECONDS_PER_ITER[compiled] * scale
 
 
 @dataclass(frozen=True)
@@ -577,7 +585,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
     model = parsed.model_config()
     if args.dry_run:
-        estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile)
+        estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile, parsed.train.compile_scope)
         print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine, not args.no_neighbours), estimate))
         return 0
     optimizers = design_optimizers(design)
