@@ -80,7 +80,7 @@ BENCH_OPTIONS = {
     "--blocks=": "blocks to measure, comma-separated (gpt2, llama); default: the config's --block",
     "--optimizers=": "optimizers to measure, comma-separated or all (spheretnorm/optim.py); default: the config's --optimizer",
     "--compile=False": "as train.py (True/False), or both for eager and compiled rows",
-    "--compile_scope=": "compiled rows per scope, comma-separated (blocks, model: train.py's compile_scope); default: the config's",
+    "--compile_scope=": "compiled rows per scope, comma-separated (auto, blocks, model: train.py's compile_scope); default: the config's",
     "--steps=20": "timed steps of each variant (round-robin); the median is reported",
     "--warmup=5": "untimed steps of each variant first (compilation, allocator)",
     "--json=": "also write the full report to this JSON file; '-': print the results as one JSON line on stdout",
@@ -201,7 +201,7 @@ class Variant:
     first_step_cpu_s: float | None = None  # the same in CPU seconds, the compiler's processes included (cpu_seconds)
 
     device_type: str = "cpu"
-    scope: str = "blocks"  # compile_scope of a compiled row
+    scope: str = "model"  # the resolved compile_scope of a compiled row
 
     @property
     def label(self) -> dict[str, Any]:
@@ -276,7 +276,7 @@ def build_variants(
                     model = build_model(cfg, run, dist, device, dtype)
                     fwd, _ = wrap_model(model, run, dist, device.split(":")[0], dist.local_rank)
                     step = make_step(model, fwd, run, x, y, device, dtype)
-                    variants.append(Variant(cfg, compiled, step, model, [], optimizer, device_type=device.split(":")[0], scope=run.compile_scope))
+                    variants.append(Variant(cfg, compiled, step, model, [], optimizer, device_type=device.split(":")[0], scope=run.resolved_compile_scope()))
     return variants
 
 

@@ -480,7 +480,7 @@ def run_config(t: Trainer) -> dict[str, Any]:
     return {
         **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
         "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
-        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t), t.cfg.compile_scope)}
+        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t), t.cfg.resolved_compile_scope())}
 
 
 def sphere_kernels(t: Trainer) -> str | None:
@@ -498,7 +498,7 @@ def summary_line(t: Trainer) -> str:
         f"{method_key(t.model_cfg)} | {t.raw_model.get_num_params() / 1e6:.2f}M params | "
         f"{t.dist.world_size} process(es) x {t.cfg.batch_size} seqs x {t.accum} micro-steps = "
         f"{t.cfg.global_batch_size} seqs ({t.tokens_per_step:,} tokens) per step | "
-        f"{t.device} {t.dtype} | {compile_mode_text(t.cfg.compile, t.cfg.compile_scope)}{kernels} | out_dir {t.cfg.out_dir}"
+        f"{t.device} {t.dtype} | {compile_mode_text(t.cfg.compile, t.cfg.resolved_compile_scope())}{kernels} | out_dir {t.cfg.out_dir}"
     )
 
 

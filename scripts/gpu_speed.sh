@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step time and MFU of every connection at the paper's S (or M: SCALE=m) shape on one GPU, compiled
-# per block (compile_scope=blocks, train.py's default since 2026-12-07; COMPILE_SCOPE=model for the
-# whole-model graph), bf16:
+# per block (compile_scope=blocks; COMPILE_SCOPE=model for the whole-model graph, train.py's
+# choice under DDP by default: run both, the CPU's step favoured model by 7-10%), bf16:
 # both blocks under AdamW, Pre-LN and 0.5-SpheretNorm under Muon too (its step does not depend
 # on the connection), then a profile of the slowest compiled connection. One block per call of
 # about 10 minutes on an H100/H200 (BLOCKS=gpt2, then BLOCKS=llama: both blocks in one call did

@@ -96,9 +96,19 @@ def test_kernel_path_names_the_scope_and_keeps_the_old_text() -> None:
     assert kernel_path_text("bfloat16", False, "triton", "blocks") == "bfloat16 eager triton"
 
 
+def test_auto_keeps_what_each_layout_compiled_before_the_key() -> None:
+    # DDP and a single process traced the whole model; FSDP compiled each block it wraps.
+    assert TrainConfig().compile_scope == "auto"
+    assert TrainConfig().resolved_compile_scope() == "model"
+    assert TrainConfig(parallel="fsdp").resolved_compile_scope() == "blocks"
+    assert TrainConfig(compile_scope="blocks").resolved_compile_scope() == "blocks"
+    # The CPU studies compile per block (one compile at any depth); a study can still ask for model.
+    from spheretnorm.experiments.study import CPU_MODEL
+    assert CPU_MODEL["compile_scope"] == "blocks"
+
+
 def test_compile_scope_keys_are_checked() -> None:
-    assert TrainConfig().compile_scope == "blocks"
-    with pytest.raises(ConfigError, match=r"compile_scope='whole' is not valid; choose one of: blocks, model"):
+    with pytest.raises(ConfigError, match=r"compile_scope='whole' is not valid; choose one of: auto, blocks, model"):
         parse_config(["--compile_scope=whole"])
     with pytest.raises(ConfigError, match=r"compile_scope=model .* parallel=fsdp"):
         TrainConfig(compile_scope="model", parallel="fsdp")
@@ -108,9 +118,9 @@ def test_compile_scope_keys_are_checked() -> None:
 
 def test_bench_rows_per_compile_scope() -> None:
     opts, _ = bench.parse_bench_args(["--compile=both", "--compile_scope=blocks,model"])
-    assert bench.compile_variants(opts, TrainConfig()) == [(False, "blocks"), (True, "blocks"), (True, "model")]
+    assert bench.compile_variants(opts, TrainConfig()) == [(False, "auto"), (True, "blocks"), (True, "model")]
     opts, _ = bench.parse_bench_args(["--compile=True"])
-    assert bench.compile_variants(opts, TrainConfig(compile_scope="model")) == [(True, "model")]
+    assert bench.compile_variants(opts, TrainConfig(compile_scope="blocks")) == [(True, "blocks")]
     with pytest.raises(ConfigError, match="compile_scope"):
         bench.parse_bench_args(["--compile_scope=whole"])
     # The CPU's tight peak RSS slows the steps of a per-block model more than a whole-model graph's: off unless asked.

@@ -119,7 +119,7 @@ HYPERBALL_RADIUS = 1.0
 SECONDS_PER_ITER = {False: 0.145, True: 0.145 / 1.5}
 # What a run costs besides its steps, by its compile mode (kernels.compile_mode_text): start-up
 # (imports, data, model) and, compiled, torch.compile's trace and its kernels from the cache a sweep's
-# earlier runs filled. Compiled per block (compile_scope=blocks, the default since 2026-12-07) that is
+# earlier runs filled. Compiled per block (compile_scope=blocks, the studies' since 2026-12-07) that is
 # about 6 to 9 s at 12 to 36 layers (run_cost.py, docs/LOG.md 2026-12-07) and the very first compile
 # of a shape about 20 s more at any depth; the whole model compiled as one graph (compile_scope=model)
 # costs about 40 s at 12 layers and grows with depth (scaled by n_layer / 12 here). Then the final
@@ -585,7 +585,7 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
     model = parsed.model_config()
     if args.dry_run:
-        estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile, parsed.train.compile_scope)
+        estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile, parsed.train.resolved_compile_scope())
         print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine, not args.no_neighbours), estimate))
         return 0
     optimizers = design_optimizers(design)

@@ -84,6 +84,7 @@ CPU_MODEL: dict[str, Any] = {
     "device": "cpu",
     "dtype": "float32",
     "compile": True,
+    "compile_scope": "blocks",  # since 2026-12-07: one compile per block at any depth (studies before it: model)
     "wandb_log": False,
 }
 # Keys the studies set per run, and the option to use instead (the method's keys: check_overrides).

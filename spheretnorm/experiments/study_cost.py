@@ -18,8 +18,8 @@ difference of the two lengths is the step; what is left of the short run is the 
 is `cold_extra_s`, paid by the first run of a shape in a sweep, whose later runs find
 torch.compile's caches; `cold_start_s` = fixed_s + cold_extra_s is such a first run's start,
 compile included. The paths: eager; compiled (compile_scope=model, the whole model one graph, the
-studies' path before 2026-12-07); compiled_blocks (compile_scope=blocks, each block compiled, one
-graph for every layer). torch.compile compiles on one thread here (TORCHINDUCTOR_COMPILE_THREADS=1),
+studies' path before 2026-12-07, DDP's default); compiled_blocks (compile_scope=blocks, each block
+compiled, one graph for every layer, the studies' path since). torch.compile compiles on one thread here (TORCHINDUCTOR_COMPILE_THREADS=1),
 so that the CPU seconds hold its whole work. `study_run_s` projects a 600-iteration study run with six
 evaluations. A benchmark, not a test: its numbers belong in the closing note or docs/LOG.md.
 """

@@ -48,7 +48,7 @@ HF_PREFIX = "hf:"  # --init_from=hf:DIR, a Hugging Face model folder (spheretnor
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 PARALLEL_MODES = ("ddp", "fsdp")  # spheretnorm/runtime/parallel.py
-COMPILE_SCOPES = ("blocks", "model")  # runtime/parallel.py's compile_model
+COMPILE_SCOPES = ("auto", "blocks", "model")  # runtime/parallel.py's compile_model; auto: TrainConfig.resolved_compile_scope
 FSDP_STARTS = ("auto", "full", "meta")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 SEED_MAX = 2**32 - 1  # np.random.seed's largest seed
@@ -131,10 +131,11 @@ class TrainConfig:
     device: str = field(default="auto", metadata=NEUTRAL)  # auto | cpu | cuda | cuda:N | mps
     dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA, else fp32
     compile: bool = field(default=False, metadata=NEUTRAL)  # torch.compile the model (the paper trains without it); under fsdp each block
-    # what one torch.compile covers: blocks compiles one block and every layer of the model reuses its graph
-    # (the compile costs about one block's at any depth); model traces the whole model as one graph, the
-    # only scope before 2026-12-07 (its compile grows with depth), kept to reproduce runs made with it
-    compile_scope: str = field(default="blocks", metadata=_choices(*COMPILE_SCOPES, run=NEUTRAL))
+    # what one torch.compile covers: blocks compiles one block (every layer reuses its graph: the compile
+    # costs about one block's at any depth) and the modules around the blocks; model traces the whole
+    # model as one graph (its compile grows with depth; a CPU step measured 7-10% faster, docs/LOG.md
+    # 2026-12-07); auto: what each layout did before the key existed, model under ddp, blocks under fsdp
+    compile_scope: str = field(default="auto", metadata=_choices(*COMPILE_SCOPES, run=NEUTRAL))
     # ddp: a whole model per process; fsdp: FSDP2 shards of it (weights, gradients, AdamW), sharded checkpoints
     parallel: str = field(default="ddp", metadata=_choices(*PARALLEL_MODES, run=NEUTRAL))
     # fsdp only: full builds the whole model and shards it (DDP's initial weights); meta builds it on the
@@ -157,6 +158,13 @@ class TrainConfig:
     # -- testing only
     debug_nan_at_iter: int = field(default=-1, metadata=RESTART_FREE)  # make the loss NaN in the step that completes this iteration
     debug_crash_at_iter: int = field(default=-1, metadata=RESTART_FREE)  # raise an exception in the step that completes this iteration
+
+    def resolved_compile_scope(self) -> str:
+        """compile_scope with auto resolved: blocks under fsdp (it compiles each block it wraps),
+        model otherwise (the whole-model graph every DDP run compiled before compile_scope existed)."""
+        if self.compile_scope != "auto":
+            return self.compile_scope
+        return "blocks" if self.parallel == "fsdp" else "model"
 
     def __post_init__(self) -> None:
         for f in fields(self):

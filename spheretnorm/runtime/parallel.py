@@ -165,7 +165,7 @@ def compile_model(model: GPT, scope: str) -> torch.nn.Module:
     if scope == "model":
         return torch.compile(model)
     if scope != "blocks":
-        raise ValueError(f"compile_scope={scope!r} is not valid; choose one of: blocks, model.")
+        raise ValueError(f"compile_scope={scope!r} is not valid here; choose blocks or model (auto is resolved first: TrainConfig.resolved_compile_scope).")
     compile_blocks_of(model)
     compile_ends_of(model)
     return model
@@ -226,7 +226,7 @@ def wrap_model(model: GPT, cfg: TrainConfig, dist: DistInfo, device_type: str, l
     or the FSDP root itself for both (its blocks are compiled already)."""
     if cfg.parallel == "fsdp":
         return model, model
-    fwd_model = compile_model(model, cfg.compile_scope) if cfg.compile else model
+    fwd_model = compile_model(model, cfg.resolved_compile_scope()) if cfg.compile else model
     if not dist.enabled:
         return fwd_model, fwd_model
     return DDP(fwd_model, device_ids=[local_rank] if device_type == "cuda" else None), fwd_model
