@@ -150,9 +150,8 @@ def compile_blocks_of(model: GPT) -> None:
 
 def compile_ends_of(model: GPT) -> None:
     """torch.compile the modules around the blocks: the embedding's norm, the final norm and the LM
-    head. Left eager beside compiled blocks they cost 12% of a 12 x 128 step on a CPU core (a step
-    3% faster than the whole-model graph with them compiled, 14% slower without; docs/LOG.md,
-    2026-12-07); each is one small graph. An nn.Identity is left as it is."""
+    head. Left eager beside compiled blocks they cost about 12% of a 12 x 128 step on a CPU core in
+    one comparison (docs/LOG.md, 2026-12-07); each is one small graph. An nn.Identity is left as it is."""
     for module in (model.transformer.embed_norm, model.transformer.ln_f, model.lm_head):
         if not isinstance(module, torch.nn.Identity):
             module.compile()
