@@ -178,3 +178,24 @@ def test_the_p_sweep_plans_five_p_by_two_seeds_and_runs_end_to_end(tmp_path: Pat
     assert table[2] == "| run | seed | val loss | minus p=1 | final cosine | status |"
     assert re.match(r"\| p_spheret, spheret_p=1 \| 1337 \| \d\.\d{3} \| \+0\.000 \| \d\.\d{3} \| [\w ]+ \|$", table[5])
     assert capsys.readouterr().out.count(": done in ") == 2
+
+
+def test_a_sweep_run_from_another_folder_with_relative_paths_finds_its_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    # The runs start with their working directory at the repository root; a relative --out_dir once
+    # sent them there while the sweep looked in the user's folder, and called every run unfinished.
+    from spheretnorm.experiments.study import ensure_data
+
+    elsewhere = tmp_path / "my_folder"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    play = tmp_path / "play.txt"
+    play.write_text("\n".join(f"{who}: the {what} is {how}." for who in ("ANN", "BEN") for what in ("sea", "king") for how in ("near", "gone")) * 60)
+    ensure_data(elsewhere / "data", str(play))
+    tiny = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--global_batch_size=4", "--eval_iters=2",
+            "--max_iters=4", "--lr_decay_iters=4", "--warmup_iters=1", "--eval_interval=4", "--log_interval=2", "--compile=false"]
+    assert p_sweep.main(["--axis", "spheret_p=0.5", "--axis", "seed=1337", "--out_dir=out", "--data_dir=data", *tiny]) == 0
+    record = json.loads((elsewhere / "out" / "p_sweep.json").read_text())
+    assert [(r["status"], r["last_eval_iter"]) for r in record["runs"]] in ([("ok", 4)], [("stalled", 4)], [("stuck at unigram", 4)])
+    assert (elsewhere / "out" / "p0.5" / "seed1337" / "metrics.jsonl").is_file()
+    assert not (REPO / "out" / "p0.5").exists()

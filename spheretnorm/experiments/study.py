@@ -741,8 +741,10 @@ class Place:
 
     @staticmethod
     def of(args: Any, overrides: list[str]) -> "Place":
-        return Place(Path(args.out_dir), Path(args.data_dir), overrides, positive_count(args.jobs, "jobs"), positive_count(args.threads, "threads"),
-                     getattr(args, "table_only", False), getattr(args, "dry_run", False))
+        # Absolute from where the command starts: the runs start in the repository root, and a
+        # relative folder would be another one there (the sweep then found none of its runs).
+        return Place(Path(args.out_dir).absolute(), Path(args.data_dir).absolute(), overrides, positive_count(args.jobs, "jobs"),
+                     positive_count(args.threads, "threads"), getattr(args, "table_only", False), getattr(args, "dry_run", False))
 
 
 def positive_count(value: int, option: str) -> int:
