@@ -36,6 +36,7 @@ explain_missing_packages(__file__)  # before torch: a missing package is one lin
 import torch
 
 from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
+from spheretnorm.runtime.threads import announce_cpu_threads
 from spheretnorm.runtime.token_files import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, TokenizerUnavailableError, get_gpt2_encoding, tokenizer_of
 from spheretnorm.data.sources import first_bad_byte
@@ -350,6 +351,7 @@ def generate(args: SampleArgs) -> list[str]:
     tokenizer = tokenizer_for(meta, ckpt["model_config"]["vocab_size"], source)
     ids = prompt_ids(tokenizer, args.start)
     device = get_device(args.device)
+    announce_cpu_threads(device)  # on stderr: stdout holds the texts
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
     dtype = resolve_dtype(args.dtype, device_type)
 

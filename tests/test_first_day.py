@@ -26,7 +26,8 @@ from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.distributed import DistInfo, leave_process_group, report_stop
 from spheretnorm.runtime.run_folder import CollapseError, NonFiniteLossError, WriteFailed
-from spheretnorm.runtime.start_notes import cpu_threads_note, default_cpu_threads, hyperball_note, set_cpu_threads, warmup_note
+from spheretnorm.runtime.start_notes import hyperball_note, warmup_note
+from spheretnorm.runtime.threads import cpu_threads_note, default_cpu_threads, set_cpu_threads
 from spheretnorm.runtime.token_files import PrepareError
 from spheretnorm.runtime.tracking import Progress
 from spheretnorm.runtime.validation import Evaluator
@@ -95,6 +96,15 @@ def test_the_thread_line_says_how_many_and_how_to_change_it() -> None:
     threads, line = cpu_threads_note({"OMP_NUM_THREADS": "3"}, 2, 2.3)
     assert threads is None and "OMP_NUM_THREADS=3" in line  # the user's choice is kept
     assert set_cpu_threads("cuda:0") is None
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "many", "1.5"])
+def test_an_omp_num_threads_that_is_no_count_is_said_to_be_ignored(given: str) -> None:
+    # It was reported as obeyed ("2 threads, as OMP_NUM_THREADS=many says") and defeated the
+    # loaded-machine default (issue 67, item 8).
+    threads, line = cpu_threads_note({"OMP_NUM_THREADS": given}, 2, 2.3)
+    assert threads == 1
+    assert f"OMP_NUM_THREADS={given!r} is not a positive integer and is ignored" in line
 
 
 # -----------------------------------------------------------------------------

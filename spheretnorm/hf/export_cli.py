@@ -30,6 +30,7 @@ from pathlib import Path
 from spheretnorm.runtime.checkpoint import checkpoint_for
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.imports import add_import_options, use_import_options
+from spheretnorm.runtime.threads import set_cpu_threads
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.hf.release import FORMATS, export
 from spheretnorm.hf.folder import HFFolderError
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         use_import_options(args, ValueError)  # before the checkpoint names a connection of the user's
+        set_cpu_threads("cpu")  # as train.py would on this load; copies, no compute worth a line of its own
         written = export(checkpoint_for(args.ckpt, "export_hf", "export", "exporting", ValueError), Path(args.out), args.format)
     except (HFFolderError, EvalError, FileNotFoundError, ValueError) as e:  # EvalError: no GPT-2 BPE files
         print(f"error: {e}", file=sys.stderr)

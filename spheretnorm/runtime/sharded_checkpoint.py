@@ -38,6 +38,7 @@ import torch.distributed as torch_dist
 
 from spheretnorm.model import GPT
 from spheretnorm.optim import PEAK_LR, Optimizers, apply_group_settings, build_optimizer, group_settings, refused_resume_change
+from spheretnorm.runtime.threads import set_cpu_threads
 from spheretnorm.runtime.config import ConfigError, TrainConfig, config_from_dict, optimizer_settings
 from spheretnorm.runtime.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -752,6 +753,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
     parser.add_argument("--replace_newer", action="store_true", help="with --overwrite: replace it even when it holds a later iteration than the folder")
     args = parser.parse_args(argv)
+    set_cpu_threads("cpu")  # as train.py would on this load; reading and writing, no compute worth a line of its own
     folder = Path(args.folder)
     try:
         if not folder.is_dir():

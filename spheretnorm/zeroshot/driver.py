@@ -506,12 +506,14 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     offline.offline_mode), None when it is on.
     """
     from spheretnorm.runtime.device import DeviceError
+    from spheretnorm.runtime.threads import announce_cpu_threads
     from spheretnorm.zeroshot.token_check import refuse_other_tokenizers, resolve_checkpoint_path
 
     check_limit(args.limit)
     check_device(args.device)
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before lm-eval and its slow task index
     refuse_other_tokenizers(ckpt)
+    announce_cpu_threads("cpu" if not args.device.startswith(("cuda", "mps")) else args.device)
     from spheretnorm.zeroshot.harness import NanoGPTLM
     from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
