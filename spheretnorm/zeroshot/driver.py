@@ -513,7 +513,6 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     check_device(args.device)
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before lm-eval and its slow task index
     refuse_other_tokenizers(ckpt)
-    announce_cpu_threads("cpu" if not args.device.startswith(("cuda", "mps")) else args.device)
     from spheretnorm.zeroshot.harness import NanoGPTLM
     from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
@@ -535,6 +534,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
         check_user_task_yamls(tasks, task_manager, list(args.include_path))
         if hub_off:
             check_hub_free([t for t in tasks if t not in local], task_manager, hub_off)
+        announce_cpu_threads("cpu" if not args.device.startswith(("cuda", "mps")) else args.device)  # every input checked
         try:
             lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
         except DeviceError as exc:  # its message is already the sentence: the device and the valid ones
