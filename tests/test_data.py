@@ -528,3 +528,20 @@ def test_enough_val_documents_or_a_contiguous_split_give_no_warning(tmp_path, do
     text.write_text("To be, or not to be, that is the question.\n" * 40)
     assert prepare_quiet("shakespeare_char", input=[str(text)], out_dir=str(tmp_path / "c"))["val_docs"] == 1  # the text's tail
     assert "warning" not in capsys.readouterr().err
+
+
+def test_an_empty_split_is_one_line_not_a_mmap_traceback(tmp_path: Path) -> None:
+    # numpy cannot map an empty file: train.py ended in "cannot mmap an empty file" (issue 67, item 6).
+    import json
+
+    from markov_data import write_markov_data
+    from spheretnorm.runtime.token_files import open_split
+
+    root = write_markov_data(tmp_path / "data")
+    (root / "val.bin").write_bytes(b"")
+    meta = json.loads((root / "meta.json").read_text())
+    meta["val_tokens"] = 0
+    (root / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(PrepareError, match=r"val\.bin holds no tokens: the val split is empty"):
+        open_split(root, "val")
+    assert len(open_split(root, "train")) == 27_000

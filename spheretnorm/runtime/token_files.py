@@ -130,6 +130,11 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | N
         raise PrepareError(
             f"{path} holds {actual} tokens but {META_FILE} says {expected}; re-run data/prepare.py for {data_dir}."
         )
+    if actual == 0:  # numpy cannot map an empty file ("cannot mmap an empty file", a traceback)
+        raise PrepareError(
+            f"{path} holds no tokens: the {split} split is empty; prepare the dataset again from a text long enough "
+            f"for both splits (data/prepare.py for {data_dir})."
+        )
     tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
     check_token_ids(path, tokens, meta, split, stat)
     return tokens
