@@ -520,8 +520,24 @@ def test_cli_writes_a_model_card_from_the_checkpoint_and_its_metrics(tmp_path: P
     export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(tmp_path / "hf")])
     card = (tmp_path / "hf" / "README.md").read_text()
     for line in ("| connection | 0.5-SpheretNorm (`p_spheret:0.5`) |", "| dataset | openwebtext |", "| iterations | 7 |",
-                 "| final val loss | 3.2500 |", "trust_remote_code=True", "2 layers, 2 heads, width 32"):
+                 "| last val loss | 3.2500 (the evaluation at iteration 7) |", "trust_remote_code=True", "2 layers, 2 heads, width 32"):
         assert line in card
+
+
+def test_the_card_of_a_run_stopped_early_says_so_and_names_its_last_evaluation(tmp_path: Path) -> None:
+    # A run stopped at 161 of 2,000 showed its iteration-0 loss as its "final val loss" (issue 66, item 4).
+    run = tmp_path / "run"
+    run.mkdir()
+    ckpt = checkpoint(tiny_model(connection="pre_ln"), train_config={"dataset": "openwebtext", "max_iters": 2000})
+    ckpt["iter_num"] = 161
+    torch.save(ckpt, run / "ckpt.pt")
+    rows = [{"kind": "eval", "iter": 0, "val_loss": 10.5}, {"kind": "train", "iter": 161, "loss": 4.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    export_cli.main(["--ckpt", str(run / "ckpt.pt"), "--out", str(tmp_path / "hf")])
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "| iterations | 161 of 2,000: the run stopped before its end |" in card
+    assert "| last val loss | 10.5000 (the evaluation at iteration 0) |" in card
+    assert "final val loss" not in card
 
 
 def test_weights_only_safetensors_export_is_read_by_load_model(tmp_path: Path) -> None:

@@ -26,11 +26,23 @@ FORMATS = ("hf", "safetensors")
 NATIVE_NAME = "ckpt.safetensors"
 
 
-def final_val_loss(ckpt_path: Path) -> float | None:
-    """val_loss of the last eval row of the metrics.jsonl beside the checkpoint, if any."""
+def last_evaluation(ckpt_path: Path, iter_num: int | None) -> dict[str, Any] | None:
+    """The last eval row, at or before the checkpoint's iteration, of the metrics.jsonl beside it (None without one)."""
     path = ckpt_path.with_name(METRICS_NAME)
     evals = [r for r in read_metrics(path) if r.get("kind") == "eval"] if path.is_file() else []
-    return evals[-1]["val_loss"] if evals else None
+    evals = [r for r in evals if iter_num is None or r.get("iter", 0) <= iter_num]
+    return evals[-1] if evals else None
+
+
+def iterations_text(iter_num: Any, max_iters: Any) -> str:
+    """'600', '600 of 600', or '161 of 2,000: the run stopped before its end' (a card must not
+    read as a finished run's when it is not)."""
+    if not isinstance(iter_num, int):
+        return "not recorded"
+    if not isinstance(max_iters, int):
+        return str(iter_num)
+    short = ": the run stopped before its end" if iter_num < max_iters else ""
+    return f"{iter_num:,} of {max_iters:,}{short}"
 
 
 def model_card(ckpt: dict[str, Any], ckpt_path: Path) -> str:
@@ -38,7 +50,7 @@ def model_card(ckpt: dict[str, Any], ckpt_path: Path) -> str:
     cfg = config_from_dict(ckpt["model_config"])
     train = ckpt.get("train_config") or {}
     method = method_key(cfg)
-    val_loss = final_val_loss(ckpt_path)
+    last = last_evaluation(ckpt_path, ckpt.get("iter_num"))
     n_params = load_model(ckpt).get_num_params()
     plain = plain_model_class(cfg)
     load_args = ', trust_remote_code=True' if plain is None else ''
@@ -48,8 +60,9 @@ def model_card(ckpt: dict[str, Any], ckpt_path: Path) -> str:
         "scale": f"{scale_of(ckpt['model_config'])}: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, {n_params / 1e6:.1f}M parameters",
         "context": f"{cfg.block_size} tokens",
         "dataset": train.get("dataset", "not recorded"),
-        "iterations": ckpt.get("iter_num", "not recorded"),
-        "final val loss": f"{val_loss:.4f}" if val_loss is not None else f"not recorded (no {METRICS_NAME} beside the checkpoint)",
+        "iterations": iterations_text(ckpt.get("iter_num"), train.get("max_iters")),
+        "last val loss": (f"{last['val_loss']:.4f} (the evaluation at iteration {last.get('iter', '?')})" if last is not None
+                          else f"not recorded (no evaluation in a {METRICS_NAME} beside the checkpoint)"),
     }
     table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
     return f"""---
