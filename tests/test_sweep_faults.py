@@ -193,3 +193,31 @@ def test_a_finished_runs_time_counts_its_start_up_and_final_evaluation() -> None
     assert finished_run_seconds(final) == 110.0 + START_UP_SECONDS
     assert finished_run_seconds({"kind": "eval", "iter": 600, "elapsed_s": 50.0}) == 50.0 + START_UP_SECONDS  # before the whole-split evaluation
     assert finished_run_seconds(None) is None
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[]", "holds a JSON list, not an object of keys"),
+    ("{not json", "is not valid JSON"),
+    ('{"declared": []}', "holds a declaration that is not an object with a list of rule texts"),
+    ('{"declared": {"rules": [5]}}', "holds a declaration that is not an object with a list of rule texts"),
+    ('{"declared": {"rules": ["upper<<0"]}}', "declares a rule that cannot be read"),
+])
+def test_a_record_that_cannot_be_read_is_one_line_and_is_not_rewritten(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                        content: str, says: str) -> None:
+    # A damaged record was a traceback (AttributeError, TypeError) or read as none and rewritten
+    # without its declared rule (issue 67, item 3).
+    out, data = tmp_path / "out", tmp_path / "no_data"
+    out.mkdir()
+    (out / "fair_sweep.json").write_text(content)
+    for mode in (["--dry_run"], ["--table_only"]):
+        assert fair_comparison.main([*mode, "--out_dir", str(out), "--data_dir", str(data), *SMALL]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and says in err[0] and "is never rewritten" in err[0], err
+        assert (out / "fair_sweep.json").read_text() == content
+
+
+def test_a_stop_row_without_its_message_is_classified(tmp_path: Path) -> None:
+    from spheretnorm.experiments.grid import Run, classify
+
+    run = Run(tmp_path, {"max_iters": 10}, [{"kind": "eval", "iter": 4, "val_loss": 3.0}, {"kind": "stop", "reason": "collapse"}], None)
+    assert classify(run, None, 3.3) == ("stopped: collapse", "stopped (collapse)")

@@ -525,8 +525,8 @@ def classify(run: Run | None, returncode: int | None, unigram: float | None, err
     started here (it was found finished or stopped).
     """
     stop = run.stop if run is not None else None
-    reason = stop["reason"] if stop else None
-    message = stop["message"] if stop else error_line.removeprefix("error:").strip()
+    reason = stop.get("reason") if stop else None  # a stop row cut short may lack its keys: no KeyError here
+    message = str(stop.get("message") or f"stopped ({reason or 'no reason recorded'})") if stop else error_line.removeprefix("error:").strip()
     if returncode == EXIT_COLLAPSE or (returncode is None and reason == "collapse"):
         return STOPPED_COLLAPSE, message
     if returncode == EXIT_NON_FINITE or (returncode is None and reason == "non_finite"):

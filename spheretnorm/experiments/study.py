@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.kernels import kernel_path_text
 from spheretnorm.optim import OPTIMIZERS
-from spheretnorm.runtime.token_files import load_meta
+from spheretnorm.runtime.token_files import load_meta, read_json_object
 from spheretnorm.data.preparation import prepare, prepared_already
 from spheretnorm.data.pipeline import TINY_SHAKESPEARE
 from spheretnorm.experiments.grid import (
@@ -976,9 +976,8 @@ def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, 
     """OUT_DIR/<stem>.md (unless text is None) and <stem>.json; their paths. The declaration that
     <stem>.json held (declare, written before the runs) stays in it as it was."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        declared = json.loads((out_dir / f"{stem}.json").read_text(encoding="utf-8")).get("declared")
-        record = {**record, "declared": declared} if declared is not None else record
+    declared = read_record(out_dir / f"{stem}.json").get("declared")  # one that cannot be read is refused, not replaced
+    record = {**record, "declared": declared} if declared is not None else record
     (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     if text is None:
         return [out_dir / f"{stem}.json"]
@@ -1315,13 +1314,11 @@ def declare(sweep: Sweep, place: Place) -> dict[str, Any]:
     sweep that declared rules keeps them: no rules given means the declared ones, other rules are a
     UsageError. A dry run writes nothing."""
     path = place.out_dir / f"{sweep.name}.json"
-    try:
-        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        record = {}  # a damaged record: publish writes it anew
+    record = read_record(path)
     given = [r.text for r in sweep.rules]
     old = record.get("declared")
     if old is not None:
+        check_declaration(old, path)
         if given and given != old.get("rules", []):
             raise UsageError(f"--rule {' '.join(given)} differs from the rule(s) declared in {path} before its runs "
                              f"({' '.join(old.get('rules', [])) or 'none'}); give those, or use another --out_dir.")
@@ -1333,6 +1330,34 @@ def declare(sweep: Sweep, place: Place) -> dict[str, Any]:
         place.out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**record, "declared": declared}, indent=2) + "\n", encoding="utf-8")
     return declared
+
+
+RECORD_FIX = ("restore it from its run record (docs/run_records/), or move it aside to start the record anew; a record "
+              "that cannot be read is never rewritten")
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A sweep's record (OUT_DIR/<name>.json), {} when there is none; one that is not a JSON object
+    is a UsageError naming it (it held the declaration: rewriting it would drop the rules)."""
+    if not path.is_file():
+        return {}
+    try:
+        return read_json_object(path, UsageError, RECORD_FIX)
+    except OSError as e:
+        raise UsageError(f"{str(path)!r} cannot be read ({e.strerror or e}); {RECORD_FIX}.") from None
+
+
+def check_declaration(declared: Any, path: Path) -> None:
+    """A record's "declared" is an object whose rules are rule texts; anything else is one line."""
+    rules = declared.get("rules", []) if isinstance(declared, dict) else None
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        raise UsageError(f"{str(path)!r} holds a declaration that is not an object with a list of rule texts "
+                         f"(\"declared\": {json.dumps(declared)[:80]}); {RECORD_FIX}.")
+    try:
+        for text in rules:
+            parse_rule(text)
+    except (ValueError, UsageError) as e:
+        raise UsageError(f"{str(path)!r} declares a rule that cannot be read ({e}); {RECORD_FIX}.") from None
 
 
 def declared_rules(place: Place) -> tuple[Rule, ...]:
