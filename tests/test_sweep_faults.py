@@ -221,3 +221,12 @@ def test_a_stop_row_without_its_message_is_classified(tmp_path: Path) -> None:
 
     run = Run(tmp_path, {"max_iters": 10}, [{"kind": "eval", "iter": 4, "val_loss": 3.0}, {"kind": "stop", "reason": "collapse"}], None)
     assert classify(run, None, 3.3) == ("stopped: collapse", "stopped (collapse)")
+
+
+@pytest.mark.parametrize("grids", [["--grid", "pre_ln+adamw=1e-3", "--grid", "pre_ln+adamw=2e-3"],
+                                   ["--optimizers", "muon", "--grid", "muon=0.01", "--grid", "muon=0.02"]])
+def test_a_grid_given_twice_is_refused_not_replaced(tmp_path: Path, capsys: pytest.CaptureFixture, grids: list[str]) -> None:
+    # The later --grid silently replaced the earlier one (issue 67, item 8).
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "d"), *SMALL, *grids]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is given twice" in err[0], err

@@ -544,6 +544,8 @@ def own_grids(given: list[str], arms: list[Arm], optimizers: list[str]) -> dict[
         if arm not in [a.slug for a in arms] or optimizer not in optimizers or not keeps({"arm": arm, "optimizer": optimizer}):
             raise UsageError(f"--grid {item!r} must be ARM+OPT=R1,R2,... with ARM one of --arms ({', '.join(a.slug for a in arms)}) "
                              f"and OPT one of --optimizers ({', '.join(optimizers)}) that the arm runs with.")
+        if (arm, optimizer) in out:  # the later item silently replaced the earlier one
+            raise UsageError(f"--grid {name}= is given twice; give one --grid {name}=R1,R2,... with every rate.")
         out[(arm, optimizer)] = tuple(sorted(set(parse_number_list(values, f"grid {name}", float))))
     return out
 

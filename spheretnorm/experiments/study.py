@@ -1061,6 +1061,8 @@ def rate_grids(optimizers: list[str], lrs: list[float], given: list[str]) -> dic
         name, sep, values = item.partition("=")
         if not sep or name not in optimizers:
             raise UsageError(f"--grid {item!r} must be OPT=R1,R2,... with OPT one of --optimizers ({', '.join(optimizers)}).")
+        if name in grids:  # the later item silently replaced the earlier one
+            raise UsageError(f"--grid {name}= is given twice; give one --grid {name}=R1,R2,... with every rate.")
         grids[name] = tuple(parse_numbers(values, float, f"grid {name}"))
     for name in optimizers:
         if name not in grids:
