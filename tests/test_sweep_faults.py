@@ -230,3 +230,20 @@ def test_a_grid_given_twice_is_refused_not_replaced(tmp_path: Path, capsys: pyte
     assert fair_comparison.main(["--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(tmp_path / "d"), *SMALL, *grids]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is given twice" in err[0], err
+
+
+def test_a_progress_line_comes_while_runs_go_on_and_none_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    # Nothing was printed for minutes while runs went on (issue 66, item 3).
+    script = tmp_path / "slow_train.py"
+    script.write_text("import json, pathlib, sys, time\nout = pathlib.Path(sys.argv[1])\n"
+                      "(out / 'metrics.jsonl').write_text(json.dumps({'kind': 'train', 'iter': 7}) + '\\n')\ntime.sleep(1.5)\n")
+    monkeypatch.setattr(study, "train_command", lambda job: [sys.executable, str(script), str(job.out_dir)])
+    monkeypatch.setattr(study, "PROGRESS_EVERY_S", 0.4)
+    queue = jobs(tmp_path, 2)
+    study.schedule(lambda free: [queue.pop(0) for _ in range(min(free, len(queue)))], lambda result: None, 1, 1, lambda: len(queue))
+    out = capsys.readouterr().out.splitlines()
+    first = [line for line in out if line.startswith("sweep: 0 runs ended, 1 running (run0 ")]
+    assert first and "1 waiting; no run has ended here yet" in first[0], out
+    later = [line for line in out if line.startswith("sweep: 1 run ended, 1 running (run1 at 7 of 10)")]
+    assert later and "0 waiting; about 0 min left at 1 at a time (the mean of 1 run here)" in later[0], out

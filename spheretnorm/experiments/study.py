@@ -346,7 +346,7 @@ def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None
         raise UsageError(f"--jobs and --threads must be positive integers, got {parallel} and {threads}.")
     stopper = Stopper()
     running: dict[Future[JobResult], Job] = {}
-    count = 0
+    count, trained = 0, []  # trained: the seconds of the runs that trained here (the ETA's basis)
     with stopper.installed(), ThreadPoolExecutor(max_workers=parallel) as pool:
         while True:
             if stopper.signum is None:  # stopped: no new run starts
@@ -354,15 +354,46 @@ def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None
                     running[pool.submit(run_job, job, threads, stopper)] = job
             if not running:
                 break
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            finished, _ = wait(running, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+            if not finished:  # minutes can pass between two runs' ends: say where the sweep is
+                print(progress_line(count, list(running.values()), waiting(), trained, parallel), flush=True)
             for future in finished:
                 del running[future]
                 result = future.result()
                 ended(result)
                 count += 1
+                if result.returncode is not None and not result.busy:
+                    trained.append(result.seconds)
                 print(job_status_line(result, count, count + len(running) + waiting()), flush=True)
     if stopper.signum is not None:
         raise SweepStopped(stopper.signum, stopper.stopped)
+
+
+PROGRESS_EVERY_S = 60.0  # a progress line at least this often while runs go on and none ends
+
+
+def last_iteration(out_dir: Path) -> int | None:
+    """The iteration of a running job's newest metrics row (None before its first)."""
+    path = out_dir / METRICS_NAME
+    if not path.is_file():
+        return None
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+        lines = path.read_text(encoding="utf-8").strip().splitlines()
+        return int(json.loads(lines[-1])["iter"]) if lines else None
+    return None
+
+
+def progress_line(done: int, running: list[Job], waiting: int, trained: list[float], parallel: int) -> str:
+    """'sweep: 3 runs ended, 2 running (A at 240 of 600, B not logging yet), 5 waiting; about 12 min
+    left at 2 at a time (the mean of 3 runs here)'."""
+    def where(job: Job) -> str:
+        it = last_iteration(job.out_dir)
+        return f"{job.label} at {it} of {job.max_iters}" if it is not None else f"{job.label} starting"
+
+    left = len(running) + waiting
+    eta = (f"about {statistics.fmean(trained) * left / parallel / 60:.0f} min left at {parallel} at a time "
+           f"(the mean of {len(trained)} run{'s' if len(trained) != 1 else ''} here)") if trained else "no run has ended here yet to time the rest"
+    return f"sweep: {done} run{'s' if done != 1 else ''} ended, {len(running)} running ({'; '.join(map(where, running))}), {waiting} waiting; {eta}"
 
 
 def job_status_line(result: JobResult, index: int, total: int) -> str:
