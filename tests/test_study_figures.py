@@ -253,6 +253,31 @@ def test_the_gap_figure_puts_each_held_out_gap_at_its_depth_and_a_failed_seed_at
     assert err.count("\n") == 1 and "has no 'n_layer'" in err and "--table_only" in err
 
 
+def test_arm_dodge_sets_arms_that_fail_at_one_depth_apart_and_names_the_crosses_once_in_the_legend() -> None:
+    from spheretnorm.experiments.gap_figure import FAILED_LABEL, GapPoint, gap_axes
+
+    # Table 2 in miniature at 12 layers: two rows fail every seed, one trains; without the dodge their crosses coincide.
+    def arm(slug: str, gaps: tuple[float, ...]) -> list[GapPoint]:
+        return [GapPoint("gpt2", "adamw", slug, slug, 12.0, 1338 + i, g) for i, g in enumerate(gaps)]
+
+    points = arm("geonorm", (math.inf,) * 3) + arm("p_spheret-0.5", (math.inf,) * 3) + arm("peri_ln", (0.3, 0.25, 0.35))
+    methods = {"geonorm": "geonorm", "p_spheret-0.5": "p_spheret:0.5", "peri_ln": "peri_ln"}
+
+    def cross_xs(fig: Any) -> list[list[float]]:
+        return [list(line.get_xdata()) for line in fig.axes[0].lines if line.get_marker() == "x"]
+
+    plain = cross_xs(gap_axes(points, "depth", "t", methods))
+    assert sorted(plain[:3]) == sorted(plain[3:])  # the overlap the dodge is for
+    fig = gap_axes(points, "depth", "t", methods, arm_dodge=0.04)
+    dodged = cross_xs(fig)
+    first, second = {x for xs in dodged[:3] for x in xs}, {x for xs in dodged[3:] for x in xs}
+    assert max(first) < min(second)  # each arm's three crosses apart from the next arm's
+    trained = [x for line in fig.axes[0].lines if line.get_marker() == "o" for x in line.get_xdata()]
+    assert min(trained) > max(second)  # the third arm's seeds to the right of both
+    assert not fig.axes[0].texts  # no label beside the crosses: they would cover each other
+    assert FAILED_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
 def test_gap_y_panel_gives_each_panel_its_own_range_and_row_shares_one(tmp_path: Path) -> None:
     from spheretnorm.experiments import fair_comparison
     from spheretnorm.experiments.gap_figure import gap_axes, gap_points

@@ -43,6 +43,7 @@ SERIES_STYLES = ("-", "--", ":", "-.")  # one per sweep on the tokens axis
 BASELINE = "pre_ln"
 PANEL_INCHES = (4.2, 3.4)
 SEED_JITTER = 0.015  # share of the x range between two seeds' points at one x, so that equal gaps do not hide each other
+FAILED_LABEL = "a held-out seed that failed (at the edge its side loses; never averaged)"
 
 
 @dataclass(frozen=True)
@@ -143,15 +144,18 @@ GAP_Y_RANGES = ("row", "panel")
 
 
 def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None,
-               y_range: str = "row") -> list[Path]:
+               y_range: str = "row", arm_dodge: float = 0.0) -> list[Path]:
     """The figure, saved as out.{png,pdf}: a panel per (block, optimizer) that has points, a row
     per corpus, each row (or, with y_range 'panel', each panel) on one y-range, each arm in its method's colour
-    (methods: arm slug -> method key); dotted lines at +-band (a decision rule's threshold) where given."""
-    return save_figure(gap_axes(points, against, title, methods, band, y_range), out)
+    (methods: arm slug -> method key); dotted lines at +-band (a decision rule's threshold) where given.
+    arm_dodge > 0 sets the arms of a panel side by side at each x, that share of the x range apart, and names
+    the failed seeds' crosses once in the legend: where many arms fail at one x, their crosses and labels
+    would otherwise cover each other (Table 2 in miniature: six of seven rows failed at 12 layers)."""
+    return save_figure(gap_axes(points, against, title, methods, band, y_range, arm_dodge), out)
 
 
 def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str, str], band: float | None = None,
-             y_range: str = "row") -> plt.Figure:
+             y_range: str = "row", arm_dodge: float = 0.0) -> plt.Figure:
     """gap_figure's figure, drawn and not saved."""
     if y_range not in GAP_Y_RANGES:
         raise UsageError(f"--gap_y {y_range!r} is not one of: {', '.join(GAP_Y_RANGES)}.")
@@ -165,27 +169,31 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
     series = list(dict.fromkeys(p.series for p in points))
     for row, corpus in zip(axes, corpora):
         draw_row(row, [p for p in points if p.corpus == corpus], panels, against, methods, band, xs, width, series,
-                 f"\n{corpus}" if len(corpora) > 1 and corpus else "", y_range == "panel")
+                 f"\n{corpus}" if len(corpora) > 1 and corpus else "", y_range == "panel", arm_dodge)
     # One label for the figure: the rows share its meaning, and a label per row is taller than a short row (two rows overlapped).
     fig.supylabel("held-out gap: arm minus Pre-LN (same seed)", fontsize=10)
     extra = [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
+    if arm_dodge and any(not math.isfinite(p.gap) for p in points):
+        extra.append(plt.Line2D([], [], color="0.3", marker="x", markersize=8, markeredgewidth=2, linestyle="none", label=FAILED_LABEL))
     figure_legend(fig, axes, extra)
     return fig
 
 
 def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], against: str, methods: dict[str, str], band: float | None,
-             xs: list[float], width: float, series: list[str], corpus: str, own_range: bool = False) -> None:
+             xs: list[float], width: float, series: list[str], corpus: str, own_range: bool = False, arm_dodge: float = 0.0) -> None:
     """One corpus's panels (a panel it has no point in stays empty and unframed), on one y-range, or
-    each on its own (own_range)."""
+    each on its own (own_range); with arm_dodge, each arm at its own offset from the x it belongs to."""
     for ax, (block, optimizer) in zip(row, panels):
         mine = [p for p in points if (p.block, p.optimizer) == (block, optimizer)]
         if not mine:
             ax.set_axis_off()
             continue
         low, high, pad = gap_range(mine if own_range else points, band)
-        for arm, line in dict.fromkeys((p.arm, p.series) for p in mine):
+        arms = list(dict.fromkeys((p.arm, p.series) for p in mine))
+        for i, (arm, line) in enumerate(arms):
             draw_arm(ax, [p for p in mine if (p.arm, p.series) == (arm, line)], width, (low - pad, high + pad),
-                     method_style(methods.get(arm, arm))["color"], SERIES_STYLES[series.index(line) % len(SERIES_STYLES)])
+                     method_style(methods.get(arm, arm))["color"], SERIES_STYLES[series.index(line) % len(SERIES_STYLES)],
+                     (i - (len(arms) - 1) / 2) * arm_dodge * width, name_failures=not arm_dodge)
         ax.axhline(0.0, color="0.3", linewidth=0.8)
         if band:
             for y in (band, -band):
@@ -209,24 +217,27 @@ def gap_range(points: list[GapPoint], band: float | None) -> tuple[float, float,
     return low, high, 0.15 * (high - low or 0.01)
 
 
-def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-") -> None:
+def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-",
+             offset: float = 0.0, name_failures: bool = True) -> None:
     """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the
-    edge its sign points to, the failed seeds at one place named in one label), the means joined."""
+    edge its sign points to, the failed seeds at one place named in one label), the means joined.
+    offset (arm_dodge's share for this arm, in x units) moves every mark of the arm; name_failures
+    False leaves the crosses unlabelled (the legend names them)."""
     seeds = sorted({p.seed for p in points})
     failed: dict[tuple[float, float], list[tuple[float, int]]] = {}  # (x, edge) -> [(jittered x, seed)]
     for p in points:
-        x = p.x + (seeds.index(p.seed) - (len(seeds) - 1) / 2) * SEED_JITTER * width
+        x = p.x + offset + (seeds.index(p.seed) - (len(seeds) - 1) / 2) * SEED_JITTER * width
         if math.isfinite(p.gap):
             ax.plot([x], [p.gap], marker="o", markersize=4, linestyle="none", color=color, alpha=0.6)
         else:
             edge = edges[1] if p.gap > 0 else edges[0]
             ax.plot([x], [edge], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color=color)
             failed.setdefault((p.x, edge), []).append((x, p.seed))
-    for (_, edge), marks in failed.items():
+    for (_, edge), marks in (failed if name_failures else {}).items():
         names = ", ".join(str(seed) for _, seed in marks)
         ax.annotate(f"seed{'s' if len(marks) > 1 else ''} {names} failed", (min(x for x, _ in marks), edge), textcoords="offset points",
                     xytext=(-7, -3), ha="right", fontsize=7, color=color)
     means = mean_gaps(points)
     sweep = f" ({points[0].series})" if points[0].series else ""
-    ax.plot(list(means), list(means.values()), marker="s", markersize=6 if not sweep else 3, color=color, linestyle=linestyle,
+    ax.plot([x + offset for x in means], list(means.values()), marker="s", markersize=6 if not sweep else 3, color=color, linestyle=linestyle,
             label=f"{points[0].title}{sweep}, mean of the held-out seeds")
