@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from spheretnorm.experiments import fair_comparison as fair_sweep
-from spheretnorm.experiments.stats import every_gap_power, normal_cdf, parse_rule, sign_counts, sign_test, spread, t_quantile, verdict
+from spheretnorm.experiments.stats import clopper_pearson, every_gap_power, normal_cdf, parse_rule, sign_counts, sign_test, spread, t_quantile, verdict
 from spheretnorm.experiments.study import (
     Axis, Sweep, best_rate_follow_up, ensure_data, kernel_path_of, parse_train_args, plan_points, point, train_argv, Place,
 )
@@ -73,6 +73,30 @@ def test_the_sign_test_leaves_ties_out_and_refuses_impossible_counts() -> None:
     for wins, n in ((6, 5), (-1, 5), (0, 0)):
         with pytest.raises(ValueError):
             sign_test(wins, n)
+
+
+@pytest.mark.parametrize("k, n, low, high", [
+    (0, 6, 0.0, 1 - 0.025 ** (1 / 6)),  # closed form at the ends: (1 - high) ** 6 = 0.025
+    (6, 6, 0.025 ** (1 / 6), 1.0),      # low ** 6 = 0.025
+    (0, 1, 0.0, 0.975),
+    (1, 6, 0.0042107445, 0.6412345790),  # the beta quantiles Beta(0.025; 1, 6) and Beta(0.975; 2, 5), from a table
+    (3, 6, 0.1181172488, 0.8818827512),
+    (1, 10, 0.0025285785, 0.4450161170),
+])
+def test_clopper_pearson_meets_the_closed_forms_and_the_tabulated_beta_quantiles(k: int, n: int, low: float, high: float) -> None:
+    got = clopper_pearson(k, n)
+    assert got == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+
+
+def test_clopper_pearson_mirrors_failures_and_successes_and_refuses_impossible_counts() -> None:
+    for k in range(7):  # k failures of 6 is 6 - k successes: the interval reflected about one half
+        low, high = clopper_pearson(k, 6)
+        assert clopper_pearson(6 - k, 6) == (pytest.approx(1 - high, abs=1e-12), pytest.approx(1 - low, abs=1e-12))
+        assert low <= k / 6 <= high
+    assert clopper_pearson(1, 6, confidence=0.5)[1] < clopper_pearson(1, 6)[1]  # a lower confidence narrows it
+    for k, n, confidence in ((7, 6, 0.95), (-1, 6, 0.95), (0, 0, 0.95), (1, 6, 1.0)):
+        with pytest.raises(ValueError):
+            clopper_pearson(k, n, confidence)
 
 
 def test_the_two_seed_rule_power_is_the_normal_tail_to_the_power_n() -> None:

@@ -193,6 +193,37 @@ def sign_test(wins: int, n: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, j) * p ** j * (1.0 - p) ** (n - j) for j in range(k, n + 1))
+
+
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact two-sided interval for a binomial rate seen as k of n (failures among runs): the
+    lowest rate under which k or more of n is still as likely as (1 - confidence) / 2, and the
+    highest under which k or fewer is; 0 and 1 at the ends (k = 0, k = n). Each bound solves its
+    binomial tail by bisection (the tail is monotone in the rate), so it is exact to float resolution:
+    0 of 6 gives 0 to 1 - 0.025 ** (1 / 6) = 0.459."""
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"clopper_pearson needs 0 <= k <= n and n >= 1, got k={k} and n={n}.")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"clopper_pearson needs a confidence in (0, 1), got {confidence}.")
+    alpha = (1.0 - confidence) / 2.0
+
+    def solve(tail: Callable[[float], float], target: float) -> float:  # the rate where a tail rising in p reaches target
+        low, high = 0.0, 1.0
+        for _ in range(200):  # halves the bracket to float resolution long before 200 steps
+            mid = 0.5 * (low + high)
+            if mid in (low, high):
+                break
+            low, high = (mid, high) if tail(mid) < target else (low, mid)
+        return 0.5 * (low + high)
+
+    lower = 0.0 if k == 0 else solve(lambda p: binomial_tail(k, n, p), alpha)  # P(X >= k) = alpha
+    upper = 1.0 if k == n else solve(lambda p: binomial_tail(k + 1, n, p), 1.0 - alpha)  # P(X <= k) = alpha
+    return lower, upper
+
+
 def every_gap_power(rule: Rule, true_gap: float, sd: float, n: int) -> float:
     """The chance that an every_gap rule ('every_gap>0.02') holds on n held-out seeds when each
     seed's gap is an independent normal draw with mean true_gap and standard deviation sd (sd taken
