@@ -67,12 +67,13 @@ from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, config_help,
     grad_accum_steps, model_key_conflicts, parse_config, wants_help,
 )
-from spheretnorm.runtime.identity import changed_train_keys, check_resume_keys, run_neutral_keys, run_settings, run_suffix
+from spheretnorm.runtime.identity import changes_text, check_resume_keys, resume_changes, run_neutral_keys, run_settings, run_suffix
 from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_paths, resolve_wandb_names
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_process_group, report_stop
 from spheretnorm.runtime.start_notes import announce_start
+from spheretnorm.runtime.threads import cpu_threads_in_use
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import compile_mode_text, impl_unavailable, kernel_path_text, sphere_kernel_path
@@ -285,9 +286,9 @@ class Trainer:
                 f"NOTE: the checkpoint was written by {len(ckpt['rng'])} process(es), this run has "
                 f"{self.dist.world_size}; dropout random streams restart from the seed."
             )
-        changed = changed_train_keys(self.cfg, ckpt["train_config"])
-        if changed:
-            print0("NOTE: resuming with training keys changed from the checkpoint's: " + "; ".join(changed))
+        self.progress.resumed_with(changed := resume_changes(self.cfg, ckpt, cpu_threads_in_use(self.device)))
+        if changed:  # kept in the run's settings history (config.json, checkpoints) and a metrics row
+            print0("NOTE: resuming with training keys changed from the checkpoint's: " + changes_text(changed))
         if ckpt.get("data_meta") and ckpt["data_meta"].get("tokenizer") != self.data.meta.get("tokenizer"):
             print0("WARNING: the dataset's tokenizer differs from the one the checkpoint was trained on.")
 
@@ -334,7 +335,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "train_config": asdict(self.cfg),
             **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
-            "data_meta": self.data.meta,
+            "data_meta": self.data.meta, "cpu_threads": cpu_threads_in_use(self.device),
         }
         write_run_checkpoint(path, self.raw_model, self.optimizer, extra, self.cfg.parallel == "fsdp", self.dist, self.device)
         if not stop_state and self.dist.is_master:
@@ -480,7 +481,8 @@ def run_config(t: Trainer) -> dict[str, Any]:
     return {
         **asdict(t.cfg), **asdict(t.model_cfg), "method": method_key(t.model_cfg), "world_size": t.dist.world_size,
         "grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step, "num_params": t.raw_model.get_num_params(),
-        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t), t.cfg.resolved_compile_scope())}
+        "resolved_dtype": t.dtype, "sphere_kernels": sphere_kernels(t), "kernel_path": kernel_path_text(t.dtype, t.cfg.compile, sphere_kernels(t), t.cfg.resolved_compile_scope()),
+        "cpu_threads": cpu_threads_in_use(t.device), "data_source": t.data.meta.get("source"), "settings_history": t.progress.settings_history}
 
 
 def sphere_kernels(t: Trainer) -> str | None:

@@ -400,7 +400,8 @@ def _check_choice(key: str, value: Any) -> None:
 
 # What a run folder's config.json records besides the config keys (train.py's run_config): read
 # back as a config file, these are skipped, not refused as unknown keys.
-RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params", "resolved_dtype", "sphere_kernels", "kernel_path")
+RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params", "resolved_dtype", "sphere_kernels", "kernel_path",
+                   "cpu_threads", "data_source", "settings_history")
 CONFIG_SUFFIXES = (".py", ".json")
 
 

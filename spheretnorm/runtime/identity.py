@@ -172,15 +172,45 @@ def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
         )
 
 
-def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[str]:
-    """'key: old -> new' for each training key a resume changes (those a resume may not change are
-    refused before, check_resume_keys)."""
-    have, values = saved_settings(saved_train), train_values(train)
-    return [
-        f"{k}: {have[k]!r} -> {v!r}"
-        for k, v in values.items()
-        if k in have and have[k] != v and k not in ("init_from", "eval_only", "overwrite", "fresh_optimizer", TRUST_KEY)
-    ]
+# Keys that say how a command runs, not what the run trains with: never a change of its settings.
+RESUME_COMMAND_KEYS = ("init_from", "eval_only", "overwrite", "fresh_optimizer", TRUST_KEY)
+
+
+def resume_changes(train: TrainConfig, ckpt: Mapping[str, Any], cpu_threads: int | None) -> dict[str, list[Any]]:
+    """What a resume changes, key -> [the checkpoint's value, this run's]: each training key the
+    command line changes (those a resume may not change are refused before, check_resume_keys),
+    and cpu_threads where the checkpoint records another count (one and two threads give other
+    losses from the next step on). The run's settings history keeps it (tracking.Progress)."""
+    have, values = saved_settings(ckpt["train_config"]), train_values(train)
+    changes = {k: [have[k], v] for k, v in values.items() if k in have and have[k] != v and k not in RESUME_COMMAND_KEYS}
+    recorded = ckpt.get("cpu_threads")
+    if recorded is not None and cpu_threads is not None and recorded != cpu_threads:
+        changes["cpu_threads"] = [recorded, cpu_threads]
+    return changes
+
+
+def changes_text(changes: Mapping[str, Sequence[Any]]) -> str:
+    """'key: old -> new; ...' for a resume's changes (resume_changes)."""
+    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+
+
+# What a row label leaves out of a run's history: keys that change how often it logs, where it
+# writes, or its length; the history itself keeps every change. The kernel path's keys and the
+# micro-batch stay in the label: they change the losses (as cpu_threads does).
+UNLABELLED_CHANGES = (RUN_NEUTRAL_KEYS | RESTART_FREE_KEYS) - {"compile", "compile_scope", "sphere_impl", "batch_size"}
+
+
+def history_label(config: Mapping[str, Any]) -> str:
+    """A run folder's settings history in a row label: 'z_loss 0.0001 -> 0.01 at iter 10' per
+    change of a key that computes, '' for a run trained on one set of settings (or recorded before
+    histories were kept)."""
+    history = config.get("settings_history")
+    if not isinstance(history, list):
+        return ""
+    return "; ".join(f"{k} {param_text(pair[0])} -> {param_text(pair[1])} at iter {entry.get('iter')}"
+                     for entry in history if isinstance(entry, dict) and isinstance(entry.get("changed"), dict)
+                     for k, pair in entry["changed"].items()
+                     if k not in UNLABELLED_CHANGES and isinstance(pair, list) and len(pair) == 2)
 
 
 # -----------------------------------------------------------------------------
@@ -213,4 +243,7 @@ def settings_labels(cells: Sequence[Hashable], configs: Sequence[Mapping[str, An
             values = {json.dumps(identity[key], sort_keys=True, default=str) for identity in cell_identities if key in identity}
             if len(values) > 1:
                 naming.add(key)
-    return [", ".join(f"{k}={param_text(identity[k])}" for k in sorted(naming) if k in identity) for identity in identities]
+    labels = [", ".join(f"{k}={param_text(identity[k])}" for k in sorted(naming) if k in identity) for identity in identities]
+    # A run whose keys changed part-way is not a run of its last settings: its label says so.
+    return [", ".join(filter(None, (label, history and f"changed part-way: {history}")))
+            for label, history in zip(labels, map(history_label, configs))]

@@ -100,7 +100,7 @@ def with_recorded_loss_terms(train: Config, saved_train: dict[str, Any], source:
     user's consent only (imports.import_recorded, whose refusal names both ways to give it). The
     terms' keys then join train's loss_params at the values the command line gives, their defaults
     where it gives none, so that a resume applies and says a changed key as it does any other
-    (identity.changed_train_keys). A recorded key that no module declares even then is one `error`."""
+    (identity.resume_changes). A recorded key that no module declares even then is one `error`."""
     keys = unregistered_loss_keys(saved_train)
     if keys:
         import_recorded(saved_train, f"{source} (its loss_params {', '.join(keys)})", error, needed=True)

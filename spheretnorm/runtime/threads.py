@@ -61,6 +61,12 @@ def set_cpu_threads(device: str) -> str | None:
     return line
 
 
+def cpu_threads_in_use(device: str) -> int | None:
+    """torch's thread count on a CPU run (what config.json and the checkpoint record: one and two
+    threads give other losses from the first step on), None on an accelerator."""
+    return torch.get_num_threads() if device.startswith("cpu") else None
+
+
 def announce_cpu_threads(device: str) -> None:
     """set_cpu_threads for a command whose stdout is its own output (text, a table): the line on stderr."""
     line = set_cpu_threads(device)

@@ -183,6 +183,11 @@ class Progress:
     recent_losses: deque[float] = field(default_factory=lambda: deque(maxlen=AVG_WINDOW))
     prior_elapsed: float = 0.0  # training time of the attempts that this one resumes
     wandb_run_id: str | None = None
+    # Each resume that changed the run's settings: {"iter": the resume's, "changed": key -> [old, new]}
+    # (identity.resume_changes); kept in every checkpoint and config.json, so that a run whose keys
+    # changed part-way never reads as a run of its last settings.
+    settings_history: list[dict[str, Any]] = field(default_factory=list)
+    resume_row: dict[str, Any] | None = None  # this session's resume, for metrics.jsonl once it is open
     saved_iter: int = -1  # iteration of the checkpoint this run has on disk; -1: none yet
     start_time: float = 0.0  # this session's start, and its first iteration
     start_iter: int = 0
@@ -205,7 +210,15 @@ class Progress:
         self.recent_losses.extend(ckpt["recent_losses"])
         self.prior_elapsed = ckpt["elapsed_s"]
         self.wandb_run_id = ckpt.get("wandb_run_id")
+        self.settings_history = list(ckpt.get("settings_history") or [])
         self.saved_iter = self.iter_num
+
+    def resumed_with(self, changes: dict[str, list[Any]]) -> None:
+        """Record what this resume changed (identity.resume_changes; nothing when it changed nothing)."""
+        if changes:
+            entry = {"iter": self.iter_num, "changed": changes}
+            self.settings_history.append(entry)
+            self.resume_row = {"kind": "resume", **entry}
 
     def checkpoint_fields(self, seed: int, global_batch_size: int) -> dict[str, Any]:
         """What a checkpoint keeps of these counters (restore reads them back)."""
@@ -218,6 +231,7 @@ class Progress:
             "recent_losses": list(self.recent_losses),
             "elapsed_s": self.elapsed(),
             "wandb_run_id": self.wandb_run_id,
+            "settings_history": self.settings_history,
         }
 
     def start(self) -> None:
@@ -340,6 +354,8 @@ class RunLog:
         except OSError as e:  # the write's own error names no file: train.py's one line names it
             raise OSError(e.errno, e.strerror or str(e), str(out / CONFIG_NAME)) from None
         self.metrics = MetricsLog(out / METRICS_NAME, self.progress.iter_num if resumed else None)
+        if resumed and self.progress.resume_row:  # metrics only: the row is not a point of W&B's curves
+            self.metrics.write(self.progress.resume_row)
         if self.cfg.wandb_log:
             self.wandb = start_wandb(self.cfg, run_config, self.progress.wandb_run_id)
             if self.wandb is not None:
