@@ -21,6 +21,7 @@ from spheretnorm.experiments.study import (
     pivot_table, plan_points, point, refined_rates, run_settings, swept_rates, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.identity import run_conflicts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +82,7 @@ def test_each_row_gets_its_gap_to_the_same_seeds_baseline_run() -> None:
 
 def test_the_follow_up_extends_past_a_best_end_by_the_grids_factor_then_seeds_the_best_and_its_neighbours() -> None:
     assert swept_rates([1.0, 3.0], {1.0: 2.0, 3.0: 1.5}) == ([1.0, 3.0, 9.0], False)  # best at the top: one step of x3
-    assert swept_rates([1.0, 3.0], {1.0: 1.5, 3.0: 2.0}) == ([1 / 3, 1.0, 3.0], False)  # at the bottom: one step of /3
+    assert swept_rates([1.0, 3.0], {1.0: 1.5, 3.0: 2.0}) == ([0.333333, 1.0, 3.0], False)  # at the bottom: one step of /3, to 6 digits
     assert swept_rates([1.0, 3.0], {1.0: 2.0, 3.0: 1.5, 9.0: 1.4}) == ([1.0, 3.0, 9.0], True)  # one extension only
     assert swept_rates([1.0, 2.0, 4.0], {1.0: 2.0, 2.0: 1.5, 4.0: 3.0}) == ([1.0, 2.0, 4.0], True)  # best inside: done
     assert swept_rates([1.0, 2.0], {1.0: math.inf, 2.0: math.inf}) == ([1.0, 2.0], True)  # nothing trained: no best to bracket
@@ -94,6 +95,19 @@ def test_the_follow_up_extends_past_a_best_end_by_the_grids_factor_then_seeds_th
     done = {point(method="pre_ln", lr=lr, seed=1): loss for lr, loss in {1.0: 2.0, 2.0: 1.5, 4.0: 1.7}.items()}
     later = [(p["method"], p["lr"], p["seed"]) for p in plan_points(sweep, done)][6:]
     assert later == [("pre_ln", 2.0, 2), ("pre_ln", 1.0, 2), ("pre_ln", 4.0, 2)]  # geonorm is still sweeping: nothing seeded
+
+
+def test_an_extension_rate_is_written_as_a_user_would_give_it_and_an_old_records_unrounded_rate_is_the_same_run() -> None:
+    grid = [3.5355e-4, 5e-4, 7.0711e-4]
+    losses = {3.5355e-4: 1.9, 5e-4: 1.8, 7.0711e-4: 1.75}
+    assert swept_rates(grid, losses) == ([*grid, 0.00100001], False)  # 7.0711e-4 * sqrt(2) = 0.0010000091..., to 6 digits
+    assert swept_rates([1.4142e-3, 2e-3], {1.4142e-3: 1.62, 2e-3: 1.63}) == ([0.000999981, 1.4142e-3, 2e-3], False)
+    # E3's record (2026-12-05) holds the extensions unrounded, in the folders the rounded rates name: the same runs.
+    recorded = {"learning_rate": 0.0010000091042, "min_lr": 0.00010000091042}
+    assert run_conflicts(recorded, {"learning_rate": 0.00100001, "min_lr": 0.000100001}) == []
+    assert run_conflicts({"learning_rate": 0.00099998082}, {"learning_rate": 0.000999981}) == []
+    assert run_conflicts(recorded, {"learning_rate": 0.0010001}) == ["learning_rate: the run has 0.0010000091042, asked for 0.0010001"]
+    assert run_conflicts({"weight_decay": 0.1000001}, {"weight_decay": 0.1}) != []  # only rates are read at the folders' precision
 
 
 def test_runs_are_planned_anew_as_each_ends_so_a_selected_rates_seeds_go_before_anothers_neighbours(

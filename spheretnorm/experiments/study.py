@@ -1121,7 +1121,14 @@ def swept_rates(lrs: list[float], losses: dict[float, float], extensions: int = 
             return rates, True
         at_top = best == rates[-1]
         step = rates[-1] / rates[-2] if at_top else rates[1] / rates[0]  # the grid's factor at that end
-        rates = sorted([*rates, best * step if at_top else best / step])
+        rates = sorted([*rates, extension_rate(best * step if at_top else best / step)])
+
+
+def extension_rate(rate: float) -> float:
+    """A rate one grid step past an end, as a user would give it: 6 significant digits (the folder
+    names' precision), not 0.0010000091042 for 7.0711e-4 * sqrt(2). A record made before rates were
+    rounded holds the unrounded rate in the same folder, which is the same run (identity.same_setting)."""
+    return float(f"{rate:.6g}")
 
 
 def refined_rates(rates: list[float], losses: dict[float, float]) -> list[float]:

@@ -141,8 +141,23 @@ def run_conflicts(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return [
         f"{k}: the run has {have[k]!r}, asked for {v!r}"
         for k, v in wanted.items()
-        if k in have and have[k] != v and k not in RESTART_FREE_KEYS
+        if k in have and not same_setting(k, have[k], v) and k not in RESTART_FREE_KEYS
     ]
+
+
+def is_rate_key(key: str) -> bool:
+    """learning_rate, min_lr, muon_lr, ...: the keys a study's grid writes."""
+    return key == "learning_rate" or key.endswith("_lr")
+
+
+def same_setting(key: str, have: Any, wanted: Any) -> bool:
+    """Whether a recorded value is the one asked for. A rate is the same to 6 significant digits, the
+    precision of the folder names: a study's grid extension was written unrounded before 2026-12-07
+    (7.0711e-4 * sqrt(2) = 0.0010000091042, folder lr0.00100001) and is now written as given
+    (0.00100001); the run recorded either way is the one asked for."""
+    if is_rate_key(key) and all(isinstance(x, float) and not isinstance(x, bool) for x in (have, wanted)):
+        return f"{have:.6g}" == f"{wanted:.6g}"
+    return have == wanted
 
 
 def config_conflicts(out_dir: Path, parsed: ParsedConfig) -> list[str]:
