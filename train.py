@@ -80,7 +80,7 @@ from spheretnorm.kernels import compile_mode_text, impl_unavailable, kernel_path
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from spheretnorm.runtime.run_folder import (
     EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
-    check_checkpoint_kind, has_checkpoint, remove_stop_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
+    check_checkpoint_kind, has_checkpoint, missing_resume_text, remove_stop_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
 )
 from spheretnorm.runtime.token_files import SPLITS
 from spheretnorm.runtime.imports import keep_recorded_imports
@@ -97,11 +97,7 @@ RESUME_KEYS = ("optimizer", "rng", "train_config", "iter_num", "best_val_loss", 
 def load_resume_checkpoint(train: TrainConfig, path: Path) -> dict[str, Any]:
     """The checkpoint at `path` (resume_checkpoint's choice), with what a resume reads besides the model."""
     if not path.exists():
-        raise ConfigError(
-            f"init_from=resume but there is no checkpoint at {path}; check out_dir (the "
-            "connection and any key that differs from the config file name the default out_dir), "
-            "start with --init_from=scratch, or use --init_from=auto."
-        )
+        raise ConfigError(missing_resume_text(path))
     # On the CPU first: loading straight to the GPU would hold two copies of the optimizer state.
     try:  # a sharded folder: its tensors are read by every rank's own shards (Trainer._restore)
         if path.is_dir():  # every rank's verdict gathered: a shard only rank 0's digests see is refused by all

@@ -132,7 +132,7 @@ def test_a_resume_keeps_its_optimizer(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, "--optimizer=muon", "--max_iters=2", "--eval_interval=2"))
     with pytest.raises(ConfigError) as info:
-        train.main(tiny_args(data_dir, out, "--max_iters=4", "--init_from=resume"))
+        train.main(tiny_args(data_dir, out, "--optimizer=adamw", "--max_iters=4", "--init_from=resume"))
     assert str(info.value) == (
         "Refusing to resume with optimizer='adamw': the checkpoint was trained with optimizer='muon', whose state does "
         "not carry over; pass --optimizer=muon to resume it, --fresh_optimizer=true to resume the weights with a new "

@@ -108,9 +108,16 @@ def resume(data_dir: Path, out_dir: Path, *extra: str) -> None:
 
 
 def test_a_resume_without_consent_refuses_to_drop_the_recorded_loss_term(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
-    """The module is importable, but the checkpoint records it: without --imports or
-    --trust_recorded_imports the resume stops in one sentence naming both, and runs nothing."""
+    """The module is importable, but the run records it: without --imports or
+    --trust_recorded_imports the resume stops in one sentence naming both, and runs nothing. (Its
+    config.json, which a resume starts from since issue 65's one resume rule, is the first reader
+    to ask; the checkpoint asks likewise where config.json is gone.)"""
     out = z_loss_run(data_dir, tmp_path / "run")
+    with pytest.raises(ConfigError) as refusal:
+        resume(data_dir, out)
+    message = str(refusal.value)
+    assert "config.json' records imports=['zloss_term']" in message and "\n" not in message
+    (out / "config.json").unlink()
     with pytest.raises(ConfigError) as refusal:
         resume(data_dir, out)
     message = str(refusal.value)
@@ -125,21 +132,22 @@ def test_with_consent_a_resume_keeps_the_term_or_applies_and_says_its_change(
     data_dir: Path, tmp_path: Path, z_loss_module: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--trust_recorded_imports=true imports the recorded module; its key then follows the command
-    line as every training key does: --z_loss=0.05 continues the run as if it had not stopped (the
-    same losses as the straight run), none turns the term off, said in the changed-keys NOTE. (With
+    line as every training key does: left out (the run's own 0.05, issue 65's one resume rule)
+    the run continues as if it had not stopped (the same losses as the straight run), --z_loss=0
+    turns the term off, said in the changed-keys NOTE. (With
     consent this held before issue 67 too, the checkpoint's reader importing what it records: the
     test keeps the refusal above from costing it.)"""
     train.main(train_args(data_dir, tmp_path / "straight", "--imports=zloss_term", "--z_loss=0.05"))
     straight = train_rows(tmp_path / "straight")
     forget_z_loss()
     kept = z_loss_run(data_dir, tmp_path / "kept")
-    resume(data_dir, kept, "--trust_recorded_imports=true", "--z_loss=0.05")
+    resume(data_dir, kept, "--trust_recorded_imports=true")
     resumed = train_rows(kept)
     assert [r["train_loss_total"] for r in resumed[2:]] == pytest.approx([r["train_loss_total"] for r in straight[2:]], abs=1e-6)
     forget_z_loss()
     off = z_loss_run(data_dir, tmp_path / "off")
     capsys.readouterr()
-    resume(data_dir, off, "--trust_recorded_imports=true")
+    resume(data_dir, off, "--trust_recorded_imports=true", "--z_loss=0")
     assert "z_loss: 0.05 -> 0.0" in capsys.readouterr().out
     rows = train_rows(off)
     assert [r["iter"] for r in rows] == [1, 2, 3, 4] and not any("train_loss_total" in r for r in rows[2:])
@@ -152,6 +160,7 @@ def test_a_recorded_loss_key_that_no_module_declares_is_refused(data_dir: Path, 
     out = z_loss_run(data_dir, tmp_path / "run")
     ckpt = load_checkpoint(out / "ckpt.pt")
     atomic_torch_save({**ckpt, "train_config": {**ckpt["train_config"], "imports": []}}, out / "ckpt.pt")
+    (out / "config.json").unlink()  # the folder's record of the module gone too (config.json is read first)
     with pytest.raises(ConfigError, match=r"records loss_params \['z_loss'\], which no registered loss term declares .*--imports=MODULE"):
         resume(data_dir, out, "--trust_recorded_imports=true")
 

@@ -400,6 +400,7 @@ def _check_choice(key: str, value: Any) -> None:
 
 # What a run folder's config.json records besides the config keys (train.py's run_config): read
 # back as a config file, these are skipped, not refused as unknown keys.
+DEBUG_PREFIX = "debug_"  # the fault-injection switches (debug_nan_at_iter, debug_crash_at_iter)
 RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step", "num_params", "resolved_dtype", "sphere_kernels", "kernel_path",
                    "cpu_threads", "data_source", "settings_history")
 CONFIG_SUFFIXES = (".py", ".json")
@@ -420,8 +421,9 @@ def read_run_config(path: str) -> dict[str, Any]:
         nested.update(params)
     if "out_dir" in values:  # the run is the folder this config.json is in, wherever that folder has moved
         values["out_dir"] = str(Path(path).parent)
-    # Consent to its recorded imports is the user's to give on the command line, never the file's.
-    return {**{k: v for k, v in values.items() if k not in (*RUN_RECORD_KEYS, TRUST_KEY)}, **nested}
+    # Consent to its recorded imports is the user's to give on the command line, never the file's;
+    # a fault injected once (debug_nan_at_iter, ...) is not injected again by reading the run back.
+    return {**{k: v for k, v in values.items() if k not in (*RUN_RECORD_KEYS, TRUST_KEY) and not k.startswith(DEBUG_PREFIX)}, **nested}
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -471,6 +473,34 @@ def grad_accum_steps(global_batch_size: int, batch_size: int, world_size: int) -
             "whose product divides it."
         )
     return global_batch_size // per_micro_step
+
+
+def _keys_of_the_named_optimizer(values: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """A config file's optimizer keys follow its optimizer: where the command line names another
+    optimizer (a resume of a Muon run with --optimizer=muonh --fresh_optimizer=true), the file's
+    keys that the named one does not declare (muon_lr) are dropped, not refused; a key given on the
+    command line is the user's and is checked as always."""
+    if "optimizer" not in given or values.get("optimizer") not in OPTIMIZERS:
+        return values
+    own = {p.key for p in OPTIMIZERS[values["optimizer"]].params}
+    others = set(optimizer_params()) - own
+    return {k: v for k, v in values.items() if k in given or k not in others}
+
+
+def resumed_run_config(pairs: list[tuple[str, str]]) -> list[str]:
+    """[out_dir/config.json] for a resume of a run folder named by --out_dir alone (no config
+    file): one rule for both forms, `train.py RUN/config.json --init_from=resume` and `train.py
+    --out_dir=RUN --init_from=resume` start from the run's own settings, and the command line
+    changes only the keys it names (before, the second resumed under the defaults: another data
+    set, rates and batch). [] otherwise, or where the folder has no config.json. An evaluation
+    (eval_only) keeps reading the command's keys: it computes no loss term, so a run trained with
+    one of a module of its own is evaluated without consent to import it."""
+    def last(key: str) -> str:
+        return next((raw for k, raw in reversed(pairs) if k == key), "")
+
+    record = Path(last("out_dir"), "config.json")  # run_folder.CONFIG_NAME (which imports this module)
+    evaluating = bool(last("eval_only") and parse_value("eval_only", last("eval_only")))
+    return [str(record)] if last("init_from") == "resume" and not evaluating and last("out_dir") and record.is_file() else []
 
 
 def _import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
@@ -526,6 +556,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
     files, pairs = split_argv(argv)
+    files = files or resumed_run_config(pairs)
     file_values = [(path, read_config_file(path)) for path in files]
     _import_first(file_values, pairs)
     values: dict[str, Any] = {}
@@ -539,6 +570,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
         if not _is_key(key):
             raise _unknown_key_error(key, f"--{key}")
         values[key] = parse_value(key, raw)
+    values = _keys_of_the_named_optimizer(values, {key for key, _ in pairs})
     overrides = {
         key: values[key] for key, _ in pairs if values[key] != from_files.get(key, key_default(key))
     }

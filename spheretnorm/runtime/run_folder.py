@@ -119,6 +119,28 @@ def holds_any_checkpoint(out_dir: Path) -> bool:
     return any((out_dir / name).exists() for name in (CKPT_NAME, SHARDED_CKPT_NAME, STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME))
 
 
+def missing_resume_text(path: Path) -> str:
+    """The one line for init_from=resume with no checkpoint at `path`: the folder it looked in, the
+    runs beside it that could be meant (a key changed on the command line names another default
+    folder, out/<config>/<method>+key=value), and the form that resumes one of them with the change;
+    --init_from=auto would start a new run there, so it is not offered."""
+    folder = path.parent
+    method = folder.name.split("+")[0]
+    beside = sorted(p for p in folder.parent.glob(f"{glob_escape(method)}*")
+                    if p != folder and p.name.split("+")[0] == method and holds_any_checkpoint(p)) if folder.parent.is_dir() else []
+    text = f"init_from=resume but {folder} holds no checkpoint to resume (looked for {path.name})"
+    if not beside:
+        return text + "; name the run's folder with --out_dir=RUN (or give RUN/config.json), or start it with --init_from=scratch."
+    named = ", ".join(str(p) for p in beside[:3]) + (f" and {len(beside) - 3} more" if len(beside) > 3 else "")
+    return (f"{text}: a key given on the command line names this folder, and runs of the same method with a checkpoint are in "
+            f"{named}; to resume one with the keys you give changed, name it: --out_dir={beside[0]} --init_from=resume.")
+
+
+def glob_escape(name: str) -> str:
+    """name with glob's special characters taken literally (a folder name may hold '[')."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
 def remove_stop_checkpoint(train: TrainConfig) -> None:
     """A healthy save makes a stop's checkpoint stale: removed, so that a resume takes the newer one."""
     stopped = stop_checkpoint_path(train)
