@@ -71,6 +71,7 @@ from spheretnorm.runtime.config import COMPILE_SCOPES, ConfigError, TrainConfig,
 from spheretnorm.runtime.methods import method_key
 from spheretnorm.runtime.distributed import DistInfo, init_distributed
 from spheretnorm.runtime.parallel import build_model, init_process_group_for, is_sharded, wrap_model
+from spheretnorm.runtime.run_folder import LossTermError
 from spheretnorm.runtime.step import backward_step
 
 BENCH_OPTIONS = {
@@ -519,6 +520,6 @@ def run_bench(opts: BenchOptions, base: GPTConfig, train: TrainConfig, bias: boo
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, DeviceError) as e:
+    except (ConfigError, DeviceError, LossTermError) as e:  # a loss term of --imports that breaks its contract too
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

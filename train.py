@@ -60,7 +60,7 @@ from spheretnorm.runtime.device import (
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import check_newest_is_own, resume_checkpoint, rng_from_plain
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
-from spheretnorm.runtime.step import backward_step
+from spheretnorm.runtime.step import backward_step, check_terms_finite
 from spheretnorm.runtime.loss_terms import active_loss_terms, with_recorded_loss_terms
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint
 from spheretnorm.runtime.config import (
@@ -311,6 +311,7 @@ class Trainer:
         # fp16's GradScaler skips steps with inf gradients by design; elsewhere they are fatal.
         if not math.isfinite(loss_val):
             raise NonFiniteLossError.at("loss", loss_val, step + 1, self.progress.kept_checkpoint_text())
+        check_terms_finite(grads, self.total_loss, step, self.progress)  # a loss term's nan/inf, named (fp16 too)
         if self.dtype != "float16" and not math.isfinite(norm_val):
             raise NonFiniteLossError.at("gradient norm", norm_val, step + 1, self.progress.kept_checkpoint_text())
         self.scaler.step(self.optimizer)

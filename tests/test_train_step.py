@@ -5,9 +5,10 @@ train.py, bench.py and the coordinate check; with no term on, every number is wh
 from __future__ import annotations
 
 import json
+import runpy
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from spheretnorm.runtime.config import ConfigError, config_help, parse_config
 from spheretnorm.runtime.checkpoint import atomic_torch_save
 from spheretnorm.runtime.imports import consent_to_recorded_imports
 from spheretnorm.runtime.loss_terms import LOSS_TERMS, register_loss_term
+from spheretnorm.runtime.run_folder import LossTermError, NonFiniteLossError
 
 # (train_loss, grad_norm) of iterations 1-4 of train_args("pre_ln"), as train.py logged them
 # before the step became runtime/step.py (commit 1806087; the same bit for bit on the machine
@@ -172,6 +174,87 @@ def test_an_evaluation_of_a_z_loss_run_needs_no_consent(data_dir: Path, tmp_path
     resume(data_dir, out, "--eval_only=true")
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["val_loss"] > 0
     assert "zloss_term" not in sys.modules
+
+
+# -----------------------------------------------------------------------------
+# A loss term that breaks its contract (issue 67, item 4): one line naming it, not a traceback
+
+
+@pytest.fixture
+def broken_term() -> Iterator[dict[str, Callable[[torch.Tensor], Any]]]:
+    """Loss term 'broken', on with --broken=1: its value is what the test puts under "value" makes of the logits."""
+    behaviour: dict[str, Callable[[torch.Tensor], Any]] = {}
+
+    @register_loss_term("broken", MethodParam("broken", 0.0, "a faulty term of the tests (0: off)"))
+    def broken(logits: torch.Tensor, targets: torch.Tensor, train: Any) -> Any:
+        return behaviour["value"](logits)
+
+    yield behaviour
+    LOSS_TERMS.pop("broken", None)
+
+
+def nan_from_call(first_nan: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A term's value, finite until its first_nan-th call (train_args's steps are two micro-batches each)."""
+    calls = []
+
+    def value(logits: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return logits.float().pow(2).mean() * (float("nan") if len(calls) >= first_nan else 1e-3)
+
+    return value
+
+
+FAULTY_TERMS = {  # what the term returns: (its value of the logits, what the one line says of it)
+    "raises": (lambda logits: 1 / 0, "raised ZeroDivisionError: division by zero (at test_train_step.py:"),
+    "per_token": (lambda logits: torch.logsumexp(logits.float(), dim=-1), "returned a tensor of shape (4, 16), not the scalar tensor"),
+    "none": (lambda logits: None, "returned None, not the scalar tensor"),
+    "integer": (lambda logits: torch.tensor(1), "returned a tensor of dtype torch.int64, not the scalar tensor"),
+    "nan_at_first_step": (lambda logits: logits.float().mean() * float("nan"), "returned nan at iter 1, this session's first step"),
+}
+
+
+@pytest.mark.parametrize("case", FAULTY_TERMS)
+def test_a_faulty_loss_term_stops_the_run_in_one_line_naming_it(case: str, data_dir: Path, tmp_path: Path,
+                                                                broken_term: dict[str, Callable[[torch.Tensor], Any]]) -> None:
+    """Before: a traceback through the step (raises), torch's "grad can be implicitly created only for
+    scalar outputs" (per_token), a run that took None for no term (none) or trained an integer's
+    nothing (integer), and "gradient norm became nan" naming no term (nan_at_first_step)."""
+    broken_term["value"], said = FAULTY_TERMS[case]
+    with pytest.raises(LossTermError) as stopped:
+        train.main(train_args(data_dir, tmp_path / "run", "--broken=1"))
+    message = str(stopped.value)
+    assert message.startswith("loss term 'broken' ") and said in message and message.endswith(" --broken=0.0."), message
+    assert "\n" not in message and stopped.value.exit_code == 2  # train.py's status of a bad config
+    stop_row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert stop_row["kind"] == "stop" and stop_row["reason"] == "loss_term" and stop_row["message"] == message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_loss_term_that_becomes_nan_later_is_a_non_finite_loss_naming_it(dtype: str, data_dir: Path, tmp_path: Path,
+                                                                           broken_term: dict[str, Callable[[torch.Tensor], Any]]) -> None:
+    """Before: "gradient norm became nan at iter 2" under float32, naming no term; under float16 the
+    grad scaler skipped every step from there and the run ended 'Done' (status 0) with NaN totals."""
+    broken_term["value"] = nan_from_call(3)  # the first micro-batch of iter 2
+    with pytest.raises(NonFiniteLossError, match=r"^loss term 'broken' became nan at iter 2; stopping without saving: "):
+        train.main(train_args(data_dir, tmp_path / "run", "--broken=1", f"--dtype={dtype}"))
+
+
+def test_bench_and_the_coordinate_check_say_a_faulty_loss_term_in_one_line(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          broken_term: dict[str, Callable[[torch.Tensor], Any]]) -> None:
+    broken_term["value"] = lambda logits: None
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--vocab_size=48",
+                                      "--batch_size=2", "--device=cpu", "--connections=pre_ln", "--steps=1", "--warmup=0", "--broken=1"])
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(str(Path(bench.__file__)), run_name="__main__")
+    err = capsys.readouterr().err  # after bench's own progress lines
+    assert ended.value.code == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("error: loss term 'broken' returned None, not the scalar tensor")
+    argv = ["--widths=16,32", "--connections=pre_ln", "--n_layer=1", "--head_dim=8", "--steps=1", "--batch_size=2",
+            "--loss_keys=broken=1", f"--data_dir={data_dir}", f"--out={tmp_path / 'coord'}"]
+    assert coordinates.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: loss term 'broken' returned None, not the scalar tensor"), err
 
 
 # -----------------------------------------------------------------------------

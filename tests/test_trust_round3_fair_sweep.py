@@ -1,7 +1,7 @@
 """scripts/fair_sweep.py refuses what would run nothing it meant, in one line, before anything runs
 (issue 48, point 9): an empty --compare, a --compare naming a file, --jobs or --threads below 1,
 and --base_lr with AdamW alone, where it changes nothing (beside another optimizer it sets the
-AdamW part: tests/test_opened_choices.py)."""
+AdamW part: tests/test_opened_choices.py); and an --input too short to prepare (issue 67, item 6)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,18 @@ def test_base_lr_with_adamw_alone_is_refused(tmp_path: Path, capsys: pytest.Capt
     message = refusal(["--base_lr=1e-3", "--dry_run", f"--out_dir={tmp_path}"], capsys)
     assert "--base_lr 0.001 sets the AdamW part beside another optimizer, and --optimizers 'adamw' has none" in message
 
+
+
+@pytest.mark.parametrize("text, problem", [("", "is empty"), ("a", "too few to split")])
+def test_an_input_too_short_to_prepare_is_one_line(text: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real sweep (not the dry run, which prepares nothing) ended in data/prepare.py's PrepareError traceback."""
+    from spheretnorm.experiments import study
+
+    monkeypatch.setattr(fair_sweep, "start_study", study.start_study)  # the real one: it prepares the data first
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    assert fair_sweep.main([f"--input={corpus}", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --input {str(corpus)!r} cannot be prepared in {tmp_path / 'data'}: "), err
+    assert problem in err and not (tmp_path / "data" / "meta.json").exists()

@@ -61,6 +61,7 @@ from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_value
 from spheretnorm.runtime.imports import comma_list, import_modules
 from spheretnorm.runtime.loss_terms import loss_term_params
+from spheretnorm.runtime.run_folder import LossTermError
 from spheretnorm.runtime.step import backward_step
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data, study_parser
 from spheretnorm.experiments.figures import figure_legend, save_figure, titled_grid
@@ -489,6 +490,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return redraw(Path(args.from_json), Path(args.out) if args.out else None) if args.from_json else run(args)
-    except UsageError as e:
+    except (UsageError, LossTermError) as e:  # a loss term of --imports that raises or returns no scalar: one line too
         print(f"error: {e}", file=sys.stderr)
         return 2

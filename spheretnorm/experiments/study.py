@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.kernels import kernel_path_text
 from spheretnorm.optim import OPTIMIZERS
-from spheretnorm.runtime.token_files import load_meta, read_json_object
+from spheretnorm.runtime.token_files import PrepareError, load_meta, read_json_object
 from spheretnorm.data.preparation import prepare, prepared_already
 from spheretnorm.data.pipeline import TINY_SHAKESPEARE
 from spheretnorm.experiments.grid import (
@@ -150,7 +150,11 @@ def ensure_data(data_dir: Path, input_path: str | None = None) -> dict[str, Any]
     source = input_path or (str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None)
     print(f"preparing the characters of {source or 'the download URL of data/prepare.py'} in {data_dir} "
           f"(data/prepare.py's {DATASET} format)", flush=True)
-    return prepare(DATASET, input=[source] if source else None, out_dir=str(data_dir), progress=False)
+    try:
+        return prepare(DATASET, input=[source] if source else None, out_dir=str(data_dir), progress=False)
+    except PrepareError as e:  # an empty or too short text: the study's one line, as data/prepare.py says it
+        given = f"--input {input_path!r}" if input_path is not None else (source or "the download")
+        raise UsageError(f"{given} cannot be prepared in {data_dir}: {e}") from None
 
 
 def corpus_title(data_dir: Path) -> str:

@@ -9,7 +9,10 @@
         return train.z_loss * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
 
 A term takes the step's logits (B, T, V), its targets (B, T) and the run's TrainConfig (its keys
-read as attributes, train.z_loss) and returns a scalar added to the cross-entropy. Its keys are
+read as attributes, train.z_loss) and returns a scalar tensor (shape (), a floating dtype) added to
+the cross-entropy. One that raises, or returns anything else (None, a (B, T) tensor), stops the
+step in one line that names it (loss_term_values); so does a value that is not finite at a session's
+first step (runtime/step.py, check_terms_finite; later, it is a run's non-finite loss). Its keys are
 training keys like an optimizer's (`--z_loss=1e-4`, `--help`, config.json and checkpoints under
 `loss_params`, the run folder's suffix); the first is its switch: the term is on only where that
 key is not at its default, so a run that does not set it computes exactly what it computed before
@@ -23,6 +26,8 @@ consent only, as for a connection, and applies and says a changed key (with_reco
 from __future__ import annotations
 
 import dataclasses
+import traceback
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -79,10 +84,55 @@ def active_loss_terms(train: Any) -> list[str]:
     return [name for name, fn in LOSS_TERMS.items() if values.get(fn.params[0].key, fn.params[0].default) != fn.params[0].default]  # type: ignore[attr-defined]
 
 
-def extra_loss(logits: torch.Tensor, targets: torch.Tensor, train: Any) -> torch.Tensor | None:
-    """The sum of the terms that are on (None when none is: the loss is the cross-entropy alone, untouched)."""
-    terms = [LOSS_TERMS[name](logits, targets, train) for name in active_loss_terms(train)]
-    return sum(terms[1:], terms[0]) if terms else None
+def loss_term_values(logits: torch.Tensor, targets: torch.Tensor, train: Any, error: type[Exception]) -> dict[str, torch.Tensor]:
+    """The value of each term that is on, by name ({} when none is: the loss is the cross-entropy
+    alone, untouched). A term that raises, or returns anything but a scalar tensor of a floating
+    dtype, is one `error` naming it: without this, an exception is a traceback through the step,
+    a (B, T) tensor torch's "grad can be implicitly created only for scalar outputs", and None no
+    term at all. The checks read the tensor's shape and dtype only, so they cost no GPU sync."""
+    return {name: called_term(name, logits, targets, train, error) for name in active_loss_terms(train)}
+
+
+def called_term(name: str, logits: torch.Tensor, targets: torch.Tensor, train: Any, error: type[Exception]) -> torch.Tensor:
+    """Loss term `name`'s value on one micro-batch, checked (loss_term_values)."""
+    fn = LOSS_TERMS[name]
+    try:
+        value = fn(logits, targets, train)
+    except torch.OutOfMemoryError:
+        raise  # the machine's limit, not the term's fault: the crash it is without a term
+    except Exception as e:
+        first_line = next((line for line in str(e).splitlines() if line.strip()), "")  # torch's messages run to many lines
+        said = f"{type(e).__name__}: {first_line}" if first_line else type(e).__name__
+        raise error(f"loss term {name!r} raised {said} (at {raised_at(fn, e)}); fix it, or turn it off with {switch_off(name)}.") from e
+    if not (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()):
+        raise error(
+            f"loss term {name!r} returned {described(value)}, not the scalar tensor (shape (), a floating dtype) that is added "
+            f"to the cross-entropy; return one (a mean over the batch, say), or turn the term off with {switch_off(name)}."
+        )
+    return value
+
+
+def switch_off(name: str) -> str:
+    """'--z_loss=0.0': the setting that turns loss term `name` off (its switch at its default)."""
+    switch = LOSS_TERMS[name].params[0]  # type: ignore[attr-defined]
+    return f"--{switch.key}={switch.default}"
+
+
+def described(value: Any) -> str:
+    """What a term returned, as its error says it: 'None', 'a tensor of shape (8, 64)', 'a float'."""
+    if value is None:
+        return "None"
+    if not isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__}"
+    return f"a tensor of dtype {value.dtype}" if value.dim() == 0 else f"a tensor of shape {tuple(value.shape)}"
+
+
+def raised_at(fn: LossTerm, error: BaseException) -> str:
+    """'zloss_term.py:12': the deepest line of the term's own file that `error` passed through (its
+    traceback is not printed), else the module that registered the term."""
+    source = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == source]
+    return f"{Path(source).name}:{lines[-1]}" if lines and source else str(getattr(fn, "__module__", "its module"))
 
 
 def unregistered_loss_keys(saved_train: Any) -> list[str]:

@@ -39,7 +39,7 @@ EXIT_OK = 0  # finished, or stopped by SIGTERM/SIGUSR1/SIGINT (a checkpoint to r
 # around the run, in one line: a file that could not be written (a full disk), a peer process
 # that stopped answering (dist_timeout). Resumable from the last checkpoint.
 EXIT_CRASH = 1
-EXIT_CONFIG = 2  # a bad config or device, refused before any training
+EXIT_CONFIG = 2  # a bad config or device, refused before any training; or a loss term that breaks its contract (LossTermError)
 EXIT_COLLAPSE = 3  # representation collapse: final_cosine above collapse_cosine for collapse_evals evaluations
 EXIT_NON_FINITE = 4  # the loss or gradient norm became nan/inf
 
@@ -88,6 +88,18 @@ class NonFiniteLossError(RunStopped):
         """`what` (a loss, a gradient norm) became `value` at `iteration`; `kept` names the checkpoint
         a resume would start from (tracking.Progress.kept_checkpoint_text)."""
         return cls(f"{what} became {value} at iter {iteration}; stopping without saving: {kept}.")
+
+
+class LossTermError(RunStopped):
+    """A loss term of the user's (runtime/loss_terms.py) raised, or returned other than a finite
+    scalar tensor: the term's code is wrong, as a bad config is, so the run stops with its status."""
+
+    reason = "loss_term"
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, message: str, shared: bool = False) -> None:
+        super().__init__(message)
+        self.shared = shared  # True where every rank judged the all-reduced total (step.check_terms_finite)
 
 
 class CollapseError(RunStopped):
