@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Hashable, Mapping, Sequence
 
@@ -83,9 +83,11 @@ def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
 
 def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
     """What identifies the run a command asks for: every key that computes (neutral keys left
-    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json."""
+    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json.
+    A key the command leaves to follow another (parsed.derived: lr_decay_iters) is left out too: a
+    folder's run keeps the value it recorded (keep_recorded_keys), and a new run takes the other key's."""
     values = {**train_values(parsed.train), **model_values(asdict(parsed.model_config()))}
-    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS}
+    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS and k not in parsed.derived}
 
 
 def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +172,14 @@ def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
             f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, --fresh_optimizer=true to resume the weights "
             "with a new optimizer state, or start another out_dir."
         )
+
+
+def keep_recorded_keys(train: TrainConfig, derived: Sequence[str], saved_train: dict[str, Any] | None) -> TrainConfig:
+    """train with each derived key (one no file or option gave: ParsedConfig.derived) at the value a
+    resumed checkpoint's train_config records: a run cut short and resumed, or extended with a larger
+    max_iters, keeps the schedule it trained with. A new run (saved_train None) keeps train's."""
+    recorded = {k: saved_train[k] for k in derived if saved_train and saved_train.get(k) is not None}
+    return replace(train, **recorded) if recorded else train
 
 
 def changed_train_keys(train: TrainConfig, saved_train: dict[str, Any]) -> list[str]:
