@@ -116,15 +116,40 @@ def _suffix_value(value: Any) -> str:
 def run_suffix(overrides: dict[str, Any]) -> str:
     """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
 
-    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
-    so that the same command always finds the same folder again (for a resume).
+    A suffix longer than 60 characters or with a path-unsafe character keeps its pairs readable, in
+    order, up to 60 characters (an unsafe pair, a path or a space, is left out), then
+    '+overrides-<8 hex digits>', a hash of all the settings, so that the same command always finds
+    the same folder again (for a resume): '+block_size=16+learning_rate=0.001+max_iters=20+overrides-1a2b3c4d'.
     """
-    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
+    changed = _changed_settings(overrides)
     if not changed:
         return ""
-    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
+    pairs = [f"+{k}={_suffix_value(v)}" for k, v in changed.items()]
+    text = "".join(pairs)
     if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
         return text
+    readable = ""
+    for pair in (p for p in pairs if _SUFFIX_SAFE.fullmatch(p)):
+        if len(readable) + len(pair) > _SUFFIX_MAX_CHARS:
+            break
+        readable += pair
+    return readable + _hashed_suffix(changed)
+
+
+def earlier_run_suffixes(overrides: dict[str, Any]) -> list[str]:
+    """The suffixes earlier code gave these overrides, where they differ from run_suffix's: a hashed
+    suffix was '+overrides-<8 hex digits>' alone before issue 66. A folder of that name is the same
+    run (methods.found_run_folder looks for it)."""
+    changed, current = _changed_settings(overrides), run_suffix(overrides)
+    hashed = _hashed_suffix(changed) if changed else ""
+    return [hashed] if hashed and current.endswith(hashed) and current != hashed else []  # a suffix short enough never had a hash
+
+
+def _changed_settings(overrides: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
+
+
+def _hashed_suffix(changed: dict[str, Any]) -> str:
     digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"+overrides-{digest}"
 
