@@ -72,7 +72,7 @@ from spheretnorm.runtime.methods import default_out_dir, method_key, resolve_pat
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_process_group, report_stop
-from spheretnorm.runtime.start_notes import announce_start
+from spheretnorm.runtime.start_notes import announce_start, settle_derived_keys
 from spheretnorm.runtime.threads import cpu_threads_in_use
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
@@ -241,6 +241,7 @@ class Trainer:
             if not train.eval_only:  # the loss terms it trained with, with consent (an evaluation computes none)
                 train = with_recorded_loss_terms(train, ckpt["train_config"], f"Checkpoint {str(self.resume_from)!r}", ConfigError)
             check_resume_keys(train, ckpt["train_config"])
+        train = settle_derived_keys(train, parsed.derived, ckpt and ckpt["train_config"])  # a resume keeps the schedule it recorded
         self.model_cfg = build_model_config(parsed, self.data, ckpt, self.device_type)
         self.cfg = resolve_wandb_names(keep_recorded_imports(train, ckpt and ckpt["train_config"]), self.model_cfg)
         self.accum = grad_accum_steps(self.cfg.global_batch_size, self.cfg.batch_size, dist.world_size)

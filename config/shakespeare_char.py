@@ -17,8 +17,7 @@ batch_size = 32
 global_batch_size = 32
 learning_rate = 1e-3
 min_lr = 1e-4
-max_iters = 2000
-lr_decay_iters = 2000
+max_iters = 2000  # lr_decay_iters follows it: --max_iters=200 decays to min_lr by iteration 200
 warmup_iters = 100
 eval_interval = 250
 eval_iters = 20

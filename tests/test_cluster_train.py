@@ -9,7 +9,9 @@ Training runs use the tiny model and synthetic data of test_train.py.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -68,10 +70,42 @@ def test_changed_settings_get_their_own_default_folder() -> None:
 
     many = ["--max_iters=20", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--learning_rate=1e-3"]
     long_dir = out_dir_of(OWT_S, *many)
-    assert re.fullmatch(r"out/openwebtext_s/pre_ln\+overrides-[0-9a-f]{8}", long_dir.replace(os.sep, "/"))
+    # Too long for every pair: the first ones readable, up to 60 characters, then the hash of all of them.
+    assert re.fullmatch(r"out/openwebtext_s/pre_ln\+block_size=16\+learning_rate=0.001\+max_iters=20\+n_embd=32\+overrides-[0-9a-f]{8}",
+                        long_dir.replace(os.sep, "/"))
     assert out_dir_of(OWT_S, *reversed(many)) == long_dir  # the same settings find the same folder
     assert out_dir_of(OWT_S, *many[:-1], "--learning_rate=2e-3") != long_dir
     assert run_suffix({"device": "cpu", "out_dir": "x"}) == ""
+
+
+def earlier_hash_suffix(settings: dict) -> str:
+    """The suffix earlier code gave settings too long for a name: '+overrides-' and 8 hex digits of their JSON, alone."""
+    return "+overrides-" + hashlib.sha1(json.dumps(dict(sorted(settings.items())), sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def test_a_folder_named_by_the_earlier_hash_alone_is_found_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before issue 66 a long suffix was '+overrides-<hash>' alone; the same command resumes that folder
+    (train.py's default out_dir and the launcher's grid folder) rather than starting a new run beside it."""
+    many = ["--max_iters=20", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--learning_rate=1e-3"]
+    parsed = parse_config([OWT_S, *many], world_size=1)
+    earlier = earlier_hash_suffix(parsed.overrides)
+    monkeypatch.chdir(tmp_path)  # train.py's default out_dir is relative to where it runs
+    new_dir = out_dir_of(OWT_S, *many)
+    assert new_dir.endswith(earlier) and new_dir != os.path.join("out", "openwebtext_s", "pre_ln" + earlier)  # the same hash, after the keys
+    old_dir = Path("out", "openwebtext_s", "pre_ln" + earlier)
+    old_dir.mkdir(parents=True)
+    assert out_dir_of(OWT_S, *many) == str(old_dir)
+    Path(new_dir).mkdir(parents=True)  # a run under the current name wins over the earlier one
+    assert out_dir_of(OWT_S, *many) == new_dir
+    grid_root = Path("runs", "openwebtext_s")  # the launcher's, under the repository root
+    monkeypatch.setattr(launch, "REPO_ROOT", tmp_path)
+    overrides = {k: v for k, v in parsed.overrides.items() if k != "max_iters"}  # a grid is extended in place: no max_iters
+    assert launch.grid_folder("pre_ln", parsed.overrides, grid_root) == "pre_ln" + run_suffix(overrides)
+    (tmp_path / grid_root / ("pre_ln" + earlier_hash_suffix(overrides))).mkdir(parents=True)
+    assert launch.grid_folder("pre_ln", parsed.overrides, grid_root) == "pre_ln" + earlier_hash_suffix(overrides)
+    from spheretnorm.runtime.identity import earlier_run_suffixes
+
+    assert earlier_run_suffixes({"n_layer": 2}) == [] and earlier_run_suffixes({"dataset": "my data"}) == []  # names that never changed
 
 
 def test_smoke_run_leaves_the_paper_folder_and_the_grid_alone(

@@ -13,6 +13,10 @@ from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig, S
 from spheretnorm.runtime.checkpoint import checkpoint_state, clean_state_dict
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
 
+# Tiny tensors: one thread each is many times faster on a shared two-core machine (conftest.one_thread),
+# which keeps README's install check quick where other work holds the cores.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=96)
 
 

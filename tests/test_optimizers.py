@@ -26,6 +26,10 @@ from spheretnorm.runtime.identity import run_conflicts, run_settings
 from spheretnorm.runtime.methods import default_out_dir, resolve_paths, resolve_wandb_names
 from test_train import data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (data_dir: a fixture)
 
+# Tiny tensors: one thread each is many times faster on a shared two-core machine (conftest.one_thread),
+# which keeps README's install check quick where other work holds the cores.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # The quintic Newton-Schulz of Muon (coefficients 3.4445, -4.7750, 2.0315) does not converge to 1:
 # after 5 steps every singular value of a matrix of full rank lies in about [0.68, 1.14].
 NS_BAND = (0.6, 1.2)

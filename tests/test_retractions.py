@@ -18,6 +18,10 @@ from spheretnorm import kernels
 from spheretnorm.model import CONNECTIONS, GPTConfig, SphereConnection
 from spheretnorm.retractions import RETRACTIONS, get_retraction, retraction_angle
 
+# Tiny tensors: one thread each is many times faster on a shared two-core machine (conftest.one_thread),
+# which keeps README's install check quick where other work holds the cores.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ANGLE_MAX = math.pi / 4
 
 

@@ -326,7 +326,7 @@ def test_the_tokens_gap_pairs_each_held_out_seeds_evaluations_at_each_arms_own_r
                    (3, 0.0, 0.0), (3, 1000.0, 0.1), (3, 1000.0, math.inf)]  # seed 3's sphere run collapsed after its 2nd evaluation
     assert {p.series for p in points} == {"moved"}
     fig = gap_axes(points, "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
-    mean_line = next(line for line in fig.axes[0].lines if line.get_label().startswith("0.5-SpheretNorm (moved)"))
+    mean_line = next(line for line in fig.axes[0].lines if line.get_gid() == "0.5-SpheretNorm (moved)")
     assert list(mean_line.get_xdata()) == [0.0]  # no mean where a seed failed (1000), nor after it (2000 has seed 2 alone)
     plt.close(fig)
 
@@ -341,7 +341,7 @@ def test_each_corpus_is_a_row_of_panels_on_its_own_y_range() -> None:
                 for i, g in enumerate(values) for seed in (2, 3)]
 
     points = gaps("web", "adamw", (0.4, 0.3)) + gaps("plays", "adamw", (0.01, 0.02)) + gaps("plays", "muonh", (-0.01, -0.02))
-    fig = gap_axes(points, "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"})
+    fig = gap_axes(points, "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"}, y_range="row")  # the tokens axis's default is per panel
     web_adamw, web_muonh, plays_adamw, plays_muonh = fig.axes[:4]
     assert [ax.get_title() for ax in (web_adamw, plays_adamw, plays_muonh)] == [
         "LLaMA block, AdamW\nweb", "LLaMA block, AdamW\nplays", "LLaMA block, MuonH\nplays"]
@@ -375,3 +375,109 @@ def test_a_legend_of_long_labels_takes_fewer_columns_so_it_fits_the_figure() -> 
     assert short.legends[0]._ncols == 3
     plt.close(fig)
     plt.close(short)
+
+
+# -----------------------------------------------------------------------------
+# Nothing a figure says is cut (issue 66, item 5)
+
+
+def assert_texts_inside(fig: plt.Figure) -> None:
+    """Every text the figure shows (its title, legends, and each panel's title, axis labels and tick
+    labels) lies inside the canvas once drawn."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [fig._suptitle, fig._supylabel, *(t for legend in fig.legends for t in legend.get_texts())]
+    boxes = [legend.get_window_extent(renderer) for legend in fig.legends]
+    boxes += [t.get_window_extent(renderer) for t in texts if t is not None and t.get_visible() and t.get_text()]
+    boxes += [ax.get_tightbbox(renderer) for ax in drawn_axes(fig)]  # the panel with what it draws: title, labels, tick labels
+    for box in boxes:
+        assert -1 <= box.x0 and box.x1 <= fig.bbox.width + 1 and -1 <= box.y0 and box.y1 <= fig.bbox.height + 1, (box, fig.bbox)
+
+
+def test_plot_runs_keeps_a_legend_of_long_labels_inside_the_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that differ in several settings have labels of 70 characters: four columns of them ran
+    past both edges of plot.py's figure."""
+    from spheretnorm.experiments import figures
+    from spheretnorm.experiments.grid import Run, index_runs
+
+    def run(i: int, optimizer: str, lr: float) -> Run:
+        config = {"method": "p_spheret:0.5", "dataset": "shakespeare_char", "n_layer": 4, "n_head": 4, "n_embd": 128, "max_iters": 20,
+                  "optimizer": optimizer, "learning_rate": lr, "weight_decay": 0.1 * i}
+        rows = [{"kind": "train", "iter": j, "train_loss": 3.0 - 0.01 * j + 0.1 * i} for j in range(1, 21)]
+        rows += [{"kind": "eval", "iter": j, "val_loss": 3.0 - 0.01 * j + 0.1 * i} for j in (10, 20)]
+        return Run(tmp_path / str(i), config, rows, None)
+
+    runs = list(index_runs([run(i, o, lr) for i, (o, lr) in enumerate([("adamw", 1e-3), ("muon", 2e-3), ("muonh", 4e-3), ("adamh", 8e-3)])]).values())
+    drawn: list[plt.Figure] = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out: drawn.append(fig) or [])  # the figure as save_figure gets it
+    figures.plot_runs(runs, "openwebtext S (GPT-2, LLaMA): loss per method", tmp_path / "fig", smooth=0.0)
+    (fig,) = drawn
+    labels = legend_labels(fig)
+    assert len(labels) == 4 and min(map(len, labels)) > 60
+    assert_texts_inside(fig)
+    plt.close(fig)
+
+
+def test_save_figure_writes_what_runs_past_the_canvas_rather_than_cutting_it(tmp_path: Path) -> None:
+    from spheretnorm.experiments.figures import save_figure
+
+    fig = plt.figure(figsize=(4, 3))
+    fig.add_subplot().plot([0, 1], [0, 1])  # the panel fills the canvas from its left edge
+    fig.text(0.9, 0.5, "a label that runs far past the right edge of the canvas")
+    png, _ = save_figure(fig, tmp_path / "wide")
+    assert plt.imread(png).shape[1] > 4 * 150  # wider than the canvas (4 inches at 150 dpi): the text is in the file
+
+
+def test_the_transfer_figure_of_four_optimizer_rows_keeps_its_long_title_inside() -> None:
+    """docs/mup_transfer_optimizers.png's title ran past both edges: the study's longest title over two panels."""
+    rows = [dict(r, optimizer=o) for o in ("adamw", "muon", "muonh", "adamh") for r in transfer_rows() if r["optimizer"] == "adamw"]
+    title = ("0.5-SpheretNorm, Shakespeare-char, 2 layers, 150 iterations: final val loss against each optimizer's rate "
+             "(μP base width 64)")
+    fig = lr_transfer.transfer_axes(rows, title)
+    assert_title_inside_and_above(fig)
+    assert_texts_inside(fig)
+    plt.close(fig)
+
+
+def six_sweeps() -> list[Any]:
+    """E3's six sweeps on the tokens axis: three per optimizer, one arm; MuonH's gaps stay within 0.02, AdamW's reach 0.7."""
+    from spheretnorm.experiments.gap_figure import GapPoint
+
+    names = ("owt_600", "owt_2400", "owt_600_muonh", "owt_2400_muonh", "ts_2400", "ts_2400_muonh")
+    return [GapPoint("llama", "muonh" if name.endswith("muonh") else "adamw", "p_spheret-0.5", "0.5-SpheretNorm", 1000.0 * i, seed,
+                     (0.012 if name.endswith("muonh") else 0.7) / (1 + i) + 0.001 * seed, name, "web")
+            for name in names for i in range(4) for seed in (1, 2)]
+
+
+def test_each_sweep_on_the_tokens_axis_has_a_style_and_a_legend_entry_of_its_own() -> None:
+    from spheretnorm.experiments.gap_figure import gap_axes
+
+    fig = gap_axes(six_sweeps(), "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"}, band=0.02)
+    means = [line for ax in fig.axes for line in ax.lines if str(line.get_gid()).startswith("0.5-SpheretNorm (")]
+    looks = {line.get_gid(): (str(line.get_linestyle()), line.get_marker()) for line in means}
+    assert len(looks) == 6 and len(set(looks.values())) == 6  # six sweeps, six looks
+    assert {to_rgba(line.get_color()) for line in means} == {to_rgba(means[0].get_color())}  # all in the arm's colour
+    labels = legend_labels(fig)
+    assert [label for label in labels if label.startswith("sweep ")] == [f"sweep {p}" for p in (
+        "owt_600", "owt_2400", "owt_600_muonh", "owt_2400_muonh", "ts_2400", "ts_2400_muonh")]
+    assert labels[0] == "0.5-SpheretNorm, mean of the held-out seeds"  # the arm once, not once per sweep
+    handles = {t.get_text(): h for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}
+    for line in means:
+        sweep = handles[f"sweep {line.get_gid().split('(')[1].rstrip(')')}"]
+        assert (str(sweep.get_linestyle()), sweep.get_marker()) == looks[line.get_gid()]  # the legend draws each sweep as its lines are
+    assert_texts_inside(fig)
+    plt.close(fig)
+
+
+def test_the_tokens_axis_gives_each_panel_its_own_y_range_unless_asked_for_rows() -> None:
+    """One range per row flattened MuonH's gaps of 0.01 under AdamW's 0.7 (docs/gap_vs_tokens.png)."""
+    from spheretnorm.experiments.gap_figure import gap_axes
+
+    fig = gap_axes(six_sweeps(), "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"}, band=0.02)
+    adamw, muonh = fig.axes[:2]
+    assert adamw.get_ylim()[1] > 0.7 and muonh.get_ylim()[1] < 0.05  # MuonH's panel: its own gaps and the band
+    assert "each panel on its own y-range" in fig._suptitle.get_text()
+    rows = gap_axes(six_sweeps(), "tokens", "t", {"p_spheret-0.5": "p_spheret:0.5"}, band=0.02, y_range="row")
+    assert rows.axes[0].get_ylim() == rows.axes[1].get_ylim() and "own y-range" not in rows._suptitle.get_text()
+    plt.close(fig)
+    plt.close(rows)

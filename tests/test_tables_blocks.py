@@ -225,5 +225,8 @@ def test_readme_documents_the_run_folder_names() -> None:
     assert run_suffix({"dataset": "x" * 51}) == "+dataset=" + "x" * 51  # 60 characters
     for unsafe in ({"dataset": "x" * 52}, {"dataset": "my data"}, {"dataset": "a/b"}):
         assert re.fullmatch(r"\+overrides-[0-9a-f]{8}", run_suffix(unsafe)), unsafe
+    # The pairs that fit stay readable, before the hash of them all; an unsafe one is only in the hash.
+    assert re.fullmatch(r"\+block=llama\+overrides-[0-9a-f]{8}", run_suffix({"block": "llama", "dataset": "my data"}))
     assert "longer than 60 characters" in training and "`_.=+-`" in training
-    assert "`<method>+overrides-<8 hex digits>`" in training and "`config.json`" in training
+    assert "`<method>+<key>=<value>...+overrides-<8 hex digits>`" in training and "`config.json`" in training
+    assert "`+overrides-<8 hex digits>` alone" in training  # the earlier form, still found

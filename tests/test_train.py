@@ -30,6 +30,7 @@ from spheretnorm.runtime.tracking import wandb_payload
 from spheretnorm.model import GPT
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
 from spheretnorm.runtime.config import ConfigError, grad_accum_steps, parse_config
+from spheretnorm.runtime.identity import config_conflicts
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO.parent / "shared" / "reference" / "paper_results.json"
@@ -370,6 +371,45 @@ def test_learning_rate_schedule() -> None:
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then decays monotonically
     assert lrs[55] == pytest.approx(0.55)  # half way through the cosine: the midpoint
     assert lrs[100] == lrs[119] == pytest.approx(0.1)
+
+
+def test_lr_decay_iters_not_given_follows_max_iters() -> None:
+    """A shortened run (--max_iters=200) decayed nothing: lr_decay_iters stayed at its config's 2,000."""
+    shakespeare = str(REPO / "config" / "shakespeare_char.py")
+    short = parse_config([shakespeare, "--max_iters=200"], 1)
+    assert short.train.lr_decay_iters == 200 and short.derived == ("lr_decay_iters",)
+    assert learning_rate_at(199, short.train) == pytest.approx(short.train.min_lr, rel=0.01)  # the cosine ends with the run
+    assert short.overrides == {"max_iters": 200}  # the folder is the one this command always had: pre_ln+max_iters=200
+    # The commands that set nothing keep their schedules: the config's 2,000, the paper's 50,000.
+    assert parse_config([shakespeare], 1).train.lr_decay_iters == 2000
+    assert parse_config([str(REPO / "config" / "openwebtext_s.py")], 8).train.lr_decay_iters == 50_000
+    given = parse_config([shakespeare, "--max_iters=200", "--lr_decay_iters=2000"], 1)
+    assert given.train.lr_decay_iters == 2000 and given.derived == () and given.overrides == {"max_iters": 200, "lr_decay_iters": 2000}
+
+
+def test_a_resume_keeps_the_lr_decay_iters_its_checkpoint_recorded(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Resumed without --lr_decay_iters, a run keeps the schedule it trained with (its checkpoint's),
+    whether an earlier command gave it or it followed that command's max_iters; each start says which."""
+    def args(out: Path, *extra: str) -> list[str]:
+        return [a for a in tiny_args(data_dir, out, "--eval_interval=4", *extra) if not a.startswith("--lr_decay_iters")]
+
+    old = tmp_path / "old"  # as earlier code ran it: lr_decay_iters recorded, here 6
+    train.main([*args(old, "--max_iters=4"), "--lr_decay_iters=6"])
+    capsys.readouterr()
+    # The same run to the launcher and the studies (config_conflicts), not another one they would skip.
+    assert config_conflicts(old, parse_config(args(old, "--max_iters=8"), 1)) == []
+    train.main(args(old, "--max_iters=8", "--init_from=resume"))
+    assert "NOTE: not given, so lr_decay_iters=6, as the checkpoint records" in capsys.readouterr().out
+    assert json.loads((old / "config.json").read_text())["lr_decay_iters"] == 6
+    lrs = {r["iter"]: r["lr"] for r in read_metrics(old, "train")}
+    assert lrs[6] < lrs[5] and lrs[7] == lrs[8] == pytest.approx(3e-4)  # decayed by 6, then min_lr (50,000 or 8 would not be)
+
+    new = tmp_path / "new"  # not given: it follows the first command's max_iters, 4, and the extension keeps that
+    train.main(args(new, "--max_iters=4"))
+    assert "NOTE: not given, so lr_decay_iters=4, following max_iters" in capsys.readouterr().out
+    train.main(args(new, "--max_iters=8", "--init_from=resume"))
+    assert "lr_decay_iters=4, as the checkpoint records" in capsys.readouterr().out
+    assert [r["lr"] for r in read_metrics(new, "train") if r["iter"] > 4] == pytest.approx([3e-4] * 4)
 
 
 def test_batch_of_a_step_does_not_depend_on_the_world_size() -> None:

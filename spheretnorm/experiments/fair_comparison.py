@@ -70,7 +70,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import matplotlib
 
@@ -483,9 +483,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    help="with --compare: plot each arm's held-out gap to Pre-LN against the sweeps' depth or width (final gaps), or "
                         "against the tokens seen (each periodic evaluation of the runs) instead, as OUT_DIR/gap_vs_<depth|width|tokens>.png")
     p.add_argument("--band", type=float, default=0.02, help="with --gap_against: dotted lines at +-BAND, the decision rules' threshold (default 0.02; 0: none)")
-    p.add_argument("--gap_y", choices=list(GAP_Y_RANGES), default="row",
-                   help="with --gap_against: the panels of a row share one y-range (row, the default) or each has its own (panel: "
-                        "a small gap stays readable beside a large one)")
+    p.add_argument("--gap_y", choices=list(GAP_Y_RANGES), default=None,
+                   help="with --gap_against: the panels of a row share one y-range (row, the default of depth and width) or each has its "
+                        "own (panel, the default of tokens: a small gap stays readable beside a large one)")
     add_table_options(p)
     return p.parse_known_args(argv)
 
@@ -573,7 +573,7 @@ def parse_arms(spec: str) -> list[Arm]:
 
 def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     started = time.perf_counter()
-    if args.gap_y != "row" and not args.gap_against:
+    if args.gap_y is not None and not args.gap_against:
         raise UsageError(f"--gap_y {args.gap_y} sets the gap figure's y-ranges; it needs --gap_against depth, width or tokens with --compare.")
     if args.compare is not None:  # --compare= too: it runs nothing, as any --compare
         blocks, optimizers = parse_choices(args.blocks, BLOCK_TITLES, "blocks"), parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
@@ -638,7 +638,7 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
     return 0
 
 
-def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float, y_range: str = "row") -> int:
+def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float, y_range: str | None = None) -> int:
     """--compare DIR,... --gap_against AXIS: each arm's held-out gaps to Pre-LN in finished sweeps
     against their depth, width or tokens seen (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}."""
     folders = [Path(d.strip()) for d in spec.split(",") if d.strip()]

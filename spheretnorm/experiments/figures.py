@@ -184,13 +184,19 @@ def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -
 
 
 def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Path]:
-    """Two panels (train, val) on one iteration axis, with one curve per run; writes out.png and out.pdf.
+    """runs_figure's figure, saved as out.png and out.pdf."""
+    return save_figure(runs_figure(runs, title, smooth), out)
+
+
+def runs_figure(runs: list[Run], title: str, smooth: float) -> plt.Figure:
+    """Two panels (train, val) on one iteration axis, with one curve per run, and one legend below them.
 
     A run is a method in a block with its settings (Run.row): a variant of a method (another
     optimizer, a changed key) is a line of its own style (row_styles), named by its settings. An
-    unfinished run is named so in the legend and its last points are hollow circles.
+    unfinished run is named so in the legend and its last points are hollow circles. Constrained
+    layout keeps the title and the legend (as many columns as the width holds) inside the canvas.
     """
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True, sharey=True)
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True, sharey=True, layout="constrained")
     by_row = {r.row: r for r in runs}
     styles = row_styles(sort_rows(by_row))
     train_series, val_series = [], []
@@ -226,23 +232,28 @@ def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Pat
         ax.grid(alpha=0.3)
     # One legend under the panels, where it hides no curve.
     handles, labels = ax_val.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
-    fig.suptitle(title)
-    rows = (len(labels) + 3) // 4
-    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
-    return save_figure(fig, out)
+    fig.legend(handles, labels, loc="outside lower center", ncol=legend_columns(fig, labels), fontsize=8, frameon=False)
+    fitted_suptitle(fig, title)
+    return fig
+
+
+SAVE_PAD_INCHES = 0.1  # the margin save_figure keeps around what a figure draws
 
 
 def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
     """Write fig as out.png and out.pdf, close it, and return the two paths.
 
-    Each file is drawn to a temporary name beside it and renamed, so a failure (a full disk, a
-    folder that cannot be made) leaves no partial figure: one UsageError naming the file.
+    The files hold every artist the figure draws (bbox_inches="tight"): where a layout still
+    leaves a legend or a title past the canvas (a single label wider than the figure), the file
+    grows to take it rather than cutting it. Each file is drawn to a temporary name beside it and
+    renamed, so a failure (a full disk, a folder that cannot be made) leaves no partial figure:
+    one UsageError naming the file.
     """
     paths = [out.with_name(out.name + ext) for ext in (".png", ".pdf")]
     try:
         for path in paths:
-            write_atomically(path, lambda tmp, fmt=path.suffix[1:]: fig.savefig(tmp, dpi=150, format=fmt))
+            write_atomically(path, lambda tmp, fmt=path.suffix[1:]: fig.savefig(tmp, dpi=150, format=fmt, bbox_inches="tight",
+                                                                                pad_inches=SAVE_PAD_INCHES))
     except WriteError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -574,9 +585,14 @@ def figure_legend(fig: plt.Figure, axes: np.ndarray, extra: list[Line2D] | None 
         more.append(failure_handle())
     items = [*handles.values(), *more]
     labels = [*handles, *(h.get_label() for h in more)]
+    fig.legend(items, labels, loc="outside lower center", ncol=legend_columns(fig, labels), fontsize=8, frameon=False)
+
+
+def legend_columns(fig: plt.Figure, labels: list[str]) -> int:
+    """How many columns of `labels` (at font size 8) the figure's width holds: each column as wide
+    as the longest label needs, so that a legend of long labels is not cut at both edges."""
     column = max(LEGEND_COLUMN_INCHES, 0.5 + LEGEND_CHAR_INCHES * max(map(len, labels), default=0))  # a longer label, a wider column
-    columns = max(1, min(len(items), int(fig.get_figwidth() // column)))
-    fig.legend(items, labels, loc="outside lower center", ncol=columns, fontsize=8, frameon=False)
+    return max(1, min(len(labels), int(fig.get_figwidth() // column)))
 
 
 def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:

@@ -10,9 +10,12 @@ rows, on the table's loss), at the sweep's n_layer or n_embd; the means are join
 tokens: the same pairs of runs, read from their metrics.jsonl, give the gap at each periodic
 evaluation (its val_loss on the sampled batches: the whole split is evaluated at the end only)
 against the tokens seen so far; each sweep is a line of its own (a 600- and a 2,400-iteration run
-have other schedules). A panel per (block, optimizer), a row of panels per corpus (the records'
+have other schedules), in its arm's colour with a line style and marker of its own, which the
+legend names. A panel per (block, optimizer), a row of panels per corpus (the records'
 "corpus", each row on its own y-range: a gap of 0.3 on web text would flatten one of 0.01 on
-Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed, stalled or
+Tiny Shakespeare; on the tokens axis each panel has its own, as --gap_y panel gives, since
+AdamW's first evaluations reach +0.7 where MuonH's gaps stay near 0.01); per arm, each seed's
+gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed, stalled or
 diverged; -inf: Pre-LN did) is a cross at the panel's edge: it counts against its arm, as the
 decision rules say, and is never averaged.
 """
@@ -39,7 +42,9 @@ from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
 # --gap_against: the record key that gives a sweep's place on the x axis (tokens: each eval row's), and the axis label.
 AXES = {"depth": ("n_layer", "layers"), "width": ("n_embd", "width (n_embd)"), "tokens": ("tokens", "tokens seen")}
-SERIES_STYLES = ("-", "--", ":", "-.")  # one per sweep on the tokens axis
+# On the tokens axis each sweep is a line style and a marker of its own (series_style), in its arm's colour.
+SERIES_STYLES = ("-", "--", ":", "-.")
+SERIES_MARKERS = ("s", "^", "D", "v", "P", "*")  # not "o" (a depth's seeds) nor "x" (a failed seed)
 BASELINE = "pre_ln"
 PANEL_INCHES = (4.2, 3.4)
 SEED_JITTER = 0.015  # share of the x range between two seeds' points at one x, so that equal gaps do not hide each other
@@ -141,13 +146,24 @@ def mean_gaps(points: Iterable[GapPoint]) -> dict[float, float]:
 # --gap_y: which panels share a y-range. 'row' (a corpus's panels) lets the eye compare optimizers at a glance; 'panel'
 # keeps a small effect readable beside a large one (MuonH's gaps of 0.01 beside AdamW's stalled +1.36).
 GAP_Y_RANGES = ("row", "panel")
+# Without --gap_y: the final gaps (a point per sweep) share a row's range; the evaluations' gaps, whose first points reach
+# +0.7 under AdamW on web text while MuonH's stay within 0.02 of zero, take a range per panel.
+DEFAULT_Y_RANGE = {"depth": "row", "width": "row", "tokens": "panel"}
+PANEL_RANGE_NOTE = "; each panel on its own y-range"
+
+
+def series_style(index: int) -> tuple[str, str]:
+    """The (line style, marker) of the index-th sweep on the tokens axis: the two cycles (4 and 6 long)
+    give no two of the first 12 sweeps the same pair."""
+    return SERIES_STYLES[index % len(SERIES_STYLES)], SERIES_MARKERS[index % len(SERIES_MARKERS)]
 
 
 def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None,
-               y_range: str = "row", arm_dodge: float = 0.0) -> list[Path]:
+               y_range: str | None = None, arm_dodge: float = 0.0) -> list[Path]:
     """The figure, saved as out.{png,pdf}: a panel per (block, optimizer) that has points, a row
-    per corpus, each row (or, with y_range 'panel', each panel) on one y-range, each arm in its method's colour
-    (methods: arm slug -> method key); dotted lines at +-band (a decision rule's threshold) where given.
+    per corpus, each row (or, with y_range 'panel', each panel; None: the axis's DEFAULT_Y_RANGE) on one
+    y-range, each arm in its method's colour (methods: arm slug -> method key), on the tokens axis each
+    sweep in a line style and marker of its own, named in the legend; dotted lines at +-band (a decision rule's threshold) where given.
     arm_dodge > 0 sets the arms of a panel side by side at each x, that share of the x range apart, and names
     the failed seeds' crosses once in the legend: where many arms fail at one x, their crosses and labels
     would otherwise cover each other (Table 2 in miniature: six of seven rows failed at 12 layers)."""
@@ -155,15 +171,18 @@ def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, meth
 
 
 def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str, str], band: float | None = None,
-             y_range: str = "row", arm_dodge: float = 0.0) -> plt.Figure:
+             y_range: str | None = None, arm_dodge: float = 0.0) -> plt.Figure:
     """gap_figure's figure, drawn and not saved."""
+    y_range = y_range or DEFAULT_Y_RANGE[against]
     if y_range not in GAP_Y_RANGES:
         raise UsageError(f"--gap_y {y_range!r} is not one of: {', '.join(GAP_Y_RANGES)}.")
     panels = list(dict.fromkeys((p.block, p.optimizer) for p in points))
     if not panels:
         raise UsageError("--gap_against: the sweeps hold no held-out gap yet (no arm beside Pre-LN has a held-out seed at its rate).")
     corpora = list(dict.fromkeys(p.corpus for p in points))
-    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title, sharey="row" if y_range == "row" else False)
+    own = y_range == "panel" and len(panels) > 1  # said in the title: heights do not compare across panels
+    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title + (PANEL_RANGE_NOTE if own else ""),
+                            sharey="row" if y_range == "row" else False)
     xs = sorted({p.x for p in points})
     width = (xs[-1] - xs[0]) or xs[0] or 1.0
     series = list(dict.fromkeys(p.series for p in points))
@@ -172,11 +191,24 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
                  f"\n{corpus}" if len(corpora) > 1 and corpus else "", y_range == "panel", arm_dodge)
     # One label for the figure: the rows share its meaning, and a label per row is taller than a short row (two rows overlapped).
     fig.supylabel("held-out gap: arm minus Pre-LN (same seed)", fontsize=10)
-    extra = [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
+    extra = series_handles(points, methods, series) if series != [""] else []
+    extra += [plt.Line2D([], [], color="0.5", linestyle=":", label=f"±{band:g} (the decision rules)")] if band else []
     if arm_dodge and any(not math.isfinite(p.gap) for p in points):
         extra.append(plt.Line2D([], [], color="0.3", marker="x", markersize=8, markeredgewidth=2, linestyle="none", label=FAILED_LABEL))
     figure_legend(fig, axes, extra)
     return fig
+
+
+def series_handles(points: list[GapPoint], methods: dict[str, str], series: list[str]) -> list[plt.Line2D]:
+    """The legend of a figure of sweeps (the tokens axis): an entry per arm in its colour, then one
+    per sweep in its line style and marker (series_style), in grey: arms times sweeps would repeat each name."""
+    arms = dict.fromkeys((p.arm, p.title) for p in points)
+    handles = [plt.Line2D([], [], color=method_style(methods.get(arm, arm))["color"], linewidth=1.4, label=f"{title}, mean of the held-out seeds")
+               for arm, title in arms]
+    for i, name in enumerate(series):
+        linestyle, marker = series_style(i)
+        handles.append(plt.Line2D([], [], color="0.35", linestyle=linestyle, marker=marker, markersize=4.5, linewidth=1.4, label=f"sweep {name}"))
+    return handles
 
 
 def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], against: str, methods: dict[str, str], band: float | None,
@@ -191,9 +223,10 @@ def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], ag
         low, high, pad = gap_range(mine if own_range else points, band)
         arms = list(dict.fromkeys((p.arm, p.series) for p in mine))
         for i, (arm, line) in enumerate(arms):
+            linestyle, marker = series_style(series.index(line)) if line else ("-", "")
             draw_arm(ax, [p for p in mine if (p.arm, p.series) == (arm, line)], width, (low - pad, high + pad),
-                     method_style(methods.get(arm, arm))["color"], SERIES_STYLES[series.index(line) % len(SERIES_STYLES)],
-                     (i - (len(arms) - 1) / 2) * arm_dodge * width, name_failures=not arm_dodge)
+                     method_style(methods.get(arm, arm))["color"], linestyle,
+                     (i - (len(arms) - 1) / 2) * arm_dodge * width, name_failures=not arm_dodge, marker=marker)
         ax.axhline(0.0, color="0.3", linewidth=0.8)
         if band:
             for y in (band, -band):
@@ -218,17 +251,19 @@ def gap_range(points: list[GapPoint], band: float | None) -> tuple[float, float,
 
 
 def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-",
-             offset: float = 0.0, name_failures: bool = True) -> None:
+             offset: float = 0.0, name_failures: bool = True, marker: str = "") -> None:
     """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the
     edge its sign points to, the failed seeds at one place named in one label), the means joined.
     offset (arm_dodge's share for this arm, in x units) moves every mark of the arm; name_failures
-    False leaves the crosses unlabelled (the legend names them)."""
+    False leaves the crosses unlabelled (the legend names them). marker: the sweep's (series_style), for
+    its seeds' points and its means, whose line the legend names by arm and by sweep (series_handles)
+    rather than itself (its gid says which it is); '' for a point per sweep (depth, width)."""
     seeds = sorted({p.seed for p in points})
     failed: dict[tuple[float, float], list[tuple[float, int]]] = {}  # (x, edge) -> [(jittered x, seed)]
     for p in points:
         x = p.x + offset + (seeds.index(p.seed) - (len(seeds) - 1) / 2) * SEED_JITTER * width
         if math.isfinite(p.gap):
-            ax.plot([x], [p.gap], marker="o", markersize=4, linestyle="none", color=color, alpha=0.6)
+            ax.plot([x], [p.gap], marker=marker or "o", markersize=4, linestyle="none", color=color, alpha=0.6)
         else:
             edge = edges[1] if p.gap > 0 else edges[0]
             ax.plot([x], [edge], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color=color)
@@ -238,6 +273,6 @@ def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[fl
         ax.annotate(f"seed{'s' if len(marks) > 1 else ''} {names} failed", (min(x for x, _ in marks), edge), textcoords="offset points",
                     xytext=(-7, -3), ha="right", fontsize=7, color=color)
     means = mean_gaps(points)
-    sweep = f" ({points[0].series})" if points[0].series else ""
-    ax.plot([x + offset for x in means], list(means.values()), marker="s", markersize=6 if not sweep else 3, color=color, linestyle=linestyle,
-            label=f"{points[0].title}{sweep}, mean of the held-out seeds")
+    name = f"{points[0].title}{f' ({points[0].series})' if points[0].series else ''}"
+    ax.plot([x + offset for x in means], list(means.values()), marker=marker or "s", markersize=4.5 if marker else 6, color=color,
+            linestyle=linestyle, label="_nolegend_" if marker else f"{name}, mean of the held-out seeds", gid=name)

@@ -106,9 +106,9 @@ from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.runtime.cli import REPO_ROOT, HelpFormatter, UsageError
 from spheretnorm.runtime.imports import folders_off_sys_path, imports_of_overrides
 from spheretnorm.runtime.methods import method_args
-from spheretnorm.runtime.methods import method_dirname
+from spheretnorm.runtime.methods import found_run_folder, method_dirname
 from spheretnorm.runtime.config import RESTART_FREE_KEYS, ConfigError, TrainConfig, parse_config
-from spheretnorm.runtime.identity import config_conflicts, run_settings, run_suffix
+from spheretnorm.runtime.identity import config_conflicts, run_settings
 from spheretnorm.runtime.methods import resolve_paths, resolve_wandb_names
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
@@ -182,7 +182,7 @@ def build_grid(
                     problems.append(f"{dataset} {scale} {method}: {e}")
                     continue
                 config_name = parsed.train.config_name
-                folder = grid_folder(method, parsed.overrides)
+                folder = grid_folder(method, parsed.overrides, runs_root / config_name)
                 out_dir = runs_root / config_name / folder
                 model = parsed.model_config()
                 try:
@@ -201,12 +201,14 @@ def build_grid(
     return runs
 
 
-def grid_folder(method: str, overrides: dict[str, Any]) -> str:
-    """A grid run's folder: the method's, and a suffix naming every key the command line sets to
-    a value that computes otherwise (identity.run_suffix: '+optimizer=muon'), so the grid of another
-    setting never lands in the paper grid's folders; keys a restart may change (max_iters) are
-    left out, so a grid is extended in place."""
-    return method_dirname(method) + run_suffix({k: v for k, v in overrides.items() if k not in RESTART_FREE_KEYS})
+def grid_folder(method: str, overrides: dict[str, Any], parent: Path) -> str:
+    """A grid run's folder under parent (<runs_root>/<config_name>, from the repository root): the
+    method's, and a suffix naming every key the command line sets to a value that computes otherwise
+    (identity.run_suffix: '+optimizer=muon'), so the grid of another setting never lands in the paper
+    grid's folders; keys a restart may change (max_iters) are left out, so a grid is extended in place.
+    A folder an earlier form of the suffix named (methods.found_run_folder) is found again."""
+    kept = {k: v for k, v in overrides.items() if k not in RESTART_FREE_KEYS}
+    return Path(found_run_folder(str(parent / method_dirname(method)), kept, REPO_ROOT)).name
 
 
 def check_run_folders(runs: list[GridRun], runs_root: str) -> None:

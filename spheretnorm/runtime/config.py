@@ -73,6 +73,12 @@ def _is_choice(value: Any, metadata: dict[str, tuple[str, ...]]) -> bool:
     return value in metadata["choices"] or (isinstance(value, str) and bool(prefixes) and value.startswith(prefixes))
 
 
+# A key left unset (None) takes another key's value: lr_decay_iters ends the cosine where the run ends, whatever
+# --max_iters says. It defaulted to 50,000 before (2,000 in config/shakespeare_char.py), so a shortened run never
+# decayed; an earlier run's config.json and checkpoints record the value it trained with, which a resume keeps.
+FOLLOWS = {"lr_decay_iters": "max_iters"}
+
+
 @dataclass
 class TrainConfig:
     # -- your own code
@@ -126,7 +132,8 @@ class TrainConfig:
     max_iters: int = field(default=50_000, metadata=RESTART_FREE)  # optimizer steps of the run
     decay_lr: bool = True  # False keeps learning_rate constant (no warm-up, no decay)
     warmup_iters: int = 2_000  # linear warm-up steps from 0 to learning_rate
-    lr_decay_iters: int = 50_000  # the cosine reaches min_lr here
+    # the cosine reaches min_lr here; None (not given): max_iters, so a shortened run decays too (a resume keeps its checkpoint's)
+    lr_decay_iters: int | None = None
     # -- system
     device: str = field(default="auto", metadata=NEUTRAL)  # auto | cpu | cuda | cuda:N | mps
     dtype: str = field(default="auto", metadata=_choices(*DTYPE_CHOICES))  # auto: bf16 on CUDA, else fp32
@@ -167,6 +174,9 @@ class TrainConfig:
         return "blocks" if self.parallel == "fsdp" else "model"
 
     def __post_init__(self) -> None:
+        for key, source in FOLLOWS.items():  # the parse knows which were not given (ParsedConfig.derived); the config holds the value
+            if getattr(self, key) is None:
+                setattr(self, key, getattr(self, source))
         for f in fields(self):
             if "choices" in f.metadata and not _is_choice(getattr(self, f.name), f.metadata):
                 raise ConfigError(
@@ -311,6 +321,9 @@ class ParsedConfig:
     config_files: list[str]
     # Command-line keys whose value differs from what the config files (or the defaults) give.
     overrides: dict[str, Any] = field(default_factory=dict)
+    # The keys of FOLLOWS that neither a file nor the command line gave: train holds the key they follow's
+    # value, a resume the checkpoint's (identity.keep_recorded_keys).
+    derived: tuple[str, ...] = ()
 
     def model_config(self, **derived: Any) -> GPTConfig:
         """GPTConfig of a new model: explicit keys win over derived ones (e.g. vocab_size)."""
@@ -578,6 +591,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
         _check_choice(key, value)
 
     model_keys = split_model_keys(values)
+    derived = tuple(k for k in FOLLOWS if values.get(k) is None)
     train_values = {k: v for k, v in values.items() if is_train_key(k)}
     if not train_values.get("config_name"):
         train_values["config_name"] = Path(files[-1]).stem if files else train_values.get(
@@ -593,7 +607,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
         raise ConfigError(str(e)) from None
     if world_size:
         grad_accum_steps(train.global_batch_size, train.batch_size, world_size)
-    return ParsedConfig(train=train, model_keys=model_keys, config_files=files, overrides=overrides)
+    return ParsedConfig(train=train, model_keys=model_keys, config_files=files, overrides=overrides, derived=derived)
 
 
 # -----------------------------------------------------------------------------

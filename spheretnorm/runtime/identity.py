@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Hashable, Mapping, Sequence
 
@@ -83,9 +83,11 @@ def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
 
 def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
     """What identifies the run a command asks for: every key that computes (neutral keys left
-    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json."""
+    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json.
+    A key the command leaves to follow another (parsed.derived: lr_decay_iters) is left out too: a
+    folder's run keeps the value it recorded (keep_recorded_keys), and a new run takes the other key's."""
     values = {**train_values(parsed.train), **model_values(asdict(parsed.model_config()))}
-    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS}
+    return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS and k not in parsed.derived}
 
 
 def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
@@ -114,15 +116,40 @@ def _suffix_value(value: Any) -> str:
 def run_suffix(overrides: dict[str, Any]) -> str:
     """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
 
-    A long or path-unsafe suffix becomes '+overrides-<8 hex digits>', a hash of the settings,
-    so that the same command always finds the same folder again (for a resume).
+    A suffix longer than 60 characters or with a path-unsafe character keeps its pairs readable, in
+    order, up to 60 characters (an unsafe pair, a path or a space, is left out), then
+    '+overrides-<8 hex digits>', a hash of all the settings, so that the same command always finds
+    the same folder again (for a resume): '+block_size=16+learning_rate=0.001+max_iters=20+overrides-1a2b3c4d'.
     """
-    changed = {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
+    changed = _changed_settings(overrides)
     if not changed:
         return ""
-    text = "".join(f"+{k}={_suffix_value(v)}" for k, v in changed.items())
+    pairs = [f"+{k}={_suffix_value(v)}" for k, v in changed.items()]
+    text = "".join(pairs)
     if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
         return text
+    readable = ""
+    for pair in (p for p in pairs if _SUFFIX_SAFE.fullmatch(p)):
+        if len(readable) + len(pair) > _SUFFIX_MAX_CHARS:
+            break
+        readable += pair
+    return readable + _hashed_suffix(changed)
+
+
+def earlier_run_suffixes(overrides: dict[str, Any]) -> list[str]:
+    """The suffixes earlier code gave these overrides, where they differ from run_suffix's: a hashed
+    suffix was '+overrides-<8 hex digits>' alone before issue 66. A folder of that name is the same
+    run (methods.found_run_folder looks for it)."""
+    changed, current = _changed_settings(overrides), run_suffix(overrides)
+    hashed = _hashed_suffix(changed) if changed else ""
+    return [hashed] if hashed and current.endswith(hashed) and current != hashed else []  # a suffix short enough never had a hash
+
+
+def _changed_settings(overrides: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sorted(overrides.items()) if k not in run_neutral_keys()}
+
+
+def _hashed_suffix(changed: dict[str, Any]) -> str:
     digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"+overrides-{digest}"
 
@@ -185,6 +212,14 @@ def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
             f"{' '.join(f'--{k}={have.get(k)}' for k in fixed)} to resume it, --fresh_optimizer=true to resume the weights "
             "with a new optimizer state, or start another out_dir."
         )
+
+
+def keep_recorded_keys(train: TrainConfig, derived: Sequence[str], saved_train: dict[str, Any] | None) -> TrainConfig:
+    """train with each derived key (one no file or option gave: ParsedConfig.derived) at the value a
+    resumed checkpoint's train_config records: a run cut short and resumed, or extended with a larger
+    max_iters, keeps the schedule it trained with. A new run (saved_train None) keeps train's."""
+    recorded = {k: saved_train[k] for k in derived if saved_train and saved_train.get(k) is not None}
+    return replace(train, **recorded) if recorded else train
 
 
 # Keys that say how a command runs, not what the run trains with: never a change of its settings.

@@ -29,7 +29,7 @@ from spheretnorm.runtime.config import (
     parse_value,
     wandb_mode,
 )
-from spheretnorm.runtime.identity import param_text, run_suffix
+from spheretnorm.runtime.identity import earlier_run_suffixes, param_text, run_suffix
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
 # The paper's methods in its tables' row order (the grid's default --methods paper).
@@ -66,8 +66,20 @@ def method_params(connection: str) -> tuple[MethodParam, ...]:
 
 
 def default_out_dir(config_name: str, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> str:
-    """out/<config_name>/<method>[<suffix>]: a run with changed settings never shares the paper run's folder."""
-    return os.path.join("out", config_name, method_dirname(method_key(model_cfg)) + run_suffix(overrides or {}))
+    """out/<config_name>/<method>[<suffix>]: a run with changed settings never shares the paper run's folder
+    (found_run_folder: a folder an earlier form of the name gave the same settings is found again)."""
+    return found_run_folder(os.path.join("out", config_name, method_dirname(method_key(model_cfg))), overrides or {})
+
+
+def found_run_folder(stem: str, overrides: dict[str, Any], root: Path = Path(".")) -> str:
+    """stem + run_suffix(overrides), or the folder of an earlier form of that suffix
+    (identity.earlier_run_suffixes: '+overrides-<hash>' alone) where only that one exists under root
+    (stem is relative to it): a run started before the name changed is resumed, not begun again."""
+    current = stem + run_suffix(overrides)
+    earlier = [stem + suffix for suffix in earlier_run_suffixes(overrides)]
+    if (root / current).exists():
+        return current
+    return next((folder for folder in earlier if (root / folder).is_dir()), current)
 
 
 def resolve_paths(train: TrainConfig, model_cfg: GPTConfig, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -1,12 +1,17 @@
 """The lines train.py prints as a run starts, about choices a first run easily gets wrong: how
-many CPU threads run (and the thread default itself), a warm-up as long as the run, and a sphere
-connection under a Hyperball optimizer at its initial radius."""
+many CPU threads run (and the thread default itself), a warm-up as long as the run, a sphere
+connection under a Hyperball optimizer at its initial radius, and a key not given that follows
+another (lr_decay_iters: max_iters, or on a resume the checkpoint's)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from spheretnorm.model import CONNECTIONS, GPTConfig, SphereConnection
 from spheretnorm.optim import OPTIMIZERS, Hyperball
-from spheretnorm.runtime.config import TrainConfig
+from spheretnorm.runtime.config import FOLLOWS, TrainConfig
+from spheretnorm.runtime.identity import keep_recorded_keys
 from spheretnorm.runtime.distributed import print0
 from spheretnorm.runtime.threads import set_cpu_threads
 
@@ -40,3 +45,25 @@ def announce_start(train: TrainConfig, model: GPTConfig, device: str) -> None:
     for line in (set_cpu_threads(device), warmup_note(train), hyperball_note(train, model)):
         if line:
             print0(line)
+
+
+def derived_note(train: TrainConfig, derived: Sequence[str], resumed: bool) -> str | None:
+    """One line naming the value each key not given took (ParsedConfig.derived): the key it follows',
+    or on a resume the checkpoint's; None for an evaluation, which follows no schedule."""
+    if train.eval_only or not derived:
+        return None
+    if resumed:
+        told = [f"{k}={getattr(train, k)}, as the checkpoint records (a resume keeps its schedule)" for k in derived]
+    else:
+        told = [f"{k}={getattr(train, k)}, following {FOLLOWS[k]}" for k in derived]
+    return f"NOTE: not given, so {'; '.join(told)}; set {', '.join(f'--{k}' for k in derived)} to choose."
+
+
+def settle_derived_keys(train: TrainConfig, derived: Sequence[str], saved_train: dict[str, Any] | None) -> TrainConfig:
+    """train with its derived keys at a resumed checkpoint's values (identity.keep_recorded_keys),
+    and the line (rank 0) that says which value each took."""
+    train = keep_recorded_keys(train, derived, saved_train)
+    line = derived_note(train, derived, saved_train is not None)
+    if line:
+        print0(line)
+    return train
