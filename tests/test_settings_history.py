@@ -52,11 +52,11 @@ def test_each_resume_that_changes_a_key_is_kept_in_config_checkpoint_and_metrics
 
 
 def test_a_resume_on_another_thread_count_is_a_change_of_the_run() -> None:
-    ckpt = {"train_config": {"weight_decay": 0.1}, "cpu_threads": 2}
+    ckpt = {"train_config": {"weight_decay": 0.1, "lr_decay_iters": 50_000}, "cpu_threads": 2}  # as a checkpoint records them
     cfg = TrainConfig(weight_decay=0.1)
     assert resume_changes(cfg, ckpt, 1) == {"cpu_threads": [2, 1]}
     assert resume_changes(cfg, ckpt, 2) == {}
-    assert resume_changes(cfg, {"train_config": {"weight_decay": 0.1}}, 1) == {}  # a checkpoint from before the count was kept
+    assert resume_changes(cfg, {"train_config": ckpt["train_config"]}, 1) == {}  # a checkpoint from before the count was kept
     assert resume_changes(cfg, ckpt, None) == {}  # on an accelerator there is no CPU thread count
     changed = resume_changes(TrainConfig(weight_decay=0.05, init_from="resume"), ckpt, 1)
     assert changed == {"weight_decay": [0.1, 0.05], "cpu_threads": [2, 1]}  # how the command runs (init_from) is no change

@@ -389,7 +389,9 @@ def test_lr_decay_iters_not_given_follows_max_iters() -> None:
 
 def test_a_resume_keeps_the_lr_decay_iters_its_checkpoint_recorded(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Resumed without --lr_decay_iters, a run keeps the schedule it trained with (its checkpoint's),
-    whether an earlier command gave it or it followed that command's max_iters; each start says which."""
+    whether an earlier command gave it or it followed that command's max_iters; each start says which.
+    (A resume by --out_dir starts from the run's config.json, which records the value: issue 65's
+    one resume rule. The checkpoint's value is kept where no file gives one, config.json gone.)"""
     def args(out: Path, *extra: str) -> list[str]:
         return [a for a in tiny_args(data_dir, out, "--eval_interval=4", *extra) if not a.startswith("--lr_decay_iters")]
 
@@ -398,6 +400,7 @@ def test_a_resume_keeps_the_lr_decay_iters_its_checkpoint_recorded(data_dir: Pat
     capsys.readouterr()
     # The same run to the launcher and the studies (config_conflicts), not another one they would skip.
     assert config_conflicts(old, parse_config(args(old, "--max_iters=8"), 1)) == []
+    (old / "config.json").unlink()  # the checkpoint alone records the schedule
     train.main(args(old, "--max_iters=8", "--init_from=resume"))
     assert "NOTE: not given, so lr_decay_iters=6, as the checkpoint records" in capsys.readouterr().out
     assert json.loads((old / "config.json").read_text())["lr_decay_iters"] == 6
@@ -407,8 +410,8 @@ def test_a_resume_keeps_the_lr_decay_iters_its_checkpoint_recorded(data_dir: Pat
     new = tmp_path / "new"  # not given: it follows the first command's max_iters, 4, and the extension keeps that
     train.main(args(new, "--max_iters=4"))
     assert "NOTE: not given, so lr_decay_iters=4, following max_iters" in capsys.readouterr().out
-    train.main(args(new, "--max_iters=8", "--init_from=resume"))
-    assert "lr_decay_iters=4, as the checkpoint records" in capsys.readouterr().out
+    train.main(args(new, "--max_iters=8", "--init_from=resume"))  # config.json gives lr_decay_iters=4: no NOTE needed
+    assert "lr_decay_iters" not in capsys.readouterr().out and json.loads((new / "config.json").read_text())["lr_decay_iters"] == 4
     assert [r["lr"] for r in read_metrics(new, "train") if r["iter"] > 4] == pytest.approx([3e-4] * 4)
 
 
