@@ -1,6 +1,8 @@
 """Lion (Chen et al., 2023), registered from outside the package with a rate key of its own
-(lion_lr): the optimizer a user adds from their own module, as docs/OPTIMIZERS.md shows.
-tests/test_optimizer_contract.py trains and resumes it with no other edit anywhere."""
+(fixture_lion_lr): the optimizer a user adds from their own module, as docs/OPTIMIZERS.md shows.
+tests/test_optimizer_contract.py trains and resumes it with no other edit anywhere. Registered as
+fixture_lion (key fixture_lion_lr), names a user will not pick: a researcher's own Lion, imported into
+the same test session (pytest --imports=my_module), registers "lion" beside it (issue 65, item 5)."""
 
 from __future__ import annotations
 
@@ -31,13 +33,13 @@ class Lion(torch.optim.Optimizer):
                 m.lerp_(p.grad, 1 - beta2)
 
 
-@register_optimizer("lion")
+@register_optimizer("fixture_lion")
 class LionRecipe(OptimizerRecipe):
     title = "Lion"
-    rate_key = "lion_lr"
-    params = (MethodParam("lion_lr", 1e-4, "Lion's peak learning rate", check=lambda x: x > 0, must="> 0"),)
+    rate_key = "fixture_lion_lr"
+    params = (MethodParam("fixture_lion_lr", 1e-4, "Lion's peak learning rate", check=lambda x: x > 0, must="> 0"),)
 
     @classmethod
     def build(cls, model: torch.nn.Module, settings: Any, device_type: str) -> Optimizers:
-        groups = adamw_groups(model, trainable(model), settings.weight_decay, settings.lion_lr)  # at the rate it means
-        return Optimizers([Lion(groups, lr=settings.lion_lr, betas=(settings.beta1, settings.beta2))])
+        groups = adamw_groups(model, trainable(model), settings.weight_decay, settings.fixture_lion_lr)  # at the rate it means
+        return Optimizers([Lion(groups, lr=settings.fixture_lion_lr, betas=(settings.beta1, settings.beta2))])

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-import lion_optimizer  # noqa: F401 (registers lion, with its own rate key lion_lr)
+import lion_optimizer  # noqa: F401 (registers fixture_lion, with its own rate key fixture_lion_lr)
 import train
 from markov_data import write_markov_data
 from spheretnorm.experiments import launcher
@@ -69,9 +69,9 @@ def saved_groups(out: Path, inner: int | None = None) -> list[dict[str, Any]]:
 
 
 def test_a_users_optimizer_trains_at_its_own_rate_key(data_dir: Path, tmp_path: Path) -> None:
-    slow = run(data_dir, tmp_path / "slow", "--optimizer=lion", "--lion_lr=1e-5", "--max_iters=3")
-    fast = run(data_dir, tmp_path / "fast", "--optimizer=lion", "--lion_lr=3e-2", "--max_iters=3")
-    assert slow[0] == fast[0] and slow[2] != fast[2]  # the same start, then lion_lr decides
+    slow = run(data_dir, tmp_path / "slow", "--optimizer=fixture_lion", "--fixture_lion_lr=1e-5", "--max_iters=3")
+    fast = run(data_dir, tmp_path / "fast", "--optimizer=fixture_lion", "--fixture_lion_lr=3e-2", "--max_iters=3")
+    assert slow[0] == fast[0] and slow[2] != fast[2]  # the same start, then fixture_lion_lr decides
     factor = learning_rate_at(2, TrainConfig(learning_rate=3e-3, min_lr=3e-4, warmup_iters=2, lr_decay_iters=40)) / 3e-3
     assert all(g["lr"] == pytest.approx(3e-2 * factor, rel=1e-12) for g in saved_groups(tmp_path / "fast"))
 
@@ -235,7 +235,7 @@ def comparable(group: dict[str, Any]) -> dict[str, Any]:
 
 def resume_keys(optimizer: str) -> list[str]:
     """The keys of `optimizer` a resume may see changed: its own, and each shared key whose change
-    changes the groups it builds (Lion's rate is lion_lr, so learning_rate is not one of Lion's)."""
+    changes the groups it builds (Lion's rate is fixture_lion_lr, so learning_rate is not one of Lion's)."""
     own = [p.key for p in OPTIMIZERS[optimizer].params]
     base = fresh_groups(optimizer)
     shared = [k for k in SHARED_KEYS if (v := changed_value(optimizer, k)) is not None and fresh_groups(optimizer, as_arg(k, v)) != base]

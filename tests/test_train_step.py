@@ -40,7 +40,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def forget_z_loss() -> None:
     """tests/zloss_term.py neither imported nor trusted, as in a fresh process (the module stays importable)."""
-    LOSS_TERMS.pop("z_loss", None)
+    LOSS_TERMS.pop("fixture_z_loss", None)
     sys.modules.pop("zloss_term", None)
     consent_to_recorded_imports(False)
 
@@ -76,11 +76,11 @@ def test_without_a_loss_term_train_py_logs_the_losses_recorded_before(data_dir: 
 
 
 def test_a_z_loss_of_ones_own_module_changes_the_trajectory_and_logs_its_total(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
-    """--z_loss=0 (the term registered, off) is bit for bit the run without the module; --z_loss=0.05
+    """--fixture_z_loss=0 (the term registered, off) is bit for bit the run without the module; --fixture_z_loss=0.05
     trains otherwise, its train_loss (Table 2's) stays the cross-entropy and the total has a key of its own."""
     train.main(train_args(data_dir, tmp_path / "plain"))
-    train.main(train_args(data_dir, tmp_path / "off", "--imports=zloss_term", "--z_loss=0"))
-    train.main(train_args(data_dir, tmp_path / "on", "--imports=zloss_term", "--z_loss=0.05"))
+    train.main(train_args(data_dir, tmp_path / "off", "--imports=zloss_term", "--fixture_z_loss=0"))
+    train.main(train_args(data_dir, tmp_path / "on", "--imports=zloss_term", "--fixture_z_loss=0.05"))
     plain, off, on = (train_rows(tmp_path / name) for name in ("plain", "off", "on"))
     assert [(r["train_loss"], r["grad_norm"]) for r in off] == [(r["train_loss"], r["grad_norm"]) for r in plain]
     assert not any("train_loss_total" in r for r in off)
@@ -89,9 +89,9 @@ def test_a_z_loss_of_ones_own_module_changes_the_trajectory_and_logs_its_total(d
     assert on[0]["grad_norm"] != plain[0]["grad_norm"] and on[-1]["train_loss"] != plain[-1]["train_loss"]
     assert all(r["train_loss_total"] > r["train_loss"] for r in on)
     recorded = json.loads((tmp_path / "on" / "config.json").read_text())
-    assert recorded["loss_params"] == {"z_loss": 0.05} and recorded["imports"] == ["zloss_term"]
+    assert recorded["loss_params"] == {"fixture_z_loss": 0.05} and recorded["imports"] == ["zloss_term"]
     ckpt = load_checkpoint(tmp_path / "on" / "ckpt.pt")
-    assert ckpt["train_config"]["loss_params"] == {"z_loss": 0.05}
+    assert ckpt["train_config"]["loss_params"] == {"fixture_z_loss": 0.05}
 
 
 # -----------------------------------------------------------------------------
@@ -99,8 +99,8 @@ def test_a_z_loss_of_ones_own_module_changes_the_trajectory_and_logs_its_total(d
 
 
 def z_loss_run(data_dir: Path, out_dir: Path) -> Path:
-    """A run trained 2 iterations with --imports=zloss_term --z_loss=0.05, then the module forgotten."""
-    train.main(train_args(data_dir, out_dir, "--imports=zloss_term", "--z_loss=0.05", "--max_iters=2", "--eval_interval=2"))
+    """A run trained 2 iterations with --imports=zloss_term --fixture_z_loss=0.05, then the module forgotten."""
+    train.main(train_args(data_dir, out_dir, "--imports=zloss_term", "--fixture_z_loss=0.05", "--max_iters=2", "--eval_interval=2"))
     forget_z_loss()
     return out_dir
 
@@ -123,11 +123,11 @@ def test_a_resume_without_consent_refuses_to_drop_the_recorded_loss_term(data_di
     with pytest.raises(ConfigError) as refusal:
         resume(data_dir, out)
     message = str(refusal.value)
-    assert "(its loss_params z_loss) records imports=['zloss_term']" in message and "\n" not in message
+    assert "(its loss_params fixture_z_loss) records imports=['zloss_term']" in message and "\n" not in message
     assert "--imports=zloss_term" in message and "--trust_recorded_imports=true" in message
     assert "zloss_term" not in sys.modules
     ckpt = load_checkpoint(out / "ckpt.pt")
-    assert ckpt["iter_num"] == 2 and ckpt["train_config"]["loss_params"] == {"z_loss": 0.05}
+    assert ckpt["iter_num"] == 2 and ckpt["train_config"]["loss_params"] == {"fixture_z_loss": 0.05}
 
 
 def test_with_consent_a_resume_keeps_the_term_or_applies_and_says_its_change(
@@ -135,11 +135,11 @@ def test_with_consent_a_resume_keeps_the_term_or_applies_and_says_its_change(
 ) -> None:
     """--trust_recorded_imports=true imports the recorded module; its key then follows the command
     line as every training key does: left out (the run's own 0.05, issue 65's one resume rule)
-    the run continues as if it had not stopped (the same losses as the straight run), --z_loss=0
+    the run continues as if it had not stopped (the same losses as the straight run), --fixture_z_loss=0
     turns the term off, said in the changed-keys NOTE. (With
     consent this held before issue 67 too, the checkpoint's reader importing what it records: the
     test keeps the refusal above from costing it.)"""
-    train.main(train_args(data_dir, tmp_path / "straight", "--imports=zloss_term", "--z_loss=0.05"))
+    train.main(train_args(data_dir, tmp_path / "straight", "--imports=zloss_term", "--fixture_z_loss=0.05"))
     straight = train_rows(tmp_path / "straight")
     forget_z_loss()
     kept = z_loss_run(data_dir, tmp_path / "kept")
@@ -149,11 +149,11 @@ def test_with_consent_a_resume_keeps_the_term_or_applies_and_says_its_change(
     forget_z_loss()
     off = z_loss_run(data_dir, tmp_path / "off")
     capsys.readouterr()
-    resume(data_dir, off, "--trust_recorded_imports=true", "--z_loss=0")
-    assert "z_loss: 0.05 -> 0.0" in capsys.readouterr().out
+    resume(data_dir, off, "--trust_recorded_imports=true", "--fixture_z_loss=0")
+    assert "fixture_z_loss: 0.05 -> 0.0" in capsys.readouterr().out
     rows = train_rows(off)
     assert [r["iter"] for r in rows] == [1, 2, 3, 4] and not any("train_loss_total" in r for r in rows[2:])
-    assert load_checkpoint(off / "ckpt.pt")["train_config"]["loss_params"] == {"z_loss": 0.0}
+    assert load_checkpoint(off / "ckpt.pt")["train_config"]["loss_params"] == {"fixture_z_loss": 0.0}
 
 
 def test_a_recorded_loss_key_that_no_module_declares_is_refused(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
@@ -163,7 +163,7 @@ def test_a_recorded_loss_key_that_no_module_declares_is_refused(data_dir: Path, 
     ckpt = load_checkpoint(out / "ckpt.pt")
     atomic_torch_save({**ckpt, "train_config": {**ckpt["train_config"], "imports": []}}, out / "ckpt.pt")
     (out / "config.json").unlink()  # the folder's record of the module gone too (config.json is read first)
-    with pytest.raises(ConfigError, match=r"records loss_params \['z_loss'\], which no registered loss term declares .*--imports=MODULE"):
+    with pytest.raises(ConfigError, match=r"records loss_params \['fixture_z_loss'\], which no registered loss term declares .*--imports=MODULE"):
         resume(data_dir, out, "--trust_recorded_imports=true")
 
 
@@ -273,7 +273,7 @@ def bench_weights(*extra: str) -> list[torch.Tensor]:
 
 def test_bench_steps_with_the_z_loss(z_loss_module: None) -> None:
     plain = bench_weights()
-    off, on = bench_weights("--imports=zloss_term", "--z_loss=0"), bench_weights("--imports=zloss_term", "--z_loss=0.05")
+    off, on = bench_weights("--imports=zloss_term", "--fixture_z_loss=0"), bench_weights("--imports=zloss_term", "--fixture_z_loss=0.05")
     assert all(torch.equal(a, b) for a, b in zip(plain, off))
     assert not all(torch.equal(a, b) for a, b in zip(plain, on))
 
@@ -289,13 +289,13 @@ def coordinate_trace(setup: coordinates.Setup) -> dict:
 def test_the_coordinate_check_steps_with_the_z_loss(z_loss_module: None) -> None:
     base = dict(n_layer=1, head_dim=8, block_size=8, batch_size=2, steps=2)
     plain = coordinate_trace(coordinates.Setup(**base))
-    with pytest.raises(UsageError, match="'z_loss', which no registered loss term declares"):
-        coordinates.parse_loss_keys("z_loss=0.05")
+    with pytest.raises(UsageError, match="'fixture_z_loss', which no registered loss term declares"):
+        coordinates.parse_loss_keys("fixture_z_loss=0.05")
     __import__("zloss_term")
-    assert coordinates.parse_loss_keys("z_loss=0.05") == (("z_loss", 0.05),)
-    off = coordinate_trace(coordinates.Setup(**base, loss_keys=(("z_loss", 0.0),)))
+    assert coordinates.parse_loss_keys("fixture_z_loss=0.05") == (("fixture_z_loss", 0.05),)
+    off = coordinate_trace(coordinates.Setup(**base, loss_keys=(("fixture_z_loss", 0.0),)))
     assert json.dumps(off) == json.dumps(plain)  # NaN (no hidden matrix) included
-    assert coordinate_trace(coordinates.Setup(**base, loss_keys=(("z_loss", 0.05),)))["delta_rms"] != plain["delta_rms"]
+    assert coordinate_trace(coordinates.Setup(**base, loss_keys=(("fixture_z_loss", 0.05),)))["delta_rms"] != plain["delta_rms"]
 
 
 # -----------------------------------------------------------------------------
@@ -303,14 +303,14 @@ def test_the_coordinate_check_steps_with_the_z_loss(z_loss_module: None) -> None
 
 
 def test_the_key_is_declared_once_listed_and_checked(z_loss_module: None) -> None:
-    with pytest.raises(ConfigError, match="Unknown config key 'z_loss'"):
-        parse_config(["--z_loss=0.1"])
-    parsed = parse_config(["--imports=zloss_term", "--z_loss=0.1"])
-    assert parsed.train.z_loss == 0.1 and parsed.train.loss_params == {"z_loss": 0.1}
-    assert "z_loss" not in parsed.model_keys and parsed.overrides == {"imports": ["zloss_term"], "z_loss": 0.1}
-    assert "(loss term z_loss)" in config_help()
-    with pytest.raises(ConfigError, match=r"^z_loss must be >= 0, got -1.0.$"):
-        parse_config(["--imports=zloss_term", "--z_loss=-1"])
+    with pytest.raises(ConfigError, match="Unknown config key 'fixture_z_loss'"):
+        parse_config(["--fixture_z_loss=0.1"])
+    parsed = parse_config(["--imports=zloss_term", "--fixture_z_loss=0.1"])
+    assert parsed.train.fixture_z_loss == 0.1 and parsed.train.loss_params == {"fixture_z_loss": 0.1}
+    assert "fixture_z_loss" not in parsed.model_keys and parsed.overrides == {"imports": ["zloss_term"], "fixture_z_loss": 0.1}
+    assert "(loss term fixture_z_loss)" in config_help()
+    with pytest.raises(ConfigError, match=r"^fixture_z_loss must be >= 0, got -1.0.$"):
+        parse_config(["--imports=zloss_term", "--fixture_z_loss=-1"])
 
 
 @pytest.mark.parametrize("key, owner", [("learning_rate", "training"), ("muon_lr", "optimizer 'muon'"), ("spheret_p", "connection 'p_spheret'")])

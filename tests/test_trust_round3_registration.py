@@ -87,7 +87,7 @@ def test_a_test_module_imported_again_registers_again(file: str, monkeypatch: py
     """Under its own name, then from its file under another: the same class, replaced."""
     first = import_file(TESTS / file, file[:-3], monkeypatch)
     again = import_file(TESTS / file, f"again_{file[:-3]}", monkeypatch)
-    name = getattr(first, "NAME", "lion")
+    name = getattr(first, "NAME", "fixture_lion")
     assert OPTIMIZERS[name].__module__ == again.__name__
 
 
@@ -129,3 +129,32 @@ def test_the_command_line_names_the_refused_module(tmp_path: Path, monkeypatch: 
     assert "Module 'greedy_optimizer' is refused: optimizer 'greedy' declares ['max_iters'], already keys of training" in str(info.value)
     assert "\n" not in str(info.value) and "greedy" not in OPTIMIZERS
 
+
+
+def test_the_fixtures_leave_the_natural_names_to_a_researchers_own_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest --imports=my_module with one's own Lion and z-loss: the fixtures' names and keys are
+    not the natural ones, so both register beside them (issue 65, item 5)."""
+    from spheretnorm.runtime.loss_terms import LOSS_TERMS
+
+    import_file(TESTS / "lion_optimizer.py", "lion_optimizer", monkeypatch)
+    import_file(TESTS / "zloss_term.py", "zloss_term", monkeypatch)
+    mine = tmp_path / "my_ideas.py"
+    mine.write_text(
+        "import torch\n"
+        "from spheretnorm.model import MethodParam\n"
+        "from spheretnorm.optim import OPTIMIZERS, register_optimizer\n"
+        "from spheretnorm.runtime.loss_terms import register_loss_term\n\n"
+        "@register_optimizer('lion')\n"
+        "class MyLion(OPTIMIZERS['adamw']):\n"
+        "    title = 'my Lion'\n"
+        "    params = (MethodParam('lion_lr', 3e-4, 'my Lion rate'),)\n\n"
+        "@register_loss_term('z_loss', MethodParam('z_loss', 0.0, 'my z-loss'))\n"
+        "def z_loss(logits, targets, train):\n"
+        "    return train.z_loss * torch.logsumexp(logits, -1).pow(2).mean()\n")
+    try:
+        import_file(mine, "my_ideas", monkeypatch)
+        assert OPTIMIZERS["lion"].__module__ == "my_ideas" and OPTIMIZERS["fixture_lion"].__module__ != "my_ideas"
+        assert "z_loss" in LOSS_TERMS and "fixture_z_loss" in LOSS_TERMS
+    finally:
+        OPTIMIZERS.pop("lion", None)
+        LOSS_TERMS.pop("z_loss", None)
