@@ -269,7 +269,7 @@ class Trainer:
             self.cfg, self.data, dist, device, self.autocast, self.progress,
             model=self.model, fwd_model=self.fwd_model, raw_model=self.raw_model,
         )
-        self.outputs = RunLog(self.cfg, dist.is_master, self.progress)
+        self.outputs = RunLog(self.cfg, dist.is_master, self.progress, lambda: self.optimizer.param_groups)  # rows show each group's rate
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         restore_training_state(self.cfg, ckpt, self.raw_model, self.optimizer, self.resume_from)  # the current settings' groups

@@ -222,3 +222,15 @@ def test_a_studys_train_overrides_take_every_optimizers_keys() -> None:
     assert grid.check_overrides(overrides, {}) == overrides
     with pytest.raises(Exception, match="--toy_momentu is neither"):
         grid.check_overrides(["--toy_momentu=0.5"], {})
+
+
+def test_a_train_row_shows_each_groups_own_rate_where_it_is_not_learning_rates(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Under Muon the matrices step at muon_lr's schedule, not learning_rate's (issue 65, item 5):
+    the row's group_lrs holds both, in the ratio of the two peaks; an AdamW run's rows are as before."""
+    train.main(tiny_args(data_dir, tmp_path / "muon", "--optimizer=muon", "--muon_lr=0.02", "--learning_rate=1e-3", "--max_iters=2", "--eval_interval=2"))
+    rows = read_metrics(tmp_path / "muon", "train")
+    assert rows and all(sorted(r["group_lrs"]) == pytest.approx(sorted([r["lr"], r["lr"] * 20])) for r in rows)
+    assert "(groups " in capsys.readouterr().out
+    train.main(tiny_args(data_dir, tmp_path / "adamw", "--max_iters=2", "--eval_interval=2"))
+    assert not any("group_lrs" in r for r in read_metrics(tmp_path / "adamw", "train"))
+    assert "(groups " not in capsys.readouterr().out

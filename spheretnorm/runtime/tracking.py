@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from spheretnorm.runtime.checkpoint import CheckpointError, checkpoint_iter
@@ -320,16 +320,39 @@ def cut_write_text(path: Path) -> str:
     return f"; {tmp.name} is left by a write cut short" if tmp.exists() else ""
 
 
+# The most group rates a console line names: under μP every width-scaled group has its own.
+MAX_RATES_SHOWN = 3
+
+
+def group_rates_field(groups: list[dict[str, Any]], lr: float) -> dict[str, list[float]]:
+    """{"group_lrs": each distinct rate of the optimizer's groups at the step just done, in group
+    order} where one differs from lr (learning_rate's schedule): under Muon the matrices step at
+    muon_lr's, under one's own Lion at its own key's, under μP each width at its own. {} where
+    every group steps at lr, so an AdamW run's rows stay as they were."""
+    rates = list(dict.fromkeys(float(g["lr"]) for g in groups if "lr" in g))
+    return {"group_lrs": rates} if any(r != lr for r in rates) else {}
+
+
+def rates_text(row: dict[str, Any]) -> str:
+    """'6.0e-04', or with groups at other rates '6.0e-04 (groups 2.0e-02, 6.0e-04)'."""
+    rates = row.get("group_lrs")
+    if not rates:
+        return f"{row['lr']:.1e}"
+    shown = ", ".join(f"{r:.1e}" for r in rates[:MAX_RATES_SHOWN]) + (", ..." if len(rates) > MAX_RATES_SHOWN else "")
+    return f"{row['lr']:.1e} (groups {shown})"
+
+
 class RunLog:
     """The rows of a run: metrics.jsonl, W&B when asked, and their console lines.
 
     Every rank calls it, so the callers need no rank checks; only rank 0 writes or prints.
     """
 
-    def __init__(self, cfg: TrainConfig, is_master: bool, progress: Progress):
+    def __init__(self, cfg: TrainConfig, is_master: bool, progress: Progress, groups: Callable[[], list[dict[str, Any]]] | None = None):
         self.cfg = cfg
         self.is_master = is_master
         self.progress = progress
+        self.groups = groups  # the optimizer's parameter groups, whose rates a train row shows where they differ from lr
         self.metrics: MetricsLog | None = None
         self.wandb: Any = None
         # The first metrics row that could not be written (a full disk): the log then stops, and
@@ -418,6 +441,7 @@ class RunLog:
             "train_loss": loss,
             "train_loss_avg200": sum(progress.recent_losses) / len(progress.recent_losses),
             "lr": lr,
+            **group_rates_field(self.groups() if self.groups else [], lr),
             "grad_norm": grad_norm,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu,
@@ -433,7 +457,7 @@ class RunLog:
         mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
         print(
             f"iter {row['iter']}/{self.cfg.max_iters} | loss {row['train_loss']:.4f} | avg{AVG_WINDOW} "
-            f"{row['train_loss_avg200']:.4f} | lr {row['lr']:.1e} | grad {row['grad_norm']:.2f} | "
+            f"{row['train_loss_avg200']:.4f} | lr {rates_text(row)} | grad {row['grad_norm']:.2f} | "
             f"{row['tokens_per_s']:,.0f} tok/s | mfu {mfu_text} | {step_time:.2f} s/it | ETA {self.progress.eta(self.cfg.max_iters, self.cfg.eval_interval)}",
             flush=True,
         )
