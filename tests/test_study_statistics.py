@@ -375,6 +375,8 @@ def test_compare_judges_an_old_record_from_its_data_folder_or_says_in_one_line_i
     record = json.loads((old / "fair_sweep.json").read_text())
     del record["bigram_loss"]
     record["runs"] = [{**r, "status": "ok", "reason": ""} if r["status"] == "stalled" else r for r in record["runs"]]
+    # ... and before the digests (issue 67): nothing vouches for its files, so editing them below is no mismatch.
+    record["runs"] = [{k: v for k, v in r.items() if k not in ("config_sha256", "metrics_sha256", "declared_digest")} for r in record["runs"]]
     sphere = next(s for s in record["best"] if s["arm"] == "p_spheret-0.5")
     sphere["gaps"] = {"1338": -0.03, "1339": 0.91, "1340": -0.03}  # 3.10 - 2.19 at seed 1339
     (old / "fair_sweep.json").write_text(json.dumps(record))

@@ -263,7 +263,7 @@ def test_the_command_runs_s_then_m_then_l_and_writes_the_tables(tmp_path: Path, 
 
     started: list[str] = []
 
-    def fake_row(sweep, p, result, yardsticks) -> dict:
+    def fake_row(sweep, p, result, yardsticks, place=None) -> dict:
         loss = simulated_loss(p)
         ok = math.isfinite(loss)
         return {**{k: p.get(k) for k in sweep.row_keys()}, "status": "ok" if ok else "stopped: collapse", "val_loss_full": loss if ok else None,

@@ -87,10 +87,10 @@ from spheretnorm.experiments.grid import (
 )
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
-    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
+    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
     add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary, failed_at_text,
     gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
-    publish, rate_grids, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
+    publish, rate_grids, record_mismatch_lines, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
 )
 from spheretnorm.kernels import compile_mode_text
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
@@ -672,7 +672,7 @@ def judged_record(folder: Path) -> dict[str, Any]:
     as written where it holds a bigram_loss (every record since the status); one from before has its
     "ok" runs judged against the bigram loss of the data folder they trained on and its summary
     rebuilt (rejudged); where that folder is not here, as written, and one line says so."""
-    record = read_sweep_record(folder)
+    record = checked_record(read_sweep_record(folder), folder)
     if "bigram_loss" in record or not record.get("runs"):
         return record
     data_dir = trained_data_dir(folder, record["runs"])
@@ -685,6 +685,21 @@ def judged_record(folder: Path) -> dict[str, Any]:
     print(f"note: {folder / 'fair_sweep.json'} predates the '{STALLED}' status; its runs were judged against the bigram loss "
           f"{judged['bigram_loss']:.3f} of {data_dir}: {count} stalled.")
     return judged
+
+
+def checked_record(record: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The record with each run whose files no longer match its digests (study.record_mismatch_lines)
+    named in one line, marked unverified, and its arm's summary row left out of the comparison."""
+    lines = record_mismatch_lines(record, folder)
+    for line in lines.values():
+        print(line, flush=True)
+    bad = {i for i in lines if i >= 0}
+    if not bad:
+        return record
+    runs = [{**r, "status": UNVERIFIED, "val_loss": None, "val_loss_full": None} if i in bad else r for i, r in enumerate(record["runs"])]
+    arms = {(runs[i].get("block"), runs[i].get("arm"), optimizer_of(runs[i])) for i in bad}
+    best = [s for s in record.get("best") or [] if (s.get("block"), s.get("arm"), s.get("optimizer", ADAMW)) not in arms]
+    return {**record, "runs": runs, "best": best}
 
 
 def trained_data_dir(folder: Path, runs: list[dict[str, Any]]) -> Path | None:

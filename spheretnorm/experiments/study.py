@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -773,6 +774,7 @@ class Place:
     dry_run: bool = False  # as table_only, and print the runs the plan holds
     listed: dict[str, str] = field(default_factory=dict)  # dry run: folder -> its state, as printed
     declared: dict[str, Any] = field(default_factory=dict)  # the sweep's declaration (declare), once start_study made it
+    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)  # the record's rows by run folder, as last written (check_row)
 
     @staticmethod
     def of(args: Any, overrides: list[str]) -> "Place":
@@ -884,8 +886,9 @@ def has_ended(row: dict[str, Any]) -> bool:
     return row["status"] == "ok" or row["status"] in UNSTABLE
 
 
-def point_row(sweep: Sweep, p: Point, result: JobResult, yardsticks: Yardsticks) -> dict[str, Any]:
-    """A run's row: its row keys, its outcome, and what the sweep reads of its folder."""
+def point_row(sweep: Sweep, p: Point, result: JobResult, yardsticks: Yardsticks, place: Place | None = None) -> dict[str, Any]:
+    """A run's row: its row keys, its outcome, and what the sweep reads of its folder, checked
+    against the sweep's record (check_row) where there is one."""
     row = {**{k: p.get(k) for k in sweep.row_keys()}, **outcome(result, yardsticks)}
     out_dir = result.job.out_dir
     if sweep.diagnostics and (out_dir / CONFIG_NAME).is_file():
@@ -893,7 +896,7 @@ def point_row(sweep: Sweep, p: Point, result: JobResult, yardsticks: Yardsticks)
         row.update(diagnostic_summary(final) if final else {})
     if sweep.extra:
         row.update(sweep.extra(p, out_dir))
-    return row
+    return check_row(row, result.job, place) if place is not None else row
 
 
 def value_text(value: Any) -> str:
@@ -953,7 +956,7 @@ def run_sweep(sweep: Sweep, place: Place, yardsticks: Yardsticks = Yardsticks())
             return name_rows(sweep, points, rows, table_metric(rows.values()))
         tried.update(todo)
         for p, result in run_points(sweep, todo, place).items():
-            rows[p] = point_row(sweep, p, result, yardsticks)
+            rows[p] = point_row(sweep, p, result, yardsticks, place)
 
 
 def current_plan(sweep: Sweep, rows: dict[Point, dict[str, Any]]) -> list[Point]:
@@ -990,7 +993,7 @@ def run_as_planned(sweep: Sweep, place: Place, rows: dict[Point, dict[str, Any]]
     def ended(result: JobResult) -> None:
         for p in running.pop(result.job.label):
             if not result.busy:
-                rows[p] = point_row(sweep, p, result, yardsticks)
+                rows[p] = point_row(sweep, p, result, yardsticks, place)
 
     print(f"{sweep.name}: {len({sweep.folder(p) for p in current_plan(sweep, rows)})} runs in the plan now (the finished ones may add more), "
           f"{place.jobs} at a time, {place.threads} thread(s) each", flush=True)
@@ -1031,7 +1034,7 @@ def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = ""
     summary, verdicts = paired_seed_summary(rows, baseline_title, metric) if sweep.baseline else ("", [])
     if summary:
         text += f"\n\nOver the seeds:\n\n{summary}"
-    if sweep.rules or (declared or {}).get("rules"):
+    if sweep.rules or (declared or {}).get("rules") or (declared or {}).get("edited"):
         rules = sweep.rules or tuple(parse_rule(t) for t in (declared or {})["rules"])
         text += "\n\n" + rule_lines(rules, verdicts, declared or {})
     return text
@@ -1047,6 +1050,7 @@ def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dic
     else:
         ensure_data(place.data_dir, args.input)
     place.declared = declare(sweep, place)  # before any run starts
+    place.recorded = recorded_rows(place.out_dir / f"{sweep.name}.json")
     yardsticks = Yardsticks.of(place.data_dir)
     return run_sweep(sweep, place, yardsticks), place, yardsticks
 
@@ -1341,14 +1345,18 @@ def gaps_text(gaps: Gaps, fmt: str = "+.3f") -> str | None:
 
 def rule_lines(rules: tuple[Rule, ...] | list[Rule], verdicts: list[tuple[str, Gaps]], declared: dict[str, Any]) -> str:
     """The decision rules with each arm's verdict ('- rule every_gap<-0.02 (...): 0.5-SpheretNorm -> holds'),
-    and when they were declared; 'Decision rule: none declared.' without one."""
+    and when they were declared; 'Decision rule: none declared.' without one; a declaration edited
+    after it was written (edited_declaration_line) judges nothing, and says so."""
+    if declared.get("edited"):
+        return str(declared["edited"]).removeprefix("warning: ").capitalize()
     if not rules:
         return "Decision rule: none declared (--rule)."
     before = declared.get("runs_in_folder", 0)
     when = "before any run" if not before else f"after {before} run folder(s) were already there"
     lines = [f"Decision rules, declared {when} ({declared.get('declared_at', 'now')}):"]
     for rule in rules:
-        lines += [f"- rule {rule.text} ({rule.describe()}): {name} -> {verdict(rule, gaps)}" for name, gaps in verdicts]
+        lines += [f"- rule {rule.text} ({rule.describe()}): {name} -> {verdict(rule, gaps)}" for name, gaps in verdicts] or \
+                 [f"- rule {rule.text} ({rule.describe()}): no arm has paired gaps to judge yet"]
     return "\n".join(lines)
 
 
@@ -1363,17 +1371,153 @@ def declare(sweep: Sweep, place: Place) -> dict[str, Any]:
     old = record.get("declared")
     if old is not None:
         check_declaration(old, path)
+        edited = edited_declaration_line(old, path)
+        if edited:  # its rules judge nothing: the table is printed, no verdict
+            print(edited, flush=True)
+            return {**old, "rules": [], "edited": edited}
         if given and given != old.get("rules", []):
             raise UsageError(f"--rule {' '.join(given)} differs from the rule(s) declared in {path} before its runs "
                              f"({' '.join(old.get('rules', [])) or 'none'}); give those, or use another --out_dir.")
         return old
     seeds = Seeds.of(sweep.values("seed")) if any(a.key == "seed" for a in sweep.axes) else None
     declared = {"rules": given, "selection_seed": seeds.selection if seeds else None, "held_out_seeds": list(seeds.held_out) if seeds else [],
-                "declared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs_in_folder": sum(1 for _ in place.out_dir.glob(f"**/{CONFIG_NAME}"))}
+                "declared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs_in_folder": sum(1 for _ in place.out_dir.glob(f"**/{CONFIG_NAME}")),
+                "code": code_version()}
+    declared["digest"] = declaration_digest(declared)
     if not place.dry_run:
         place.out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**record, "declared": declared}, indent=2) + "\n", encoding="utf-8")
     return declared
+
+
+# -----------------------------------------------------------------------------
+# What a record vouches for (issue 67, item 2): the declaration's digest, written with it before any
+# run; each run's config.json and metrics.jsonl digests and the declaration it ran under, kept in the
+# record's rows from the first time the run was recorded ended; the code's commit. A re-run,
+# --table_only and --compare check them: a run whose files no longer match is one line and left out
+# of every headline (status UNVERIFIED: not ended, so no cell, gap, rule or plan reads its loss).
+
+UNVERIFIED = "unverified"
+DIGEST_KEYS = ("config_sha256", "metrics_sha256")
+
+
+def file_digest(path: Path) -> str | None:
+    """The sha256 of a file's bytes; None where there is no file."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def declaration_digest(declared: dict[str, Any]) -> str:
+    """The sha256 of a declaration's keys, its own digest left out, in a canonical JSON form."""
+    return hashlib.sha256(json.dumps({k: v for k, v in declared.items() if k not in ("digest", "edited")}, sort_keys=True).encode()).hexdigest()
+
+
+def code_version() -> dict[str, Any]:
+    """The repository's commit and whether files differed from it (None where git or a repository is missing)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def edited_declaration_line(declared: dict[str, Any], path: Path) -> str | None:
+    """One line where a declaration's keys no longer give the digest written with them; None where
+    they do, or where the declaration predates digests (nothing to check it against)."""
+    digest = declared.get("digest")
+    if not isinstance(digest, str) or declaration_digest(declared) == digest:
+        return None
+    return (f"warning: the declaration in {path} was changed after it was written (digest {digest[:12]} recorded, "
+            f"{declaration_digest(declared)[:12]} now): its rules ({', '.join(map(str, declared.get('rules', []))) or 'none'}) judge nothing here; "
+            f"restore the record from its run record (docs/run_records/) to read them.")
+
+
+def recorded_rows(path: Path) -> dict[str, dict[str, Any]]:
+    """The record's rows by run folder (their "folder"), those that hold digests: what check_row compares."""
+    runs = read_record(path).get("runs")
+    return {row["folder"]: row for row in runs if isinstance(row, dict) and isinstance(row.get("folder"), str) and "metrics_sha256" in row} \
+        if isinstance(runs, list) else {}
+
+
+def run_inconsistency(out_dir: Path) -> str | None:
+    """A run folder whose two files disagree: metrics.jsonl past the max_iters config.json gives (a
+    restored run's config.json swapped for another's)."""
+    try:
+        config = json.loads((out_dir / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    last, most = last_iteration(out_dir), config.get("max_iters") if isinstance(config, dict) else None
+    if isinstance(last, int) and isinstance(most, int) and last > most:
+        return f"its metrics.jsonl reaches iter {last}, past the max_iters={most} of its config.json"
+    return None
+
+
+def check_row(row: dict[str, Any], job: Job, place: Place) -> dict[str, Any]:
+    """A run's row with what vouches for it (its files' digests, the declaration it ran under, the
+    code), checked against the record's row for its folder: once a run was recorded ended, its
+    files must keep their digests, and its declaration the one it ran under. A mismatch is one
+    line, and the row becomes UNVERIFIED, keeping the recorded digests (never the new files')."""
+    folder = job.label
+    now = {"folder": folder, **{key: file_digest(job.out_dir / name) for key, name in zip(DIGEST_KEYS, (CONFIG_NAME, METRICS_NAME))},
+           "declared_digest": place.declared.get("digest"), "code": code_now()}
+    old = place.recorded.get(folder)
+    wrong = [run_inconsistency(job.out_dir)]
+    trained_on = (row.get("last_eval_iter") or 0) > ((old or {}).get("last_eval_iter") or 0)  # extended since: new files, rightly
+    if old is not None and old.get("status") in ("ok", *UNSTABLE, UNVERIFIED) and not trained_on:
+        wrong += digest_mismatches(old, now)
+        ran_under = old.get("declared_digest")
+        if ran_under and now["declared_digest"] and ran_under != now["declared_digest"]:
+            wrong.append(f"it ran under another declaration (digest {ran_under[:12]}, the record's now {now['declared_digest'][:12]})")
+        now = {**now, **{k: old[k] for k in (*DIGEST_KEYS, "declared_digest", "code") if old.get(k)}}  # the record's word stands
+    wrong = [w for w in wrong if w]
+    if not wrong:
+        return {**row, **now}
+    line = f"warning: {folder}: {'; '.join(wrong)}; left out of the tables and rules (restore it from its run record to count it)."
+    print(line, flush=True)
+    return {**row, **now, "status": UNVERIFIED, "reason": line, "val_loss": None, FULL_METRIC: None, "train_loss_avg": None}
+
+
+def digest_mismatches(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What of a run's files differs from the digests its record row holds, a phrase each."""
+    return [f"its {name} is not the file the record holds (sha256 {recorded[key][:12]} recorded, {(now.get(key) or 'none')[:12]} now)"
+            for key, name in zip(DIGEST_KEYS, (CONFIG_NAME, METRICS_NAME)) if recorded.get(key) and recorded[key] != now.get(key)]
+
+
+def record_mismatch_lines(record: dict[str, Any], folder: Path) -> dict[int, str]:
+    """A finished sweep's record read back (--compare): {row index: one line} for each ended run
+    whose files in `folder` differ from its row's digests, and {-1: line} where the declaration was
+    edited; {} for a record that holds no digests (written before them: nothing to check)."""
+    lines = {}
+    declared = record.get("declared")
+    edited = edited_declaration_line(declared, folder) if isinstance(declared, dict) else None
+    if edited:
+        lines[-1] = edited
+    for i, row in enumerate(record.get("runs") or []):
+        if not (isinstance(row, dict) and isinstance(row.get("folder"), str) and row.get("status") in ("ok", *UNSTABLE)):
+            continue
+        run = folder / row["folder"]
+        now = {key: file_digest(run / name) for key, name in zip(DIGEST_KEYS, (CONFIG_NAME, METRICS_NAME))}
+        wrong = digest_mismatches(row, now) + [w for w in [run_inconsistency(run)] if w]
+        if wrong:
+            lines[i] = f"warning: {folder}: {row['folder']}: {'; '.join(wrong)}; left out (restore it from its run record to count it)."
+    return lines
+
+
+_CODE_NOW: dict[str, Any] = {}
+
+
+def code_now() -> dict[str, Any]:
+    """code_version, asked once per process (a sweep checks many rows)."""
+    if not _CODE_NOW:
+        _CODE_NOW.update(code_version())
+    return dict(_CODE_NOW)
 
 
 RECORD_FIX = ("restore it from its run record (docs/run_records/), or move it aside to start the record anew; a record "
