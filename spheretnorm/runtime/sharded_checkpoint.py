@@ -59,6 +59,7 @@ from spheretnorm.runtime.checkpoint import (
     write_failure_reason,
 )
 from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
 from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, OutDirError
 
@@ -752,10 +753,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder; ckpt.stop.pt beside a ckpt.stop.dcp), never inside the folder")
     parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
     parser.add_argument("--replace_newer", action="store_true", help="with --overwrite: replace it even when it holds a later iteration than the folder")
+    add_import_options(parser)  # a checkpoint of the user's own connection, as every reader of checkpoints
     args = parser.parse_args(argv)
     set_cpu_threads("cpu")  # as train.py would on this load; reading and writing, no compute worth a line of its own
     folder = Path(args.folder)
     try:
+        use_import_options(args, ValueError)  # before the checkpoint names a connection of the user's
         if not folder.is_dir():
             raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
         # resolve(): the folder's parent, also for `consolidate.py .` run inside it
