@@ -169,8 +169,12 @@ def save_sharded(
 
     path = Path(path)
     tmp, old = Path(str(path) + TMP_SUFFIX), Path(str(path) + OLD_SUFFIX)
-    if dist.is_master:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier write
+    if dist.is_master and (tmp.exists() or tmp.is_symlink()):
+        # A crashed earlier write (or a file of that name): dcp.save writes a folder there. Best
+        # effort, as a failure here alone would leave the other ranks at the barrier: dcp.save's
+        # failure then reaches every rank.
+        with contextlib.suppress(OSError):
+            _remove_folder_or_file(tmp)
     _barrier()
     failure: BaseException | None = None
     digests: dict[str, list] = {}
@@ -200,14 +204,23 @@ def save_sharded(
     _barrier()
 
 
+def _remove_folder_or_file(path: Path) -> None:
+    """Remove what an interrupted save, or something else, left at a name a save writes: usually a
+    folder, but a file there (or a link) blocks a resume and a save just as well."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
     """Replace `path` by the whole folder `tmp`, the previous one moved to `old` in between (a
     leftover `old` of an interrupted save is removed first: it would block the rename); the
     OSError of a failure, None when done. Removing `old` last is best effort: the next save or
     start removes what stays."""
     try:
-        if old.exists():
-            shutil.rmtree(old)
+        if old.exists() or old.is_symlink():
+            _remove_folder_or_file(old)
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
@@ -324,7 +337,7 @@ def _whole_iter(path: Path) -> int | None:
 
 def _remove_leftover(path: Path) -> None:
     try:
-        shutil.rmtree(path)
+        _remove_folder_or_file(path)
     except OSError as e:
         raise OSError(e.errno or errno.EIO, f"could not remove {path}, left by an interrupted save ({e.strerror or e}); remove it by hand") from None
 
