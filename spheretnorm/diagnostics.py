@@ -85,6 +85,13 @@ class Diagnostic:
     drawn: bool = False  # plot.py --diagnostics draws it (a heatmap for a series, a line per run for a number)
     console: str = ""  # its format spec on the eval console line; "": not shown there
     summaries: tuple[Summary, ...] = ()  # the columns a study's table gives it
+    # The smallest value it can take (a ratio of magnitudes, a probability: 0); a value below it
+    # is damage, flagged and left out of its figure rather than drawn as data. None: no bound.
+    lowest: float | None = None
+
+    def impossible(self, value: float) -> bool:
+        """Whether `value` lies below the smallest value this diagnostic can take."""
+        return self.lowest is not None and value < self.lowest
 
     def __post_init__(self) -> None:
         for field_name, value, allowed in (("index", self.index, (None, *INDEXES)), ("scale", self.scale, SCALES), ("source", self.source, SOURCES)):
@@ -110,15 +117,15 @@ DIAGNOSTICS: tuple[Diagnostic, ...] = (
     Diagnostic("rms", "layer", "RMS of the state", "rms", console=".2f"),
     # The two ratios span decades between the first and the last layers, the attention sink does not.
     Diagnostic("massive_ratio", "layer", "max |h| / median |h|", "massive max/med", scale="log", drawn=True,
-               summaries=(Summary("massive_ratio", "max", "massive max/med", ".1f"),)),
+               summaries=(Summary("massive_ratio", "max", "massive max/med", ".1f"),), lowest=0.0),
     Diagnostic("massive_top", "layer", "max |h|", "massive max"),
     Diagnostic("attn_sink", "block", "attention mass on the first token", "attn sink", drawn=True,
-               summaries=(Summary("attn_sink", "mean", "attn sink", ".3f"),)),
+               summaries=(Summary("attn_sink", "mean", "attn sink", ".3f"),), lowest=0.0),
     Diagnostic("angle", "sublayer", "angle (radians) between h before and h after", "angle"),
     Diagnostic("contribution", "sublayer", "layer contribution 1 - cos(h before, h after)", "1 - cos", scale="log", drawn=True,
                summaries=(Summary("contribution", "mean", "1 - cos", ".4f"), Summary("contribution_last_first", "last/first", "last/first", ".2f"))),
     Diagnostic("update_ratio", "sublayer", "update ||h after - h before|| / ||h before||", "update", scale="log", drawn=True,
-               summaries=(Summary("update_ratio", "mean", "update", ".3f"),)),
+               summaries=(Summary("update_ratio", "mean", "update", ".3f"),), lowest=0.0),
     Diagnostic("step_sizes", "sublayer", "sphere step size alpha", "alpha", source="parameters"),
     # Whether a clamp holds a learnable scale at its cap, where it passes no gradient: the paper's
     # step size starts at its cap and, in CPU runs, never left it (docs/LOG.md, issue 27).

@@ -197,7 +197,7 @@ HELP_EXPECTATIONS = [
     ("scripts/plot.py", ["--smooth", "(default 0.9", "--runs_root"]),
     ("scripts/tables.py", ["--format", "(default: markdown)", "(default: runs)"]),
     ("scripts/export_hf.py", ["--ckpt", "--out", "--format", "(default: hf)"]),
-    ("scripts/consolidate.py", ["folder", "--out", "(default: ckpt.pt beside the folder;", "--replace_newer"]),
+    ("scripts/consolidate.py", ["folder", "--out", "(default: ckpt.pt beside the folder;", "--replace_newer", "--trust_recorded_imports"]),
     ("scripts/run_cost.py", ["--shapes", "(default: 12x128,24x128,12x256,36x128)", "--paths", "--blocks", "--iters", "(default: 20,80;"]),
     ("scripts/norm_drift.py", ["--n_layer", "(default: 36)", "--device", "(default: cpu)"]),
     ("scripts/coord_check.py", ["--widths", "(default: 64,128,256,512,1024)", "--lr", "(default 0.003)"]),
@@ -206,7 +206,7 @@ HELP_EXPECTATIONS = [
     ("scripts/fair_sweep.py", ["--lrs", "(default 1e-3,2e-3,4e-3,8e-3)", "--arms", "--max_iters", "(default 600)", "--table_only", "--dry_run"]),
     ("scripts/table2_mini.py", ["--max_iters", "(default 2400)", "--cuts", "--tables_dir", "--dry_run", "--table_only"]),
     ("scripts/block_study.py", ["--seeds", "(default 1337,1338)", "--ngpt_lrs", "(default 1e-3,3e-3,1e-2)", "--max_iters", "(default 800)", "--table_only"]),
-    ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps"]),
+    ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps", "--imports", "--trust_recorded_imports"]),
     ("scripts/memory_check.py", ["scripts/memory_check.py", "BLOCK_BYTES_PER_D"]),
     ("scripts/bench_update.py", ["--rows", "(default 16384", "--small_rows", "--impls", "(default reference,auto)", "--device"]),
 ]

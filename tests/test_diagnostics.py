@@ -374,6 +374,20 @@ def test_plot_draws_one_heatmap_figure_per_diagnostic(tmp_path: Path) -> None:
     assert plot.run_label(chosen[0]) == "0.5-SpheretNorm (alpha_index=sublayer)"
 
 
+def test_an_impossible_value_is_flagged_and_not_drawn(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A negative massive_ratio (max |h| / median |h|) was drawn as data (issue 67, item 8e)."""
+    from spheretnorm.experiments import figures as plot
+
+    rows = eval_rows(1.0)
+    rows[1]["massive_ratio"] = [5.0, -2.5, 5.0]
+    run = runs.Run(tmp_path, {"method": "pre_ln"}, rows, None)
+    iters, matrix = plot.diagnostic_matrix(run, "massive_ratio")
+    assert iters == [0, 20] and (matrix > 0).all()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: ") and "massive_ratio holds -2.5, below 0, which max |h| / median |h| cannot be" in line
+    assert line.endswith("that evaluation is left out of the massive_ratio figure.")
+
+
 def record_figures(plot: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """{file stem: figure} of every figure plot writes from now on; the files are still written."""
     figures: dict[str, Any] = {}

@@ -13,6 +13,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
+import errno
 import json
 import subprocess
 import sys
@@ -435,6 +436,48 @@ def test_zero_shot_script_reports_bad_input_in_one_line_and_exits_2(tmp_path: Pa
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: No checkpoint to evaluate:") and "Traceback" not in proc.stderr
+
+
+def no_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lm-eval's task index, the first slow step of an evaluation, stops the command instead."""
+    def refuse(include_paths: list[str]) -> None:
+        raise EvalError("the evaluation started")
+
+    monkeypatch.setattr(zero_shot, "make_task_manager", refuse)
+
+
+@pytest.mark.parametrize("where", ["a file in its path", "a read-only folder"])
+def test_an_unwritable_results_file_is_refused_before_the_evaluation(
+    where: str, sphere_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "blocker").write_text("")
+    folder = tmp_path / ("blocker" if where == "a file in its path" else "run")
+    if where == "a read-only folder":
+        folder.mkdir()
+        folder.chmod(0o555)
+        if os.geteuid() == 0:  # root writes there all the same: the refusal a read-only mount gives it
+            def refused(**_: object) -> None:
+                raise PermissionError(errno.EACCES, "Permission denied")
+
+            monkeypatch.setattr(zero_shot.tempfile, "TemporaryFile", refused)
+    no_evaluation(monkeypatch)
+    assert main(["--ckpt", str(sphere_ckpt), "--tasks", "piqa", "--out", str(folder / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: Cannot write the results file {str(folder / 'r.json')!r}") and err.count("\n") == 1
+
+
+def test_an_earlier_results_file_is_said_to_be_replaced_before_the_evaluation(
+    sphere_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    no_evaluation(monkeypatch)
+    assert main(["--ckpt", str(sphere_ckpt), "--tasks", "piqa", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"NOTE: {out} holds earlier results; this evaluation replaces them when it ends.", "error: the evaluation started"]
+    (tmp_path / "d.json").mkdir()
+    assert main(["--ckpt", str(sphere_ckpt), "--tasks", "piqa", "--out", str(tmp_path / "d.json")]) == 2
+    assert "is a folder; give --out a file name" in capsys.readouterr().err
 
 
 # -----------------------------------------------------------------------------

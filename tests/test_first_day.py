@@ -67,9 +67,23 @@ def test_an_altered_embedded_copy_is_refused(tmp_path: Path, monkeypatch: pytest
 
 def test_an_earlier_download_is_still_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("urllib.request.urlopen", no_network)
-    (tmp_path / "input.txt").write_text("abcdefghij" * 50, encoding="utf-8")
+    (tmp_path / "input.txt").write_bytes(gzip.decompress(TINY_SHAKESPEARE.path.read_bytes()))
     meta = prepare("shakespeare_char", out_dir=str(tmp_path), progress=False)
-    assert meta["source"]["kind"] == "url" and meta["vocab_size"] == 10
+    assert meta["source"]["kind"] == "url" and meta["vocab_size"] == 65
+
+
+@pytest.mark.parametrize("download", [False, True])
+def test_a_foreign_input_txt_in_the_data_folder_is_refused_in_one_line(
+    download: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Before, any input.txt there was prepared, and recorded, as Tiny Shakespeare (issue 67, item 8b)."""
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    (tmp_path / "input.txt").write_text("abcdefghij" * 50, encoding="utf-8")
+    argv = ["shakespeare_char", "--out_dir", str(tmp_path), "--no_progress"] + (["--download"] if download else [])
+    assert prepare_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'input.txt'} is not the text of 'shakespeare_char' (sha256 ")
+    assert f"--input {tmp_path / 'input.txt'} --out_dir FOLDER" in err[0] and not (tmp_path / "meta.json").exists()
 
 
 def test_download_with_input_is_one_line(tmp_path: Path, capsys) -> None:

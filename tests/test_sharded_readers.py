@@ -173,6 +173,22 @@ def test_every_leftover_of_an_interrupted_save_is_settled_by_what_it_holds(run: 
     assert not unfinished.exists() and load_checkpoint(out / "ckpt.dcp")["iter_num"] == (4 if left == (".old",) else 8)
 
 
+@pytest.mark.parametrize("left", [".tmp", ".old"])
+def test_a_leftover_that_is_a_file_is_removed_and_blocks_neither_resume_nor_save(run: Path, tmp_path: Path, left: str) -> None:
+    """A ckpt.dcp.tmp that is a file (issue 67, item 8c) was "could not remove ... remove it by hand":
+    a good checkpoint beside it could not be resumed."""
+    from spheretnorm.runtime.sharded_checkpoint import settle_interrupted_save
+
+    out = tmp_path / "run"
+    shutil.copytree(run / "ckpt.dcp", out / "ckpt.dcp")
+    (out / ("ckpt.dcp" + left)).write_text("not a checkpoint")
+    assert settle_interrupted_save(out / "ckpt.dcp").endswith("kept iter 4 as ckpt.dcp, and removed the rest.")
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.dcp"]
+    (out / ("ckpt.dcp" + left)).write_text("not a checkpoint")
+    save(out / "ckpt.dcp", 6)  # a save past such a file, too
+    assert load_checkpoint(out / "ckpt.dcp")["iter_num"] == 6 and sorted(p.name for p in out.iterdir()) == ["ckpt.dcp"]
+
+
 def test_a_damaged_folder_beside_a_whole_leftover_is_refused_naming_what_to_remove(run: Path, tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "run"
     shutil.copytree(run / "ckpt.dcp", out / "ckpt.dcp.old")

@@ -98,3 +98,17 @@ def test_a_full_disk_during_zero_shot_is_one_line(monkeypatch: pytest.MonkeyPatc
     assert driver.main(["--ckpt", str(tmp_path / "ckpt.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: Cannot write {str(cache)!r} (No space left on device); the disk (or the file size limit) is full: free space and run again."]
+
+
+def test_an_out_dir_that_is_a_dangling_link_names_its_missing_target(tmp_path: Path) -> None:
+    """Was "cannot be written to (File exists)" (issue 67, item 8d)."""
+    from spheretnorm.runtime.run_folder import OutDirError, check_out_dir
+
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone" / "run")
+    with pytest.raises(OutDirError) as info:
+        check_out_dir(TrainConfig(out_dir=str(link)))
+    assert str(info.value) == (
+        f"out_dir {str(link)!r} is a link to {str(tmp_path / 'gone' / 'run')!r}, which does not exist; "
+        "create that folder, or give another out_dir."
+    )

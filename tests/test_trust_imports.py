@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import torch
 
 import sample
-from spheretnorm.experiments import tabulate
+from spheretnorm.experiments import conditioning, tabulate
 from spheretnorm.hf import export_cli
 from spheretnorm.hf.folder import HFFolderError, folder_model_config
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime import imports
 from spheretnorm.runtime.checkpoint import CheckpointError, atomic_torch_save, checkpoint_state
+from spheretnorm.runtime import sharded_checkpoint
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
 from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_config
 
@@ -121,6 +121,41 @@ def test_tables_over_a_run_root_import_nothing_they_were_not_told_to(folder: Pat
     tabulate.scan_runs(folder / "runs")
     assert tabulate.main(["--runs_root", str(folder / "runs")]) == 0
     assert never_ran(folder)
+
+
+# -----------------------------------------------------------------------------
+# Every reader of a checkpoint takes the same two options (issue 67, point 7)
+
+
+def test_the_jacobian_asks_for_consent_by_options_it_takes(folder: Path, capsys: pytest.CaptureFixture) -> None:
+    path = hostile_checkpoint(folder / "ckpt.pt", named="evil_connection")
+    assert conditioning.main(["--ckpt", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and CONSENT in err and never_ran(folder)
+    # Consent given: the recorded module runs (the marker registers no connection, so the model is then refused).
+    assert conditioning.main(["--ckpt", str(path), "--trust_recorded_imports=true"]) == 2
+    assert (folder / "RAN").exists() and "connection" in capsys.readouterr().err
+
+
+def test_consolidate_imports_the_modules_named_before_it_reads_the_folder(folder: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        sharded_checkpoint.main([str(folder / "absent.dcp"), f"--imports={MARKER}", "--trust_recorded_imports"])
+    assert info.value.code == 2 and "is not a folder" in capsys.readouterr().err
+    assert (folder / "RAN").exists() and imports.recorded_imports_trusted()
+
+
+def test_a_fine_tune_that_names_the_folders_own_connection_imports_it_with_consent(folder: Path) -> None:
+    """--init_from=hf:DIR --connection=NAME: NAME is checked only after the folder's recorded
+    modules are imported (with consent), as on a resume; before, it was refused as unknown."""
+    (folder / "hf").mkdir()
+    (folder / "hf" / "config.json").write_text(json.dumps({"imports": [MARKER], "connection": "evil_connection"}))
+    argv = [f"--init_from=hf:{folder / 'hf'}", "--connection=evil_connection"]
+    with pytest.raises(ConfigError) as info:
+        parse_config(argv, world_size=1)
+    assert CONSENT in str(info.value) and "\n" not in str(info.value) and never_ran(folder)
+    with pytest.raises(ConfigError, match="connection='evil_connection' is not valid"):  # the marker registers none
+        parse_config([*argv, "--trust_recorded_imports=true"], world_size=1)
+    assert (folder / "RAN").exists()
 
 
 # -----------------------------------------------------------------------------

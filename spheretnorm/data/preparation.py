@@ -124,6 +124,21 @@ def embedded_note(spec: DatasetSpec) -> str:
     )
 
 
+def check_earlier_download(spec: DatasetSpec, cached: Path) -> None:
+    """A PrepareError when the data folder's input.txt, taken as an earlier --download, is not the
+    text the dataset records (its sha256): a text of the user's own there would be prepared, and
+    named in meta.json, the tables and the run folders, as Tiny Shakespeare. Refused rather than
+    renamed: --input prepares one's own text and records it as such."""
+    if spec.embedded is None or not cached.is_file():
+        return
+    digest = sha256_file(cached)
+    if digest != spec.embedded.sha256:
+        raise PrepareError(
+            f"{cached} is not the text of {spec.name!r} (sha256 {digest[:12]}..., not {spec.embedded.sha256[:12]}... of "
+            f"{spec.embedded.url}); prepare a text of your own with --input {cached} --out_dir FOLDER, or remove it to use the embedded copy."
+        )
+
+
 def open_source(spec: DatasetSpec, opts: PrepareOptions) -> DocumentSource:
     """--input files if given, else the hub dataset, else an earlier download or the embedded
     copy (no network needed), else the dataset's download URL."""
@@ -142,6 +157,7 @@ def open_source(spec: DatasetSpec, opts: PrepareOptions) -> DocumentSource:
             batch_size=opts.batch_size,
         )
     cached = Path(opts.out_dir) / "input.txt"  # where --download keeps the text
+    check_earlier_download(spec, cached)
     if spec.embedded is not None and not opts.download and not cached.is_file():
         print(embedded_note(spec), flush=True)
         return embedded_source(spec.embedded, opts.batch_size)

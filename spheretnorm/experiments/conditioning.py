@@ -46,6 +46,7 @@ from spheretnorm.runtime.checkpoint import clean_state_dict
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
+from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.runtime.methods import method_key
 
 SCOPES = ("self", "prefix")
@@ -285,12 +286,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data_dir", default=None, help="the prepared dataset (default: the checkpoint's data_dir)")
     p.add_argument("--seed", type=int, default=0, help="seed of the Lanczos start vectors")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    add_import_options(p)  # a checkpoint of the user's own connection, as every reader of checkpoints
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        use_import_options(args, UsageError)  # before a checkpoint names a connection of the user's
         if args.steps is not None and args.steps < 1:
             raise UsageError(f"--steps {args.steps} is not valid; give a positive number, or leave it out for exact values.")
         rows = [row for path in args.ckpt for row in measure(Path(path), args)]

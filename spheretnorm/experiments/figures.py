@@ -293,6 +293,12 @@ def diagnostic_rows(run: Run, entry: Diagnostic) -> list[dict[str, Any]]:
             # What is skipped is said: a nan (a diverging run's measurement) is no point of the figure.
             print(f"note: {row_place(run, row)}: {entry.name} holds {bad}; that evaluation is left out of the {entry.name} figure.", file=sys.stderr)
             continue
+        impossible = next((v for v in values if entry.impossible(v)), None)
+        if impossible is not None:
+            # A value no measurement can give (a negative ratio of magnitudes) is a damaged row, not data.
+            print(f"warning: {row_place(run, row)}: {entry.name} holds {impossible}, below {entry.lowest:g}, which {entry.label} "
+                  f"cannot be; the row is damaged, and that evaluation is left out of the {entry.name} figure.", file=sys.stderr)
+            continue
         kept.append(row)
     return kept
 

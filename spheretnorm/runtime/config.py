@@ -536,21 +536,32 @@ def _import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tup
 
 
 def _import_resumed_run(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
-    """A resume or evaluation of a run folder (--out_dir=RUN --init_from=resume) whose command line
-    names a connection, optimizer or key that no imported module registered: import the modules the
-    folder's config.json records (the same its checkpoints record), with the user's consent, so that
-    the resume needs --trust_recorded_imports=true at most, never the module list; without consent,
-    one sentence naming them and both ways to consent. Runs before any key is checked."""
+    """A run that continues a model (a resume or evaluation of a run folder, --out_dir=RUN
+    --init_from=resume; a fine-tune of a folder, --init_from=hf:DIR) whose command line names a
+    connection, optimizer or key that no imported module registered: import the modules the
+    config.json it continues records (the same its checkpoints record), with the user's consent,
+    so that it needs --trust_recorded_imports=true at most, never the module list; without consent,
+    one sentence naming them and both ways to consent. Runs before any key is checked: otherwise
+    the named connection is refused as unknown before the folder that registers it is read."""
     def last(key: str) -> Any:  # the value the full parse will give key: the command line's, else the files' last
         given = [parse_value(key, raw) for k, raw in pairs if k == key] or [read[key] for _, read in file_values if key in read]
         return given[-1] if given else None
 
     named = {**dict.fromkeys(k for k, _ in pairs), "connection": last("connection"), "optimizer": last("optimizer")}
-    resuming = last("init_from") in ("resume", "auto") or bool(last("eval_only"))
-    record = Path(last("out_dir") or "", "config.json")  # run_folder.CONFIG_NAME (which imports this module)
-    if resuming and last("out_dir") and _names_unregistered(named) and record.is_file():
+    record = _continued_record(last("init_from"), last("out_dir"), bool(last("eval_only")))
+    if record is not None and _names_unregistered(named) and record.is_file():
         values = read_json_object(record, ConfigError, "give --imports=MODULE for the modules the run needs.")
         import_recorded(values, repr(str(record)), ConfigError)
+
+
+def _continued_record(init_from: Any, out_dir: Any, eval_only: bool) -> Path | None:
+    """The config.json that records the modules of the model a run continues: its run folder's
+    on a resume or evaluation, the folder's of --init_from=hf:DIR; None for a new model."""
+    if isinstance(init_from, str) and init_from.startswith(HF_PREFIX) and init_from.removeprefix(HF_PREFIX):
+        return Path(init_from.removeprefix(HF_PREFIX), "config.json")  # the export's config.json (spheretnorm.hf.folder)
+    if (init_from in ("resume", "auto") or eval_only) and out_dir:
+        return Path(out_dir, "config.json")  # run_folder.CONFIG_NAME (which imports this module)
+    return None
 
 
 def _names_unregistered(values: dict[str, Any]) -> bool:

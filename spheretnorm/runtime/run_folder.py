@@ -332,6 +332,8 @@ def check_folder(out: Path, what: str) -> None:
     """`out` is, or can be made, a folder this process can write to (OutDirError, naming it as `what`)."""
     if out.exists() and not out.is_dir():
         raise OutDirError(f"{what} {str(out)!r} is a file; give a folder (it is created if missing).")
+    if out.is_symlink() and not out.exists():  # mkdir would say only "File exists"
+        raise OutDirError(f"{what} {str(out)!r} is a link to {os.readlink(out)!r}, which does not exist; create that folder, or give another {what}.")
     blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise OutDirError(f"{what} {str(out)!r} cannot be created because {str(blocking)!r} is a file; give a path under a folder.")

@@ -59,6 +59,7 @@ from spheretnorm.runtime.checkpoint import (
     write_failure_reason,
 )
 from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
 from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, OutDirError
 
@@ -168,8 +169,12 @@ def save_sharded(
 
     path = Path(path)
     tmp, old = Path(str(path) + TMP_SUFFIX), Path(str(path) + OLD_SUFFIX)
-    if dist.is_master:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier write
+    if dist.is_master and (tmp.exists() or tmp.is_symlink()):
+        # A crashed earlier write (or a file of that name): dcp.save writes a folder there. Best
+        # effort, as a failure here alone would leave the other ranks at the barrier: dcp.save's
+        # failure then reaches every rank.
+        with contextlib.suppress(OSError):
+            _remove_folder_or_file(tmp)
     _barrier()
     failure: BaseException | None = None
     digests: dict[str, list] = {}
@@ -199,14 +204,23 @@ def save_sharded(
     _barrier()
 
 
+def _remove_folder_or_file(path: Path) -> None:
+    """Remove what an interrupted save, or something else, left at a name a save writes: usually a
+    folder, but a file there (or a link) blocks a resume and a save just as well."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
     """Replace `path` by the whole folder `tmp`, the previous one moved to `old` in between (a
     leftover `old` of an interrupted save is removed first: it would block the rename); the
     OSError of a failure, None when done. Removing `old` last is best effort: the next save or
     start removes what stays."""
     try:
-        if old.exists():
-            shutil.rmtree(old)
+        if old.exists() or old.is_symlink():
+            _remove_folder_or_file(old)
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
@@ -323,7 +337,7 @@ def _whole_iter(path: Path) -> int | None:
 
 def _remove_leftover(path: Path) -> None:
     try:
-        shutil.rmtree(path)
+        _remove_folder_or_file(path)
     except OSError as e:
         raise OSError(e.errno or errno.EIO, f"could not remove {path}, left by an interrupted save ({e.strerror or e}); remove it by hand") from None
 
@@ -752,10 +766,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder; ckpt.stop.pt beside a ckpt.stop.dcp), never inside the folder")
     parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
     parser.add_argument("--replace_newer", action="store_true", help="with --overwrite: replace it even when it holds a later iteration than the folder")
+    add_import_options(parser)  # a checkpoint of the user's own connection, as every reader of checkpoints
     args = parser.parse_args(argv)
     set_cpu_threads("cpu")  # as train.py would on this load; reading and writing, no compute worth a line of its own
     folder = Path(args.folder)
     try:
+        use_import_options(args, ValueError)  # before the checkpoint names a connection of the user's
         if not folder.is_dir():
             raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
         # resolve(): the folder's parent, also for `consolidate.py .` run inside it

@@ -412,6 +412,25 @@ def model_label(config: dict[str, Any]) -> str:
 # Outputs
 
 
+def check_results_file(path: Path) -> None:
+    """Before any evaluation: an EvalError when the results file cannot be written where it goes
+    (its folder read-only, a file in its path, a folder of its name), and a NOTE line on stderr
+    when it replaces an earlier results file, so that neither is found out only at the end."""
+    if path.is_dir():
+        raise EvalError(f"The results file {str(path)!r} is a folder; give --out a file name such as results.json.")
+    folder = next(p for p in (path.parent, *path.parents) if p.exists())  # made when the results are written
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{str(folder)!r} is a file")
+        tempfile.TemporaryFile(dir=folder).close()  # the atomic write's temporary file goes there too
+    except OSError as exc:
+        raise EvalError(
+            f"Cannot write the results file {str(path)!r} ({exc.strerror or exc}); give --out a file in a writable folder."
+        ) from None
+    if path.is_file():
+        print(f"NOTE: {path} holds earlier results; this evaluation replaces them when it ends.", file=sys.stderr)
+
+
 def write_results(results: dict[str, Any], path: Path) -> None:
     from lm_eval.utils import handle_non_serializable
 
@@ -513,6 +532,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     check_device(args.device)
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before lm-eval and its slow task index
     refuse_other_tokenizers(ckpt)
+    check_results_file(results_path(args.ckpt, args.out, _limit(args.limit)))  # not after an hour of evaluation
     from spheretnorm.zeroshot.harness import NanoGPTLM
     from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
