@@ -11,10 +11,13 @@ makes no network attempt at all (tokenizer included).
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,9 +38,10 @@ def refuse(*args, **kwargs):
         log.write(f"network attempt {args[:2]!r}\n" + "".join(traceback.format_stack(limit=12)) + "\n")
     raise OSError("network refused by the test")
 
-socket.getaddrinfo = refuse
-socket.create_connection = refuse
-socket.socket.connect = lambda self, *args: refuse(*args)
+if os.environ.get("NETGUARD_LOG"):  # unset: the network as it is (a closed port stands for the hub)
+    socket.getaddrinfo = refuse
+    socket.create_connection = refuse
+    socket.socket.connect = lambda self, *args: refuse(*args)
 
 from spheretnorm.zeroshot import driver
 
@@ -53,6 +57,8 @@ if os.environ.get("FAST_BUILTIN"):
 sys.exit(driver.main(sys.argv[1:]))
 '''
 
+CLOSED_PORT = "http://127.0.0.1:9"  # the discard port, closed: a hub that refuses every connection
+
 SCIQ = [{"question": "What do plants take in?", "distractor3": "salt", "distractor1": "sand", "distractor2": "oil", "correct_answer": "carbon dioxide", "support": ""}]
 
 
@@ -64,15 +70,17 @@ def sciq_only(tmp_path: Path) -> Path:
     return data
 
 
-def run_guarded(tmp_path: Path, argv: list[str], offline_vars: dict[str, str] | None = None, fast_builtin: str = "") -> tuple[subprocess.CompletedProcess, str]:
-    """eval/zero_shot.py's main with the network refused; (the process, the network attempts it made)."""
+def run_guarded(
+    tmp_path: Path, argv: list[str], offline_vars: dict[str, str] | None = None, fast_builtin: str = "", refuse_network: bool = True
+) -> tuple[subprocess.CompletedProcess, str]:
+    """eval/zero_shot.py's main with the network refused (unless not refuse_network); (the process, the network attempts it made)."""
     guard = tmp_path / "guard.py"
     guard.write_text(GUARD)
     log = tmp_path / "network.log"
     env = {k: v for k, v in os.environ.items() if k not in offline.OFFLINE_VARS and k != "TRANSFORMERS_OFFLINE"}
     env.update(offline_vars or {})
     # An empty HF cache and tiktoken cache of its own: nothing on this machine may stand in for the hub.
-    env.update(HF_HOME=str(tmp_path / "hf"), TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken"), NETGUARD_LOG=str(log), FAST_BUILTIN=fast_builtin)
+    env.update(HF_HOME=str(tmp_path / "hf"), TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken"), NETGUARD_LOG=str(log) if refuse_network else "", FAST_BUILTIN=fast_builtin)
     env.pop("HF_DATASETS_CACHE", None)
     env.pop("HF_HUB_CACHE", None)
     proc = subprocess.run([sys.executable, str(guard), *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -107,6 +115,48 @@ def test_one_offline_variable_keeps_everything_off_the_network(ckpt: Path, tmp_p
         f"and the HF cache ({hf / 'datasets'}, {hf / 'hub'}) does not hold it; fill the cache on a machine with network "
         "(python -m eval.prefetch --tasks boolq) and copy it here, or run without the offline variables on a machine with network."
     )
+
+
+def test_an_unreachable_hub_is_refused_in_one_line_within_seconds(ckpt: Path, tmp_path: Path) -> None:
+    """Without the offline variables the libraries retried an unreachable hub for about 45 s; the probe turns it off in 3 s at most."""
+    started = time.monotonic()
+    proc, _ = run_guarded(tmp_path, ["--ckpt", ckpt, "--tasks", "boolq", "--bootstrap_iters", "0"], {"HF_ENDPOINT": CLOSED_PORT}, "super_glue/boolq", refuse_network=False)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 2
+    hf = tmp_path / "hf"
+    assert last_line(proc).startswith(
+        f"error: Task boolq needs the Hugging Face hub dataset aps/super_glue (boolq), but the hub is off here ({CLOSED_PORT} did not answer: "
+    )
+    assert last_line(proc).endswith(
+        f") and the HF cache ({hf / 'datasets'}, {hf / 'hub'}) does not hold it; fill the cache on a machine with network "
+        "(python -m eval.prefetch --tasks boolq) and copy it here, or run on a machine that reaches the hub (HF_ENDPOINT names another address)."
+    )
+    assert seconds < 10, f"the command took {seconds:.1f} s"
+
+
+def test_the_hub_probe_tells_an_answer_from_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # any status is an answer
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}/")
+        assert offline.hub_unreachable() is None
+    finally:
+        server.shutdown()
+    monkeypatch.setenv("HF_ENDPOINT", CLOSED_PORT)
+    assert offline.hub_unreachable().startswith(f"{CLOSED_PORT} did not answer: ")
+    for var in (*offline.OFFLINE_VARS, "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with offline.offline_mode(None, probe_hub=True) as reason:
+        assert reason.startswith(f"{CLOSED_PORT} did not answer") and offline.offline_flags() == list(offline.OFFLINE_VARS)
+    assert offline.offline_flags() == []
 
 
 def test_an_evaluation_from_local_data_makes_no_network_attempt(ckpt: Path, sciq_only: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ Writes ``data/DATASET/{train.bin,val.bin,meta.json}`` (or ``--out_dir``). Exampl
   python data/prepare.py openwebtext --input ../shared/data/openwebtext_sample.jsonl   # offline
   python data/prepare.py openwebtext --num_proc 8                                       # from the hub
   python data/prepare.py fineweb_edu --max_tokens 100_000_000                           # streams
+  python data/prepare.py --make_openwebtext_sample openwebtext_sample.jsonl   # the studies' sample, network
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from spheretnorm.data.pipeline import (
 from spheretnorm.runtime.token_files import SPLITS, TOKEN_DTYPE, PrepareError, load_meta
 from spheretnorm.data.sources import DocumentSource, embedded_source, hub_source, local_source, url_source
 from spheretnorm.data.tokenizer import TokenizerUnavailableError
+from spheretnorm.data.web_sample import SAMPLE_DOCS, make_openwebtext_sample
 
 
 def default_num_proc() -> int:
@@ -320,7 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python data/prepare.py",
         description="Tokenise a dataset into train.bin / val.bin (uint16) and meta.json.",
     )
-    parser.add_argument("dataset", metavar="DATASET", choices=list(DATASETS), help=f"one of: {', '.join(DATASETS)}")
+    parser.add_argument("dataset", metavar="DATASET", nargs="?", choices=list(DATASETS), help=f"one of: {', '.join(DATASETS)}")
+    parser.add_argument(
+        "--make_openwebtext_sample",
+        metavar="OUT.jsonl",
+        help="instead of preparing a DATASET, rebuild the studies' openwebtext_sample.jsonl (831 documents, sha256 checked) "
+        "from its public source; needs network (see ../shared/data/PROVENANCE.md)",
+    )
     parser.add_argument("--input", nargs="+", metavar="PATH", help="local .jsonl (with a text field), .txt or .parquet files; works offline")
     parser.add_argument(
         "--download",
@@ -344,9 +352,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _make_sample(out: str) -> int:
+    try:
+        digest = make_openwebtext_sample(out)
+    except (PrepareError, TokenizerUnavailableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: the first {SAMPLE_DOCS} documents of the openwebtext-10k sample, sha256 {digest} as expected")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
     dataset = args.pop("dataset")
+    sample_out = args.pop("make_openwebtext_sample")
+    if sample_out is not None:
+        if dataset is not None:
+            parser.error(f"--make_openwebtext_sample writes one file and prepares no DATASET; drop {dataset!r} or the option.")
+        return _make_sample(sample_out)
+    if dataset is None:
+        parser.error(f"give a DATASET ({', '.join(DATASETS)}) or --make_openwebtext_sample OUT.jsonl.")
     try:
         meta = prepare(dataset, **args)
     except (PrepareError, TokenizerUnavailableError) as exc:

@@ -267,11 +267,12 @@ def check_hub_free(tasks: list[str], task_manager: Any, hub_off: str) -> None:
     if not needing:
         return
     many = len(needing) > 1
-    instead = (
-        "or evaluate " + ("them" if many else "it") + " in a separate run without --local_data"
-        if "--local_data" in hub_off
-        else "or run without the offline variables on a machine with network"
-    )
+    if "--local_data" in hub_off:
+        instead = "or evaluate " + ("them" if many else "it") + " in a separate run without --local_data"
+    elif "did not answer" in hub_off:  # offline.hub_unreachable's reason: no variable to drop
+        instead = "or run on a machine that reaches the hub (HF_ENDPOINT names another address)"
+    else:
+        instead = "or run without the offline variables on a machine with network"
     raise EvalError(
         f"Task{'s' if many else ''} {', '.join(needing)} need{'' if many else 's'} the Hugging Face hub "
         f"dataset{'s' if many else ''} {', '.join(needing.values())}, but the hub is off here ({hub_off}) and the HF cache "
@@ -572,7 +573,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # The offline variables are set before lm-eval and datasets are first imported (offline.py).
-    with offline_mode(args.local_data) as hub_off:
+    with offline_mode(args.local_data, probe_hub=True) as hub_off:
         return _run(args, hub_off)
 
 

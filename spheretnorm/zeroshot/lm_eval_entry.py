@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(own_options().format_help())  # then lm-eval's own help, which exits
     try:
         check_skip_missing(ours.local_data, ours.skip_missing)
-        with offline_mode(ours.local_data) as hub_off:
+        with offline_mode(ours.local_data, probe_hub=True) as hub_off:
             run_lm_eval_cli(rest, ours.local_data, ours.skip_missing, hub_off)
     except EvalError as exc:
         print(f"error: {exc}", file=sys.stderr)

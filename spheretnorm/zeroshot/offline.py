@@ -7,6 +7,11 @@ at import; modules imported already are switched too), so nothing tries the netw
 loads from the cache or fails at once, instead of retrying the hub for minutes, and the GPT-2
 tokenizer is built from local files (spheretnorm.data.tokenizer honours HF_HUB_OFFLINE).
 
+Without the variables, the evaluation commands first ask the hub's endpoint (HF_ENDPOINT, else
+https://huggingface.co) for an answer, for at most HUB_PROBE_TIMEOUT_S; one that does not come
+turns the hub off the same way. Without that, datasets and huggingface_hub retry an unreachable
+hub with backoff for about 45 s before the one-line error.
+
 ``hub_dataset_cached(path)`` says whether the cache may hold a hub dataset: it looks for the
 folders datasets and huggingface_hub write (``<namespace>___<name>`` under HF_DATASETS_CACHE,
 ``datasets--<namespace>--<name>`` under the hub cache). A dataset found there is left to
@@ -18,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -40,6 +48,39 @@ def hub_off_reason(local_data: str | Path | None) -> str | None:
     return " and ".join(reasons) or None
 
 
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+# Long enough for a slow answer from a reachable hub, short enough that an unreachable one
+# costs a few seconds rather than the libraries' retries.
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def hub_endpoint() -> str:
+    """The hub's address as huggingface_hub reads it: HF_ENDPOINT, else https://huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/")
+
+
+def _ask_hub(url: str, timeout_s: float, answer: dict[str, str | None]) -> None:
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
+        answer["why"] = None
+    except urllib.error.HTTPError:  # any HTTP status is an answer: the hub is there
+        answer["why"] = None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        answer["why"] = str(getattr(exc, "reason", None) or exc)
+
+
+def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the hub's endpoint gave no answer within timeout_s ('http://127.0.0.1:9 did not answer: [Errno 111] Connection refused'), None when it answered."""
+    url, answer = hub_endpoint(), {}
+    # A thread bounds the whole probe: urlopen's timeout does not cover the DNS look-up.
+    worker = threading.Thread(target=_ask_hub, args=(url, timeout_s, answer), name="hub-probe", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if "why" not in answer:
+        return f"{url} did not answer within {timeout_s:g} s"
+    return None if answer["why"] is None else f"{url} did not answer: {answer['why']}"
+
+
 def _sync_imported_modules() -> None:
     """Make datasets and huggingface_hub, if imported already, read the offline variables again."""
     hub_constants = sys.modules.get("huggingface_hub.constants")
@@ -56,13 +97,14 @@ def _sync_imported_modules() -> None:
 
 
 @contextlib.contextmanager
-def offline_mode(local_data: str | Path | None) -> Iterator[str | None]:
+def offline_mode(local_data: str | Path | None, probe_hub: bool = False) -> Iterator[str | None]:
     """Within it, when the hub is off (hub_off_reason), both offline variables are set; yields the reason (None: hub on).
 
-    Enter it before lm-eval or datasets is imported. On exit the variables are as they were
-    (for callers in one process, such as the tests).
+    With probe_hub, a hub that is on but does not answer (hub_unreachable) is turned off too, so
+    that the libraries fail at once instead of retrying it. Enter it before lm-eval or datasets
+    is imported. On exit the variables are as they were (for callers in one process, such as the tests).
     """
-    reason = hub_off_reason(local_data)
+    reason = hub_off_reason(local_data) or (hub_unreachable() if probe_hub else None)
     if reason is None:
         yield None
         return
