@@ -51,6 +51,27 @@ def test_a_hanging_sbatch_is_stopped(hanging_scheduler: list[dict[str, Any]]) ->
     assert len(hanging_scheduler) == 1
 
 
+def test_a_slow_sbatch_is_said_to_be_waited_for_and_the_limit_can_be_set(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A hung slurmctld held the launcher 300 s in silence (issue 67, item 8): a line says it waits
+    and for how long, and --sbatch_timeout sets the limit (a bad one refused in one line)."""
+    import time
+
+    def slow(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        time.sleep(0.3)
+        return subprocess.CompletedProcess(command, 0, "Submitted batch job 7\n", "")
+
+    monkeypatch.setattr(launcher.subprocess, "run", slow)
+    monkeypatch.setattr(launcher, "SBATCH_WAIT_NOTE_S", 0.05)
+    assert launcher.run_sbatch(["sbatch", "x"]) == (0, "Submitted batch job 7\n", "")
+    out = capsys.readouterr().out
+    assert out == f"note: waiting for sbatch to answer (it is stopped after {launcher.SBATCH_TIMEOUT_S:g} s; --sbatch_timeout=S sets that)\n"
+    monkeypatch.setattr(launcher, "SBATCH_WAIT_NOTE_S", 5.0)
+    assert launcher.run_sbatch(["sbatch", "x"])[0] == 0 and capsys.readouterr().out == ""  # a prompt answer: no line
+    monkeypatch.setattr(launcher, "SBATCH_TIMEOUT_S", launcher.SBATCH_TIMEOUT_S)  # main sets it: restored after the test
+    assert launcher.main(["--sbatch_timeout=0", "--dry_run"]) == 2
+    assert "--sbatch_timeout 0 is not valid; give a positive number of seconds" in capsys.readouterr().err
+
+
 def test_a_run_folder_of_metrics_rows_alone_is_named_by_the_sweeps_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     sweep = Sweep(name="toy", base={"n_layer": 2}, folder=lambda p: f"s{p['seed']}", axes=(Axis("seed", (1, 2)),))
     (tmp_path / "s1").mkdir()

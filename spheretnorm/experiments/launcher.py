@@ -74,6 +74,7 @@ import re
 import shlex
 import shutil
 import socket
+import threading
 import subprocess
 import sys
 import time
@@ -390,7 +391,8 @@ class Active:
 PENDING_LOCK_S = 600.0
 # How long squeue (and scontrol) and sbatch may take: a hung slurmctld must not hold a run's lock for ever.
 SQUEUE_TIMEOUT_S = 120.0
-SBATCH_TIMEOUT_S = 300.0
+SBATCH_TIMEOUT_S = 300.0  # --sbatch_timeout sets it
+SBATCH_WAIT_NOTE_S = 10.0  # how long sbatch may take before a line says the launcher waits for it
 
 
 class Queue:
@@ -807,6 +809,11 @@ def check_slurm_files(todo: list[Job]) -> None:
 def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
     """(exit status, stdout, stderr) of sbatch, or (None, "", why) when it did not answer within
     SBATCH_TIMEOUT_S (a hung slurmctld): the launch goes on, and the run's lock is released."""
+    # A hung slurmctld holds sbatch for minutes: one line says so once it has waited a while.
+    note = threading.Timer(SBATCH_WAIT_NOTE_S, lambda: print(
+        f"note: waiting for sbatch to answer (it is stopped after {SBATCH_TIMEOUT_S:g} s; --sbatch_timeout=S sets that)", flush=True))
+    note.daemon = True
+    note.start()
     try:
         result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, encoding="utf-8",
                                 errors="replace", timeout=SBATCH_TIMEOUT_S)
@@ -814,6 +821,8 @@ def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
         return None, "", f"sbatch did not answer within {SBATCH_TIMEOUT_S:g} s and was stopped"
     except OSError as e:
         return None, "", f"sbatch could not be started ({e.strerror or e})"
+    finally:
+        note.cancel()
     return result.returncode, result.stdout, result.stderr
 
 
@@ -933,6 +942,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--nproc_per_node", type=int, default=None, help="GPUs per node (default: $SBATCH_GPUS_PER_NODE, else 8)")
     p.add_argument("--nnodes", type=int, default=None, help="nodes per run (default: $SBATCH_NODES, else 1)")
     p.add_argument("--sbatch_args", default="", help="options for every sbatch call, as one string: --sbatch_args=\"--partition=gpu --account=lab --qos=high --time=12:00:00 --cpus-per-task=16\"; SLURM's SBATCH_* variables work too")
+    p.add_argument("--sbatch_timeout", type=float, default=SBATCH_TIMEOUT_S,
+                   help=f"seconds to wait for each sbatch to answer before stopping it (default {SBATCH_TIMEOUT_S:g}); a line says when it waits")
     p.add_argument("--node_rank", type=int, default=0, help="this node's rank, for a multi-node local launch")
     p.add_argument("--rdzv_endpoint", default=None, help="HOST:PORT where the nodes of a multi-node local launch meet")
     p.add_argument("--eval_args", default="", help="extra arguments for eval/zero_shot.py, as one string")
@@ -1086,8 +1097,12 @@ def check_layout(args: argparse.Namespace) -> Layout:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SBATCH_TIMEOUT_S
     args, overrides = parse_args(argv)
     try:
+        if not args.sbatch_timeout > 0:
+            raise UsageError(f"--sbatch_timeout {args.sbatch_timeout:g} is not valid; give a positive number of seconds, such as 300.")
+        SBATCH_TIMEOUT_S = args.sbatch_timeout
         layout = check_layout(args)
         check_overrides(overrides, RESERVED)
         runs = build_grid(
