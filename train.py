@@ -64,7 +64,7 @@ from spheretnorm.runtime.step import backward_step, check_terms_finite
 from spheretnorm.runtime.loss_terms import active_loss_terms, with_recorded_loss_terms
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint
 from spheretnorm.runtime.config import (
-    HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, config_help,
+    HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, train_help,
     grad_accum_steps, model_key_conflicts, parse_config, wants_help,
 )
 from spheretnorm.runtime.identity import changes_text, check_resume_keys, resume_changes, run_neutral_keys, run_settings, run_suffix
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     survive_closed_console()  # a console reader that goes away (| tee, Ctrl-C) never ends a run
     if wants_help(argv):
-        print(config_help(), end="")
+        print(train_help(argv), end="")
         return
     # Stop signals are caught from here on: during start-up they end the process at once,
     # with nothing written; once training runs, at the next step with a checkpoint.

@@ -98,6 +98,16 @@ def test_a_z_loss_of_ones_own_module_changes_the_trajectory_and_logs_its_total(d
 # A resume of a run with a loss term of its own module (issue 67, item 1)
 
 
+def test_help_lists_the_keys_of_the_modules_imports_names(z_loss_module: None, capsys: pytest.CaptureFixture) -> None:
+    """train.py printed --help before it imported anything, so a loss term's keys were missing (issue 65, item 5)."""
+    train.main(["--help"])
+    assert "--fixture_z_loss" not in capsys.readouterr().out
+    train.main(["--imports=zloss_term", "--help"])
+    assert "--fixture_z_loss=0" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="module 'no_such_module_here' could not be imported"):
+        train.main(["--imports=no_such_module_here", "-h"])
+
+
 def z_loss_run(data_dir: Path, out_dir: Path) -> Path:
     """A run trained 2 iterations with --imports=zloss_term --fixture_z_loss=0.05, then the module forgotten."""
     train.main(train_args(data_dir, out_dir, "--imports=zloss_term", "--fixture_z_loss=0.05", "--max_iters=2", "--eval_interval=2"))

@@ -845,6 +845,15 @@ def config_help(
     return "\n".join(parts) + "\n"
 
 
+def train_help(argv: list[str]) -> str:
+    """train.py's --help, with the keys of the modules --imports names (their connections',
+    optimizers' and loss terms' keys): imported first, as a run would (issue 65, item 5)."""
+    named = [raw for key, raw in split_argv([a for a in argv if a not in ("-h", "--help")])[1] if key == IMPORTS_KEY]
+    if named:
+        import_modules(parse_value(IMPORTS_KEY, named[-1]), error=ConfigError)
+    return config_help()
+
+
 def wants_help(argv: list[str]) -> bool:
     """True when the command line asks for --help (or -h) anywhere."""
     return any(arg in ("-h", "--help") for arg in argv)
