@@ -308,6 +308,23 @@ def test_the_coordinate_check_steps_with_the_z_loss(z_loss_module: None) -> None
     assert coordinate_trace(coordinates.Setup(**base, loss_keys=(("fixture_z_loss", 0.05),)))["delta_rms"] != plain["delta_rms"]
 
 
+def test_the_coordinate_check_takes_loss_keys_as_train_py_does_and_refuses_what_train_py_refuses(z_loss_module: None) -> None:
+    """--fixture_z_loss=0.05, not only --loss_keys; an optimizer without a μP rule (one's own Lion) is
+    refused before any model is built, as train.py refuses it (issue 65, item 5)."""
+    __import__("zloss_term")
+    args = coordinates.parse_args(["--widths=16,32", "--fixture_z_loss=0.05"])
+    assert coordinates.key_pairs(args.train_keys) == (("fixture_z_loss", 0.05),)
+    for bad in (["--bogus=1"], ["stray"], ["--fixture_z_loss=-1"]):
+        with pytest.raises(UsageError):
+            coordinates.key_pairs(bad)
+    __import__("lion_optimizer")
+    setup = coordinates.Setup(n_layer=1, head_dim=8)
+    coordinates.check_optimizers(("adamw", "muon"), setup, ["pre_ln"], [16, 32])  # each has its μP rule
+    with pytest.raises(UsageError, match="--optimizers fixture_lion: mup_base_width=16 asks for μP, which has no rule for optimizer 'fixture_lion'"):
+        coordinates.check_optimizers(("fixture_lion",), setup, ["pre_ln"], [16, 32])
+    assert coordinates.main(["--widths=16,32", "--head_dim=8", "--optimizers=fixture_lion", "--steps=1"]) == 2
+
+
 # -----------------------------------------------------------------------------
 # The key and the registry
 

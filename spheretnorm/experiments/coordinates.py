@@ -422,13 +422,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=defaults.steps, help=f"optimizer steps (default {defaults.steps})")
     p.add_argument("--lr", type=float, default=defaults.lr, help=f"AdamW's learning rate (and every optimizer's AdamW part), constant (default {defaults.lr:g})")
     p.add_argument("--rates", default="", help="OPT=RATE,...: an optimizer's hidden-matrix rate (muon_lr, hyperball_lr), default: its key's default")
-    p.add_argument("--loss_keys", default="", help="KEY=VALUE,...: loss terms' keys (e.g. z_loss=1e-4 of a term --imports registers), as train.py's")
+    p.add_argument("--loss_keys", default="", help="KEY=VALUE,...: loss terms' keys, the older form of --KEY=VALUE (a term's keys are given as train.py takes them: --z_loss=1e-4)")
     p.add_argument("--imports", default="", help="comma-separated modules of your own to import first (a loss term or connection they register)")
     p.add_argument("--batch_size", type=int, default=defaults.batch_size, help=f"sequences per step (default {defaults.batch_size})")
     p.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="prepared shakespeare_char data (prepared when missing)")
     p.add_argument("--out", default=None, help=f"output path without extension (default: {DEFAULT_OUT}; with --from_json, the record's path without .json)")
     p.add_argument("--from_json", metavar="OUT.json", help="run nothing: redraw the figure's sheets from the record a check wrote")
-    return p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    args.train_keys = rest  # --KEY=VALUE of a loss term (--z_loss=1e-4), as train.py and bench.py take them (key_pairs)
+    return args
+
+
+def key_pairs(rest: list[str]) -> tuple[tuple[str, float], ...]:
+    """The --KEY=VALUE arguments argparse did not know: each a key a registered loss term declares
+    (the training keys a coordinate check has), as train.py would read it; anything else is one line."""
+    declared = loss_term_params()
+    pairs = []
+    for arg in rest:
+        key, eq, value = arg.removeprefix("--").partition("=")
+        if not (arg.startswith("--") and eq):
+            raise UsageError(f"{arg!r} is not an option of the coordinate check; loss-term keys are given as --KEY=VALUE (see --help).")
+        if key not in declared:
+            raise UsageError(f"--{key} is not an option of the coordinate check nor a key a registered loss term declares "
+                             f"(registered: {', '.join(declared) or 'none'}; one of your own needs --imports).")
+        try:
+            pairs.append((key, declared[key].checked(parse_value(key, value))))
+        except (ConfigError, ValueError) as e:
+            raise UsageError(f"--{key}: {e}") from None
+    return tuple(pairs)
+
+
+def check_optimizers(optimizers: tuple[str, ...], setup: "Setup", connections: list[str], widths: list[int]) -> None:
+    """Each optimizer's own check of the models the check builds (μP at the widest, the narrowest as
+    its base), as train.py makes it: Lion of one's own under μP is refused here as there."""
+    for optimizer in optimizers:
+        for connection in connections:
+            try:
+                OPTIMIZERS[optimizer].check(setup.model_config(connection, max(widths), min(widths), 64), setup.train_config(optimizer))
+            except (ConfigError, ValueError) as e:
+                raise UsageError(f"--optimizers {optimizer}: {e}") from None
 
 
 def parse_loss_keys(text: str) -> tuple[tuple[str, float], ...]:
@@ -470,7 +502,8 @@ def run(args: argparse.Namespace) -> int:
     optimizers = tuple(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"))
     rates = parse_rates(args.rates, optimizers)
     setup = Setup(n_layer=args.n_layer, head_dim=args.head_dim, steps=args.steps, lr=args.lr, batch_size=args.batch_size, rates=rates,
-                  loss_keys=parse_loss_keys(args.loss_keys))
+                  loss_keys=parse_loss_keys(args.loss_keys) + key_pairs(getattr(args, "train_keys", [])))
+    check_optimizers(optimizers, setup, connections, widths)
     batches, probe, vocab = shakespeare_batches(Path(args.data_dir), setup)
     results = coord_check(connections, widths, setup, vocab, batches, probe, log=lambda s: print(s, flush=True), optimizers=optimizers)
     fitted = slopes(results)
