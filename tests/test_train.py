@@ -148,6 +148,19 @@ def test_resume_after_a_crash_drops_the_abandoned_rows(data_dir: Path, tmp_path:
     assert [r["iter"] for r in read_metrics(crashed, "eval")] == [0, 10, 20]
 
 
+def test_a_resume_says_which_rows_of_the_previous_attempt_it_drops(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The stop row a tool may have read, and the rows past the checkpoint, leave metrics.jsonl in one line (issue 66, item 8)."""
+    with pytest.raises(NonFiniteLossError):
+        train.main(tiny_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=10", "--debug_nan_at_iter=13"))
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=10", "--init_from=resume"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "drops" in line]
+    assert lines == ["NOTE: resuming from iteration 10, metrics.jsonl drops the previous attempt's stop row (non_finite at iter 12) "
+                     "and 2 row(s) past iteration 10, which the checkpoint does not hold."]
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=22", "--eval_interval=10", "--init_from=resume"))
+    assert "drops" not in capsys.readouterr().out  # a clean end leaves nothing to drop
+
+
 def test_nan_stops_without_touching_the_last_checkpoint(data_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(NonFiniteLossError, match=r"loss became nan at iter 8.*untouched"):
         train.main(tiny_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=5", "--debug_nan_at_iter=8"))

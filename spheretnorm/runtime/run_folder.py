@@ -189,6 +189,7 @@ class MetricsLog:
 
     def __init__(self, path: Path, resume_iter: int | None):
         self.path = path
+        self.dropped: list[dict[str, Any]] = []  # the previous attempt's rows a resume removed (dropped_text says which)
         kept = self._rows_up_to(resume_iter) if resume_iter is not None else []
         text = "".join(json.dumps(row) + "\n" for row in kept)
         try:  # the old file stays whole until the new one is; a failed write leaves no temp file
@@ -210,7 +211,20 @@ class MetricsLog:
                 continue
             if row.get("iter", 0) <= last_iter and row.get("kind") != "stop":
                 rows.append(row)
+            else:
+                self.dropped.append(row)
         return rows
+
+    def dropped_text(self, resume_iter: int) -> str | None:
+        """The line that says what a resume removed from metrics.jsonl: the previous attempt's stop
+        row (its reason and iteration) and the rows past the checkpoint's iteration; None for nothing."""
+        if not self.dropped:
+            return None
+        stops = [f"{r.get('reason', '?')} at iter {r.get('iter', '?')}" for r in self.dropped if r.get("kind") == "stop"]
+        past = sum(r.get("kind") != "stop" for r in self.dropped)
+        parts = ([f"the previous attempt's stop row ({'; '.join(stops)})"] if stops else []) + \
+                ([f"{past} row(s) past iteration {resume_iter}, which the checkpoint does not hold"] if past else [])
+        return f"NOTE: resuming from iteration {resume_iter}, {self.path.name} drops {' and '.join(parts)}."
 
     def write(self, row: dict[str, Any]) -> None:
         """Append one row, whole or not at all: a write that fails (a full disk) takes back the

@@ -377,6 +377,9 @@ class RunLog:
         except OSError as e:  # the write's own error names no file: train.py's one line names it
             raise OSError(e.errno, e.strerror or str(e), str(out / CONFIG_NAME)) from None
         self.metrics = MetricsLog(out / METRICS_NAME, self.progress.iter_num if resumed else None)
+        dropped = self.metrics.dropped_text(self.progress.iter_num) if resumed else None
+        if dropped:  # the user sees what the file no longer holds (a stop row a tool may have read)
+            print(dropped, flush=True)
         if resumed and self.progress.resume_row:  # metrics only: the row is not a point of W&B's curves
             self.metrics.write(self.progress.resume_row)
         if self.cfg.wandb_log:
