@@ -28,6 +28,7 @@ def test_a_folder_without_its_files_record_loads_and_says_its_shards_cannot_be_v
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"NOTE: Sharded checkpoint {str(older)!r} has a meta.pt without the record of its files")
     assert "its shards cannot be verified as one save's" in err
+    assert "resume the run once with this version" in err and "scripts/consolidate.py" in err  # what it takes to go on (issue 67, item 5)
     save(tmp_path / "recorded" / "ckpt.dcp", 4)
     capsys.readouterr()
     load_checkpoint(tmp_path / "recorded" / "ckpt.dcp")

@@ -570,7 +570,9 @@ def say_unverifiable(path: Path, where: str) -> None:
     _SAID_UNVERIFIABLE.add(path.resolve())
     print(
         f"NOTE: {where} has a {SHARDED_META} without the record of its files (written before saves kept one), "
-        "so its shards cannot be verified as one save's; a shard copied in from another save of the same shapes would go unseen.",
+        "so its shards cannot be verified as one save's; a shard copied in from another save of the same shapes would go unseen. "
+        "It is read as it is: for a folder that can be checked, resume the run once with this version (each save records its "
+        "files) or consolidate it into a ckpt.pt (python scripts/consolidate.py FOLDER) from a copy you trust.",
         file=sys.stderr,
     )
 
