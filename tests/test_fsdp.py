@@ -359,7 +359,8 @@ def test_one_command_consolidates_a_folder_into_a_ckpt_pt_that_ddp_resumes(stopp
 
 
 def test_a_ddp_resume_of_a_sharded_run_says_how(stopped: tuple[Path, dict], data_dir: Path) -> None:
-    args = tiny_args(data_dir, stopped[0], "--init_from=resume")
+    # --parallel=ddp named: a resume by --out_dir otherwise takes the run's own parallel=fsdp (issue 65's one resume rule)
+    args = tiny_args(data_dir, stopped[0], "--init_from=resume", "--parallel=ddp")
     with pytest.raises(OutDirError, match=r"holds ckpt\.dcp, the checkpoint of --parallel=fsdp.*consolidate\.py"):
         train.main(args)
 

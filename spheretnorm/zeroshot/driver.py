@@ -415,8 +415,8 @@ def model_label(config: dict[str, Any]) -> str:
 
 def check_results_file(path: Path) -> None:
     """Before any evaluation: an EvalError when the results file cannot be written where it goes
-    (its folder read-only, a file in its path, a folder of its name), and a NOTE line on stderr
-    when it replaces an earlier results file, so that neither is found out only at the end."""
+    (its folder read-only, a file in its path, a folder of its name), so that it is not found out
+    only at the end (say_replacing says, once every input is checked, that it replaces one)."""
     if path.is_dir():
         raise EvalError(f"The results file {str(path)!r} is a folder; give --out a file name such as results.json.")
     folder = next(p for p in (path.parent, *path.parents) if p.exists())  # made when the results are written
@@ -428,6 +428,12 @@ def check_results_file(path: Path) -> None:
         raise EvalError(
             f"Cannot write the results file {str(path)!r} ({exc.strerror or exc}); give --out a file in a writable folder."
         ) from None
+
+
+def say_replacing(path: Path) -> None:
+    """A NOTE line on stderr where the results file holds an earlier evaluation's results, said once
+    the inputs that are quick to check are (a command refused for its local files replaces nothing,
+    so it says nothing of it), before the slow task index."""
     if path.is_file():
         print(f"NOTE: {path} holds earlier results; this evaluation replaces them when it ends.", file=sys.stderr)
 
@@ -550,6 +556,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
             include_paths.append(local_dir)
             tasks = [t for t in tasks if t not in plan.skipped]
             source_note, skipped, local = plan.source_note, plan.skipped, plan.local
+        say_replacing(results_path(args.ckpt, args.out, _limit(args.limit)))  # the local files checked: before the slow task index
         task_manager = make_task_manager(include_paths)
         check_tasks_known(tasks, task_manager.all_tasks)
         check_user_task_yamls(tasks, task_manager, list(args.include_path))
