@@ -775,6 +775,7 @@ class Place:
     listed: dict[str, str] = field(default_factory=dict)  # dry run: folder -> its state, as printed
     declared: dict[str, Any] = field(default_factory=dict)  # the sweep's declaration (declare), once start_study made it
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)  # the record's rows by run folder, as last written (check_row)
+    code: dict[str, Any] = field(default_factory=dict)  # the repository's commit this call runs (code_version), asked once
 
     @staticmethod
     def of(args: Any, overrides: list[str]) -> "Place":
@@ -1051,6 +1052,7 @@ def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dic
         ensure_data(place.data_dir, args.input)
     place.declared = declare(sweep, place)  # before any run starts
     place.recorded = recorded_rows(place.out_dir / f"{sweep.name}.json")
+    place.code = code_version()
     yardsticks = Yardsticks.of(place.data_dir)
     return run_sweep(sweep, place, yardsticks), place, yardsticks
 
@@ -1466,7 +1468,7 @@ def check_row(row: dict[str, Any], job: Job, place: Place) -> dict[str, Any]:
     line, and the row becomes UNVERIFIED, keeping the recorded digests (never the new files')."""
     folder = job.label
     now = {"folder": folder, **{key: file_digest(job.out_dir / name) for key, name in zip(DIGEST_KEYS, (CONFIG_NAME, METRICS_NAME))},
-           "declared_digest": place.declared.get("digest"), "code": code_now()}
+           "declared_digest": place.declared.get("digest"), "code": place.code}
     old = place.recorded.get(folder)
     wrong = [run_inconsistency(job.out_dir)]
     trained_on = (row.get("last_eval_iter") or 0) > ((old or {}).get("last_eval_iter") or 0)  # extended since: new files, rightly
@@ -1508,16 +1510,6 @@ def record_mismatch_lines(record: dict[str, Any], folder: Path) -> dict[int, str
         if wrong:
             lines[i] = f"warning: {folder}: {row['folder']}: {'; '.join(wrong)}; left out (restore it from its run record to count it)."
     return lines
-
-
-_CODE_NOW: dict[str, Any] = {}
-
-
-def code_now() -> dict[str, Any]:
-    """code_version, asked once per process (a sweep checks many rows)."""
-    if not _CODE_NOW:
-        _CODE_NOW.update(code_version())
-    return dict(_CODE_NOW)
 
 
 RECORD_FIX = ("restore it from its run record (docs/run_records/), or move it aside to start the record anew; a record "
