@@ -21,6 +21,9 @@ train.py, bench.py and the coordinate check alike. A term of one's own module is
 the module is imported (`--imports=MODULE`, as a connection of one's own). A checkpoint that
 records a term's keys records code: a resume imports the module it records with the user's
 consent only, as for a connection, and applies and says a changed key (with_recorded_loss_terms).
+tests/test_loss_term_contract.py checks every registered term, one of a user's module too
+(`pytest --imports=MODULE`): off bit for bit, on it trains otherwise, it resumes bit-exact, and a
+changed key on resume is applied and said.
 """
 
 from __future__ import annotations
@@ -44,20 +47,39 @@ LOSS_TERMS: dict[str, LossTerm] = {}
 KEYED_REGISTRIES["loss term"] = LOSS_TERMS  # its names and keys checked with the connections' and optimizers'
 
 
-def register_loss_term(name: str, *params: MethodParam) -> Callable[[LossTerm], LossTerm]:
+def register_loss_term(name: str, *params: MethodParam, contract_value: Any = None) -> Callable[[LossTerm], LossTerm]:
     """Function decorator: add the function to every training step as loss term `name` where its
     first key (params[0], the switch) is set to other than its default. A built-in's name, or a
-    key of the model, of training, of an optimizer or of another term, is refused (model.check_registration)."""
+    key of the model, of training, of an optimizer or of another term, is refused (model.check_registration).
+    contract_value: the switch's value that the contract tests train with (tests/test_loss_term_contract.py);
+    None: one they derive from the default, which a text switch without must='one of: ...' has none of."""
     if not params:
         raise TypeError(f"@register_loss_term({name!r}) needs at least one MethodParam: the key that switches the term on.")
+    if contract_value is not None:
+        check_contract_value(name, params[0], contract_value)
 
     def wrap(fn: LossTerm) -> LossTerm:
         fn.params = params  # type: ignore[attr-defined]  # what check_registration and the config read
+        fn.contract_value = contract_value  # type: ignore[attr-defined]
         check_registration("loss term", name, fn, __name__)  # type: ignore[arg-type]
         LOSS_TERMS[name] = fn
         return fn
 
     return wrap
+
+
+def check_contract_value(name: str, switch: MethodParam, value: Any) -> None:
+    """Refuse, in one sentence, a contract_value that would not switch term `name` on: the contract
+    tests would train it off and find it changes nothing."""
+    try:
+        on = switch.checked(value) != switch.default
+    except ValueError:
+        on = False
+    if not on:
+        raise ValueError(
+            f"@register_loss_term({name!r}): contract_value={value!r} is no value that switches the term on; "
+            f"give a valid value of {switch.key} other than its default {switch.default!r}."
+        )
 
 
 def loss_term_params() -> dict[str, MethodParam]:
