@@ -77,7 +77,7 @@ from spheretnorm.runtime.threads import cpu_threads_in_use
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import compile_mode_text, impl_unavailable, kernel_path_text, sphere_kernel_path
-from spheretnorm.runtime.stopping import StartupStopped, StopSignal
+from spheretnorm.runtime.stopping import StartupStopped, StopSignal, clean_stop_line
 from spheretnorm.runtime.run_folder import (
     EXIT_CONFIG, EXIT_CRASH, EXIT_OK, NonFiniteLossError, OutDirError, RunStopped, check_no_earlier_run, check_out_dir, checkpoint_path,
     check_checkpoint_kind, has_checkpoint, missing_resume_text, remove_stop_checkpoint, stop_checkpoint_path, evaluated_at, machine_failure,
@@ -270,6 +270,7 @@ class Trainer:
             model=self.model, fwd_model=self.fwd_model, raw_model=self.raw_model,
         )
         self.outputs = RunLog(self.cfg, dist.is_master, self.progress, lambda: self.optimizer.param_groups)  # rows show each group's rate
+        self.last_line = ""  # said once the outputs are closed (a clean stop's, stop_for_signal)
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         restore_training_state(self.cfg, ckpt, self.raw_model, self.optimizer, self.resume_from)  # the current settings' groups
@@ -452,6 +453,8 @@ class Trainer:
 
     def close(self) -> None:
         self.outputs.close()
+        if self.last_line:  # after W&B's closing lines: the run's own last line (torchrun's report may follow)
+            print0(self.last_line)
 
 
 def debug_faults(cfg: TrainConfig, step: int, loss: torch.Tensor) -> torch.Tensor:
@@ -504,14 +507,12 @@ def summary_line(t: Trainer) -> str:
 
 def stop_for_signal(t: Trainer, stop: StopSignal) -> None:
     """Write a checkpoint of the current iteration (if a step ran since the last one), then stop."""
-    progress = t.progress
     t.save_unsaved_state()
     if t.dist.enabled:  # no rank may exit before rank 0 has written: a launcher that sees
         torch_dist.barrier()  # one worker leave (torchrun, srun --kill-on-bad-exit) kills the rest
-    saved = progress.iter_num > 0 and progress.saved_iter == progress.iter_num
-    message = f"Stopped by {stop.cause()} at iter {progress.iter_num}; " + (f"{progress.saved_text()}." if saved else f"{progress.kept_checkpoint_text()}.")
+    message = t.progress.stop_text(stop.cause())
     t.outputs.log_stop("signal", message, EXIT_OK)
-    print0(message)
+    t.last_line = clean_stop_line(message, EXIT_OK, stop.under_torchrun)
 
 
 def done_line(t: Trainer) -> str:

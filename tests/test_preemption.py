@@ -105,13 +105,18 @@ def test_a_signal_to_torchrun_stops_every_worker_with_a_checkpoint(sig: signal.S
     workers = children(proc.pid)
     assert len(workers) == 2, workers
     os.kill(proc.pid, sig)
-    proc.communicate(timeout=STOP_WITHIN_S + 10)
+    out, _ = proc.communicate(timeout=STOP_WITHIN_S + 10)
     wait_all_gone(workers, STOP_WITHIN_S)
     # SIGTERM: torchrun forwards it; SIGUSR1 and SIGKILL end torchrun itself, and the workers
     # notice their launcher is gone.
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     stop = read_metrics(tmp_path, "stop")[-1]
     assert stop["reason"] == "signal" and stop["exit_code"] == 0 and stop["checkpoint_iter"] == ckpt["iter_num"] >= 20
+    if sig == signal.SIGTERM:  # rank 0's last line, before torchrun's own report: the stop was clean, the report expected
+        lines = out.splitlines()
+        said = next(i for i, line in enumerate(lines) if line.startswith("Stopped by SIGTERM") and "A torchrun report after this line" in line)
+        assert str(tmp_path / "ckpt.pt") in lines[said] and "exits with status 0" in lines[said]
+        assert not any("SignalException" in line for line in lines[:said]) and any("SignalException" in line for line in lines[said:]), out[-3000:]
     if sig != signal.SIGTERM:
         return  # the checkpoint is a signal's like SIGTERM's: one resume (6 s of torchrun) shows it continues the run
     # The resume continues exactly where the uninterrupted run went.
@@ -284,14 +289,14 @@ class ReaderGone:
         return False
 
 
-def signal_at(step: int, monkeypatch: pytest.MonkeyPatch, console: ReaderGone | None = None) -> None:
-    """SIGTERM arrives during optimizer step `step` (and the console's reader goes, as Ctrl-C to
+def signal_at(step: int, monkeypatch: pytest.MonkeyPatch, console: ReaderGone | None = None, sig: signal.Signals = signal.SIGTERM) -> None:
+    """`sig` arrives during optimizer step `step` (and the console's reader goes, as Ctrl-C to
     `train.py | tee` ends tee): set as the handler would, without a real signal's timing."""
     original = train.Trainer.train_step
 
     def train_step(self: train.Trainer, at: int, stop: train.StopSignal) -> tuple:
         if at == step:
-            stop.signum = signal.SIGTERM
+            stop.signum = sig
             if console is not None:
                 console.gone = True
         return original(self, at, stop)
@@ -329,6 +334,24 @@ def test_a_stop_during_a_collapse_streak_saves_beside_the_healthy_checkpoint(
     out = capsys.readouterr().out
     assert "resumed from iter 5" in out and f"{stop_name} is the newer; resuming from {tmp_path / stop_name}" in out and f"Delete {stop_name} to resume from {healthy_name}" in out, out
     assert load_checkpoint(tmp_path / healthy_name)["iter_num"] == 6 and not (tmp_path / stop_name).exists()
+
+
+@pytest.mark.parametrize("under_torchrun", [False, True])
+def test_a_clean_stop_says_its_checkpoint_and_exit_status_in_the_runs_last_line(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, under_torchrun: bool
+) -> None:
+    """Ctrl-C during step 3: the run's own last line says the stop was clean, where its checkpoint
+    is and the exit status; under torchrun, that the launcher's report after it is expected (issue 66, item 8)."""
+    signal_at(2, monkeypatch, sig=signal.SIGINT)
+    monkeypatch.setattr(StopSignal, "under_torchrun", property(lambda self: under_torchrun))
+    train.main(tiny_args(data_dir, tmp_path, "--max_iters=10", "--eval_interval=100"))
+    last = capsys.readouterr().out.splitlines()[-1]
+    said = f"Stopped by SIGINT at iter 3; checkpoint saved to {tmp_path / 'ckpt.pt'}. A clean stop: this process exits with status 0; resume with --init_from=auto."
+    launcher = " A torchrun report after this line (a SignalException traceback, torchrun's exit status 1) is expected: the launcher got the signal too."
+    assert last == said + (launcher if under_torchrun else "")
+    assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 3
+    stop = read_metrics(tmp_path, "stop")[-1]
+    assert stop["exit_code"] == 0 and stop["message"] == said.partition(" A clean stop")[0]  # the row keeps the stop's own words
 
 
 class FillsUp:

@@ -27,7 +27,6 @@ from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets
 from spheretnorm.runtime.schedule import learning_rate_at
 from spheretnorm.runtime.run_folder import NonFiniteLossError
 from spheretnorm.runtime.tracking import wandb_payload
-from spheretnorm.model import GPT
 from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
 from spheretnorm.runtime.config import ConfigError, grad_accum_steps, parse_config
 from spheretnorm.runtime.identity import config_conflicts
@@ -202,7 +201,7 @@ def wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_preemption_signal_saves_a_checkpoint_and_exits_zero(data_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
     args = tiny_args(data_dir, tmp_path, "--max_iters=100000", "--eval_interval=100000")
     proc = subprocess.Popen(
@@ -214,7 +213,8 @@ def test_preemption_signal_saves_a_checkpoint_and_exits_zero(data_dir: Path, tmp
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
-    assert f"Stopped by {sig.name}" in output
+    last = output.strip().splitlines()[-1]  # the run's own last line says the stop, its checkpoint and the status
+    assert last.startswith(f"Stopped by {sig.name}") and f"{tmp_path / 'ckpt.pt'}" in last and "exits with status 0" in last, output[-2000:]
 
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["iter_num"] == max(train_losses(tmp_path)) >= 1

@@ -68,6 +68,11 @@ class StopSignal:
             self.launcher_gone = True  # the kernel's SIGTERM may not have come
         return self.signum is not None or self.launcher_gone
 
+    @property
+    def under_torchrun(self) -> bool:
+        """Whether torchrun launched this process (its workers carry TORCHELASTIC_RUN_ID)."""
+        return self._parent is not None
+
     def cause(self) -> str:
         """What asked for the stop, for the stop message."""
         gone = self.launcher_gone or (self._parent is not None and os.getppid() != self._parent)
@@ -75,6 +80,18 @@ class StopSignal:
             name = signal.Signals(self.signum).name
             return f"{name} (the launcher exited)" if gone else name
         return "the launcher's exit" if gone else "a signal on another rank"
+
+
+def clean_stop_line(stopped: str, exit_status: int, under_torchrun: bool) -> str:
+    """The last line a run stopped by a signal prints (rank 0): `stopped` (where it stopped and
+    which checkpoint a resume starts from), that the stop was clean, and its exit status. torchrun,
+    signalled too, prints its own report after its workers exit (a SignalException traceback of
+    some 30 lines, and exits 1): said here, so that a reader of the log's tail knows it for the
+    launcher's, not the run's failure."""
+    line = f"{stopped} A clean stop: this process exits with status {exit_status}; resume with --init_from=auto."
+    if under_torchrun:
+        line += " A torchrun report after this line (a SignalException traceback, torchrun's exit status 1) is expected: the launcher got the signal too."
+    return line
 
 
 def _signal_on_parent_death(sig: signal.Signals) -> None:

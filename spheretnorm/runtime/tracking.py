@@ -295,6 +295,11 @@ class Progress:
             return f"the last good checkpoint {self.checkpoint}{iter_on_disk_text(self.checkpoint)} is untouched{cut}"
         return f"no checkpoint had been written{cut}"
 
+    def stop_text(self, cause: str) -> str:
+        """What a stop by `cause` says: the iteration, and the checkpoint it has just written or the one a resume would start from."""
+        saved = self.iter_num > 0 and self.saved_iter == self.iter_num
+        return f"Stopped by {cause} at iter {self.iter_num}; " + (f"{self.saved_text()}." if saved else f"{self.kept_checkpoint_text()}.")
+
     def saved_text(self) -> str:
         """How a stop message names the checkpoint it has just written."""
         if self.latest is None:
