@@ -32,7 +32,10 @@ folders and the settings in which their config.json files differ.
 
 --datasets and --scales restrict the tables to some runs; only those are read, so another
 experiment's folders under the same --runs_root (two runs of one method elsewhere, say) do not
-stop them. A loss that is nan or infinite, or JSON nested too deeply to read, is damage too;
+stop them. Where the runs tabulated come from several experiments' folders (a run's root: its
+parent, or the one above a folder named for its config, as out/<config_name>/<method>), or two
+rows of one column differ in a setting no row label names, one note on stderr says which roots
+and which differing settings the tables mix. A loss that is nan or infinite, or JSON nested too deeply to read, is damage too;
 --out files are written to a temporary name and renamed, so a full disk is one error line and
 leaves the earlier OUT.md / OUT.tex as they were. A damaged run file (config.json, metrics.jsonl, ckpt_zero_shot.json) is one error
 line naming it.
@@ -72,12 +75,14 @@ from spheretnorm.experiments.grid import (
     dataset_display,
     group_label,
     index_runs,
+    row_key,
     row_label,
     sort_groups,
     sort_rows,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.imports import add_import_options, import_recorded, use_import_options
+from spheretnorm.runtime.identity import keys_differing_within, param_text, run_identity
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
 TABLE_NUMBERS = ("2", "3", "4", "5")
@@ -300,6 +305,72 @@ def load_runs(root: Path, datasets: Collection[str] | None = None, scales: Colle
     runs = [load_checked_run(f) for f in kept]
     index_runs(runs)
     return runs
+
+
+# -----------------------------------------------------------------------------
+# What a folder of many experiments mixes
+#
+# --runs_root out reads every run under out/: a grid's, a study's, a copy's. The tables name what
+# tells their rows and columns apart (method, block, dataset, scale, and the settings that tell
+# runs of one method apart); they do not say that their runs come from several experiments, or
+# that two rows of one column differ in a setting no label names. mixed_runs_text says both.
+
+
+def run_root(run: Run, runs_root: Path) -> Path:
+    """The folder of the experiment a run belongs to: its parent, or the parent's parent where the
+    parent is named for the run's config (train.py's default out/<config_name>/<method>, the
+    launcher's <runs_root>/<dataset>_<scale>/<method>: a grid's scales are one experiment); never
+    a folder above runs_root."""
+    parent = run.path.parent
+    if run.path == runs_root or parent == runs_root:
+        return runs_root
+    config_names = {str(run.config.get("config_name")).lower(), f"{run.dataset}_{run.scale}".lower()}
+    return parent.parent if parent.name.lower() in config_names else parent
+
+
+def sorted_values(values: Iterable[Any]) -> list[Any]:
+    """Distinct values, numbers in order before the rest in the order of their text."""
+    distinct = {json.dumps(v, sort_keys=True, default=str): v for v in values}.values()
+    return sorted(distinct, key=lambda v: (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, param_text(v)))
+
+
+def differing_settings(runs: list[Run]) -> dict[str, list[Any]]:
+    """{key: its values} of each setting in which the runs differ (identity.run_identity: the
+    computing keys less the method's own and the block), by key."""
+    identities = [run_identity(run.config) for run in runs]
+    keys = sorted({key for identity in identities for key in identity})
+    values = {key: sorted_values(identity[key] for identity in identities if key in identity) for key in keys}
+    return {key: v for key, v in values.items() if len(v) > 1}
+
+
+def unlabelled_settings(runs: list[Run]) -> list[str]:
+    """The settings in which two runs of one column (dataset, scale) differ that no row label names:
+    the labels name only what tells runs of one method apart (grid.index_runs), so two methods
+    trained otherwise sit side by side as if the method alone told them apart."""
+    identities = [run_identity(run.config) for run in runs]
+    in_columns = keys_differing_within([(run.dataset, run.scale) for run in runs], identities)
+    in_rows = keys_differing_within([(run.dataset, run.scale, row_key(run.method, run.block)) for run in runs], identities)
+    return sorted(in_columns - in_rows)
+
+
+def and_join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def mixed_runs_text(runs: list[Run], runs_root: Path) -> str:
+    """One line saying which roots and which differing settings the tables mix, where their runs
+    come from several experiments' folders (run_root) or two rows of a column differ in a setting
+    no label names; '' for one experiment's runs."""
+    roots = sorted({run_root(run, runs_root) for run in runs})
+    unlabelled = unlabelled_settings(runs)
+    if len(roots) < 2 and not unlabelled:
+        return ""
+    where = f"{len(roots)} roots ({', '.join(map(str, roots))})" if len(roots) > 1 else f"the runs of one root ({roots[0]})"
+    differ = [f"{key} ({', '.join(param_text(v) for v in values)})" for key, values in differing_settings(runs).items()]
+    text = f"mixed {where} whose runs differ in {and_join(differ)}" if differ else f"mixed {where} whose runs differ in their methods alone"
+    if unlabelled:
+        text += f"; within a column, rows differ in {and_join(unlabelled)}, which no row label names"
+    return text + "; point --runs_root at one experiment's folder (or give --datasets, --scales) to tabulate it alone."
 
 
 # -----------------------------------------------------------------------------
@@ -685,6 +756,9 @@ def main(argv: list[str] | None = None) -> int:
             # Built here rather than by build_tables, because the runs also say which tables are missing and why.
             runs = load_runs(Path(args.runs_root), datasets, _filter(args.scales, "scales"))
             tables = tables_of_runs(runs, numbers, args.paper, load_reference(Path(args.reference)))
+            mixed = mixed_runs_text(runs, Path(args.runs_root))
+            if mixed:
+                print(f"note: {mixed}", file=sys.stderr)
             for number, why in left_out_reasons(runs, tables, numbers, datasets).items():
                 print(f"Table {number} left out: {why}.", file=sys.stderr)
     except UsageError as e:

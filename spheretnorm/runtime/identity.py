@@ -275,6 +275,21 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in saved_settings(dict(config)).items() if k not in ignored}
 
 
+def keys_differing_within(cells: Sequence[Hashable], identities: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The keys in which two runs of one cell differ, among the runs that have the key:
+    identities[i] is run i's run_identity, cells[i] the group it belongs to (a table's cell, its column)."""
+    by_cell: dict[Hashable, list[Mapping[str, Any]]] = {}
+    for cell, identity in zip(cells, identities, strict=True):
+        by_cell.setdefault(cell, []).append(identity)
+    differing: set[str] = set()
+    for cell_identities in by_cell.values():
+        for key in {k for identity in cell_identities for k in identity}:
+            values = {json.dumps(identity[key], sort_keys=True, default=str) for identity in cell_identities if key in identity}
+            if len(values) > 1:
+                differing.add(key)
+    return differing
+
+
 def settings_labels(cells: Sequence[Hashable], configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The settings that tell runs of one method apart, one label per run ('optimizer=muon'; ''
     where nothing does): configs[i] is run i's config.json, cells[i] the (dataset, scale, row) it
@@ -284,15 +299,7 @@ def settings_labels(cells: Sequence[Hashable], configs: Sequence[Mapping[str, An
     keys its run has, sorted, so the rows of every cell read alike. Runs that share every setting
     get the same label (grid.index_runs refuses them)."""
     identities = [run_identity(config) for config in configs]
-    by_cell: dict[Hashable, list[dict[str, Any]]] = {}
-    for cell, identity in zip(cells, identities, strict=True):
-        by_cell.setdefault(cell, []).append(identity)
-    naming: set[str] = set()
-    for cell_identities in by_cell.values():
-        for key in {k for identity in cell_identities for k in identity}:
-            values = {json.dumps(identity[key], sort_keys=True, default=str) for identity in cell_identities if key in identity}
-            if len(values) > 1:
-                naming.add(key)
+    naming = keys_differing_within(cells, identities)
     labels = [", ".join(f"{k}={param_text(identity[k])}" for k in sorted(naming) if k in identity) for identity in identities]
     # A run whose keys changed part-way is not a run of its last settings: its label says so.
     return [", ".join(filter(None, (label, history and f"changed part-way: {history}")))
