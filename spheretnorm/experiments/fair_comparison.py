@@ -88,9 +88,9 @@ from spheretnorm.experiments.grid import (
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
     CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
-    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary, failed_at_text,
-    gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
-    publish, rate_grids, record_mismatch_lines, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
+    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary,
+    gaps_text, held_out_summary, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
+    publish, rate_grids, record_mismatch_lines, rule_lines, seed_order, start_study, study_main, study_parser, table_metric, train_argv,
 )
 from spheretnorm.kernels import compile_mode_text
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
@@ -303,33 +303,30 @@ def group_runs(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str 
 
 def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], seeds: Seeds, metric: str = "val_loss",
               optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[dict[str, Any]]:
-    """One summary per (block, arm, optimizer) of the design: its rate selected on the selection
-    seed alone and that seed's loss there; the held-out seeds there (each, and their mean: the
-    headline); the gaps to Pre-LN of the same block, each arm at its own selected rate, paired by
-    held-out seed, with the same optimizer ("gap") and with AdamW ("adamw_gap"), each with its mean,
-    SD and 95% interval; the rates where a held-out seed failed; and the pinned fractions."""
+    """One summary per (block, arm, optimizer) of the design, the engine's held-out statistics
+    (study.held_out_summary): its rate selected on the selection seed alone and that seed's loss
+    there; the held-out seeds there (each, and their mean: the headline); the gaps to Pre-LN of the
+    same block, each arm at its own selected rate, paired by held-out seed, with the same optimizer
+    ("gap") and with AdamW ("adamw_gap"), each with its mean, SD and 95% interval; the rates where a
+    held-out seed failed; then this study's own: the pinned fractions and the unstable rates."""
+    groups = [(block, arm.slug, optimizer) for block in blocks for optimizer in optimizers for arm in arms
+              if keeps({"arm": arm.slug, "optimizer": optimizer})]
+    baselines = {"gap": lambda g: (g[0], BASELINE, g[2]), "adamw_gap": lambda g: (g[0], BASELINE, ADAMW)}
+    held_out = held_out_summary(rows, groups, lambda r: (r["block"], r["arm"], optimizer_of(r)), baselines, seeds, metric)
     out = []
-    for block in blocks:
-        base_adamw = selected_cell(group_runs(rows, block, BASELINE, ADAMW), seeds, metric)["held_out"]
-        for optimizer in optimizers:
-            base = selected_cell(group_runs(rows, block, BASELINE, optimizer), seeds, metric)["held_out"]
-            for arm in (a for a in arms if keeps({"arm": a.slug, "optimizer": optimizer})):
-                group = group_runs(rows, block, arm.slug, optimizer)
-                cell = selected_cell(group, seeds, metric)
-                held = cell["held_out"]
-                at_best = [r for r in group if r["lr"] == cell["rate"] and r["seed"] in seeds.held_out]
-                out.append({
-                    "block": block, "arm": arm.slug, "title": arm.title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
-                    "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": cell["rate"], "selection_loss": cell["selection_loss"],
-                    "held_out": held.record(), "held_out_text": held.seeds_text(), "headline": held.text(),
-                    # Pre-LN against itself has no gap (a column of zeros would look like a result)
-                    **gap_record("gap", gap_values(held, base) if arm.slug != BASELINE else {}),
-                    **gap_record("adamw_gap", gap_values(held, base_adamw) if (arm.slug, optimizer) != (BASELINE, ADAMW) else {}),
-                    "held_out_failed_at": failed_at_text(cell["held_out_failed_at"]),
-                    "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "step_ratio": ratio_span(at_best), "radius": mean_of(at_best, "radius"),
-                    "radius_pinned": mean_of(at_best, "radius_pinned"),
-                    "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
-                })
+    for (block, slug, optimizer), s in zip(groups, held_out):
+        group = group_runs(rows, block, slug, optimizer)
+        at_best = [r for r in group if r["lr"] == s["rate"] and r["seed"] in seeds.held_out]
+        out.append({  # the keys in the order the record has always had them
+            "block": block, "arm": slug, "title": ARM_BY_SLUG[slug].title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
+            "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": s["rate"], "selection_loss": s["selection_loss"],
+            "held_out": s["held_out"], "held_out_text": s["held_out_text"], "headline": s["headline"],
+            **{k: v for k, v in s.items() if k.startswith("gap")}, **{k: v for k, v in s.items() if k.startswith("adamw_gap")},
+            "held_out_failed_at": s["held_out_failed_at"],
+            "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "step_ratio": ratio_span(at_best), "radius": mean_of(at_best, "radius"),
+            "radius_pinned": mean_of(at_best, "radius_pinned"),
+            "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
+        })
     return out
 
 
