@@ -203,7 +203,7 @@ HELP_EXPECTATIONS = [
     ("scripts/coord_check.py", ["--widths", "(default: 64,128,256,512,1024)", "--lr", "(default 0.003)"]),
     ("scripts/mup_transfer.py", ["--widths", "(default: 64,256)", "--lrs", "--max_iters", "(default 250)"]),
     ("scripts/depth_study.py", ["--seeds", "(default 1337,1338)", "--warmup_iters", "(default 400)", "--table_only"]),
-    ("scripts/fair_sweep.py", ["--lrs", "(default 1e-3,2e-3,4e-3,8e-3)", "--arms", "--max_iters", "(default 600)", "--table_only", "--dry_run"]),
+    ("scripts/fair_sweep.py", ["--lrs", "(default 1e-3,2e-3,4e-3,8e-3)", "--arms", "--max_iters", "(default 600)", "--table_only", "--dry_run", "--wide"]),
     ("scripts/table2_mini.py", ["--max_iters", "(default 2400)", "--cuts", "--tables_dir", "--dry_run", "--table_only"]),
     ("scripts/block_study.py", ["--seeds", "(default 1337,1338)", "--ngpt_lrs", "(default 1e-3,3e-3,1e-2)", "--max_iters", "(default 800)", "--table_only"]),
     ("scripts/jacobian.py", ["--ckpt", "--tokens", "(default 4)", "--scope", "(default self)", "--steps", "--imports", "--trust_recorded_imports"]),

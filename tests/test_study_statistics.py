@@ -284,7 +284,7 @@ def test_the_headline_is_the_held_out_mean_at_the_selection_seeds_rate_with_a_pa
                                                                                                 capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "sweep"
     write_sweep(out, data_dir)
-    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02")) == 0
+    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02", "--wide")) == 0  # every column
     lines = table(out)
     sphere = row_of(lines, "0.5-SpheretNorm")
     # Selected on seed 1337 alone: 2e-3 (2.15; the held-out seeds would pick 2e-3 too). Held out: 2.18, 2.15, 2.20, mean 2.17667.
@@ -314,12 +314,43 @@ def test_the_headline_is_the_held_out_mean_at_the_selection_seeds_rate_with_a_pa
     assert "- rule every_gap<-0.02 (every held-out seed's gap below -0.02): 0.5-SpheretNorm (LLaMA) -> holds" in table(out)
 
 
+def test_the_default_summary_is_narrow_and_the_record_keeps_every_column(data_dir: Path, tmp_path: Path) -> None:
+    """Issue 66, item 8: the rate, the held-out mean, the gap and its interval, failures; the rest in
+    fair_sweep.json and --wide (the same numbers as the test above: 2.177, -0.033, -0.048 to -0.019)."""
+    out = tmp_path / "sweep"
+    write_sweep(out, data_dir)
+    assert fair_sweep.main(argv(out, data_dir)) == 0
+    lines = table(out)
+    top = lines.index("Each arm at its best learning rate:") + 2
+    assert lines[top:top + 4] == [
+        "| block | arm | optimizer | best lr (seed 1337) | held-out mean | minus Pre-LN (same seed), mean | 95% interval | held-out failed at |",
+        "|:--|:--|:--|--:|--:|--:|--:|:--|",
+        "| LLaMA | Pre-LN | AdamW | 0.002 | 2.210 | - | - | - |",
+        "| LLaMA | 0.5-SpheretNorm | AdamW | 0.002 | 2.177 | -0.033 | -0.048 to -0.019 | 0.004 (seed 1339 collapsed) |"]
+    assert lines[top + 5] == ("The selection seed's loss, each held-out seed and gap, the gaps' SD, alpha, the radius and the rates where any "
+                              "run failed: fair_sweep.json (\"best\"), or this table with --wide.")
+    best = next(s for s in json.loads((out / "fair_sweep.json").read_text())["best"] if s["arm"] == "p_spheret-0.5")
+    assert (best["selection_loss"], best["held_out_text"], best["gap_sd"]) == (2.15, "1338: 2.180, 1339: 2.150, 1340: 2.200", pytest.approx(0.0057735, abs=1e-7))
+    assert {"step_pinned", "below_cap", "step_ratio", "radius", "radius_pinned", "unstable"} <= set(best)
+
+
+def test_a_grid_of_one_rate_is_not_called_the_best(data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_sweep(out, data_dir)
+    assert fair_sweep.main(argv(out, data_dir, "--lrs=2e-3")) == 0  # every seed at 2e-3, none chosen
+    text = "\n".join(table(out))
+    assert "best lr" not in text and "its best" not in text  # the title and the rate's header (the record's key is still "best")
+    assert "Each arm at the one learning rate its grid gives:" in text
+    assert "| block | arm | optimizer | lr (the one its grid gives) | held-out mean |" in text
+    assert "| LLaMA | 0.5-SpheretNorm | AdamW | 0.002 | 2.177 | -0.033 | -0.048 to -0.019 | - |" in text  # no other rate ran: no failure beside
+
+
 def test_a_held_out_seed_that_collapsed_at_the_selected_rate_fails_the_cell(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     losses = json.loads(json.dumps(LOSSES), object_hook=lambda d: {(float(k) if "." in k else int(k)) if k[0].isdigit() else k: v for k, v in d.items()})
     losses["p_spheret-0.5"][1339][2e-3] = 0.0  # collapsed at the selected rate
     write_sweep(out, data_dir, losses)
-    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02")) == 0
+    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02", "--wide")) == 0
     sphere = row_of(table(out), "0.5-SpheretNorm")
     # Never the mean of the two survivors (2.18, 2.20): the cell fails, and so does the gap, with no interval.
     assert sphere[3:11] == ["0.002", "2.150", "1338: 2.180, 1339: collapsed, 1340: 2.200", "failed (seed 1339 collapsed)",
@@ -347,7 +378,7 @@ def with_stall(arm: str, seed: int, lr: float) -> dict:
 def test_a_held_out_seed_that_stalled_at_the_selected_rate_fails_the_cell_as_a_collapse_does(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     write_sweep(out, data_dir, with_stall("p_spheret-0.5", 1339, 2e-3))
-    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02")) == 0
+    assert fair_sweep.main(argv(out, data_dir, "--rule=every_gap<-0.02", "--rule=upper<-0.02", "--wide")) == 0
     lines = table(out)
     sphere = row_of(lines, "0.5-SpheretNorm")
     # Counted as trained, 3.10 would give a mean of (2.18 + 3.10 + 2.20) / 3 = 2.493 and a gap of (-0.03 + 0.91 - 0.03) / 3 = +0.283.
@@ -402,14 +433,14 @@ def test_compare_judges_an_old_record_from_its_data_folder_or_says_in_one_line_i
 def test_two_held_out_seeds_give_no_interval_and_a_missing_one_leaves_the_rule_undecided(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     write_sweep(out, data_dir, {arm: {s: by_seed[s] for s in (1337, 1338, 1339)} for arm, by_seed in LOSSES.items()})
-    assert fair_sweep.main(argv(out, data_dir, "--seeds=1337,1338,1339", "--rule=upper<-0.02")) == 0
+    assert fair_sweep.main(argv(out, data_dir, "--seeds=1337,1338,1339", "--rule=upper<-0.02", "--wide")) == 0
     sphere = row_of(table(out), "0.5-SpheretNorm")
     assert sphere[6:11] == ["2.165", "1338: -0.030, 1339: -0.040", "-0.035", "0.007", "no interval (2 seeds; it needs 3)"]
     assert "- rule upper<-0.02 (the upper end of the mean gap's 95% interval below -0.02): 0.5-SpheretNorm (LLaMA) -> " \
            "undecided (no interval: 2 held-out seeds, it needs 3)" in table(out)
     out2 = tmp_path / "missing"
     write_sweep(out2, data_dir, {arm: {s: by_seed[s] for s in (1337, 1338)} for arm, by_seed in LOSSES.items()})
-    assert fair_sweep.main(argv(out2, data_dir, "--seeds=1337,1338,1339", "--rule=every_gap<-0.02")) == 0
+    assert fair_sweep.main(argv(out2, data_dir, "--seeds=1337,1338,1339", "--rule=every_gap<-0.02", "--wide")) == 0
     assert row_of(table(out2), "0.5-SpheretNorm")[6] == "runs missing (seed 1339)"
     assert "- rule every_gap<-0.02 (every held-out seed's gap below -0.02): 0.5-SpheretNorm (LLaMA) -> " \
            "undecided (runs missing: seed 1339)" in table(out2)
@@ -419,7 +450,7 @@ def test_the_selection_seed_may_be_named_and_old_runs_use_the_sampled_loss(data_
     out = tmp_path / "sweep"
     write_sweep(out, data_dir)
     write_run(out, data_dir, "pre_ln", 1e-3, 1340, 2.33, whole_split=False)  # a run from before val_loss_full: every run's val_loss then
-    assert fair_sweep.main(argv(out, data_dir, "--selection_seed=1338")) == 0
+    assert fair_sweep.main(argv(out, data_dir, "--selection_seed=1338", "--wide")) == 0
     lines = table(out)
     assert "Loss: val_loss, the mean of eval_iters sampled batches (some run lacks val_loss_full)." in "\n".join(lines)
     # Seed 1338 selects (val_loss = val_loss_full + 0.1): Pre-LN 2e-3 at 2.31; the held-out 1337, 1339, 1340 there: 2.30, 2.29, 2.33.

@@ -47,12 +47,14 @@ AdamW betas 0.9 and 0.99); nGPT's own (no warm-up, no weight decay, cosine to 0,
 
 Runs go to OUT_DIR/<block>/<arm>/lr<LR>_s<SEED>/ (AdamW), OUT_DIR/<block>/<arm>+<optimizer>/lr<RATE>_s<SEED>/
 (another optimizer). Writes OUT_DIR/fair_sweep.md (each arm and optimizer at the rate its
-selection seed chose: that seed's loss, each held-out seed's there and their mean (the headline),
-the gap to the same block's Pre-LN at Pre-LN's own rate paired by held-out seed with its mean, SD
-and 95% t-interval (from 3 held-out seeds), with the same optimizer and, with several optimizers,
-with AdamW; "failed (seed N collapsed)" instead of a mean where a held-out seed failed; the rates
-where a held-out seed failed; the pinned fractions of the sphere's step size and radius; then each
---rule with its verdict, and every run), on val_loss_full where every run has it, on one kernel
+selection seed chose, or at the one rate its grid gives: the held-out seeds' mean there (the
+headline), the gap to the same block's Pre-LN at Pre-LN's own rate paired by held-out seed, its
+mean and 95% t-interval (from 3 held-out seeds); "failed (seed N collapsed)" instead of a mean
+where a held-out seed failed; the rates where a held-out seed failed; with --wide also the
+selection seed's loss, each held-out seed's loss and gap, the gaps' SD, with several optimizers
+the gap to Pre-LN with AdamW, the pinned fractions of the sphere's step size and radius, and the
+rates where any run failed (all of them always in the JSON record); then each --rule with its
+verdict, and every run), on val_loss_full where every run has it, on one kernel
 path unless --mix_kernel_paths; OUT_DIR/fair_sweep.json (the --rule given are written into it
 before any run starts) and OUT_DIR/fair_sweep.{png,pdf}: final val loss
 against the rate, one panel per block (with several optimizers, a row per block and a column per
@@ -88,9 +90,9 @@ from spheretnorm.experiments.grid import (
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
     CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
-    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary, failed_at_text,
-    gap_record, gap_values, gaps_text, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
-    publish, rate_grids, record_mismatch_lines, rule_lines, seed_order, selected_cell, start_study, study_main, study_parser, table_metric, train_argv,
+    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary,
+    gaps_text, held_out_summary, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
+    publish, rate_grids, record_mismatch_lines, rule_lines, seed_order, start_study, study_main, study_parser, table_metric, train_argv,
 )
 from spheretnorm.kernels import compile_mode_text
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
@@ -303,33 +305,30 @@ def group_runs(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str 
 
 def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], seeds: Seeds, metric: str = "val_loss",
               optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[dict[str, Any]]:
-    """One summary per (block, arm, optimizer) of the design: its rate selected on the selection
-    seed alone and that seed's loss there; the held-out seeds there (each, and their mean: the
-    headline); the gaps to Pre-LN of the same block, each arm at its own selected rate, paired by
-    held-out seed, with the same optimizer ("gap") and with AdamW ("adamw_gap"), each with its mean,
-    SD and 95% interval; the rates where a held-out seed failed; and the pinned fractions."""
+    """One summary per (block, arm, optimizer) of the design, the engine's held-out statistics
+    (study.held_out_summary): its rate selected on the selection seed alone and that seed's loss
+    there; the held-out seeds there (each, and their mean: the headline); the gaps to Pre-LN of the
+    same block, each arm at its own selected rate, paired by held-out seed, with the same optimizer
+    ("gap") and with AdamW ("adamw_gap"), each with its mean, SD and 95% interval; the rates where a
+    held-out seed failed; then this study's own: the pinned fractions and the unstable rates."""
+    groups = [(block, arm.slug, optimizer) for block in blocks for optimizer in optimizers for arm in arms
+              if keeps({"arm": arm.slug, "optimizer": optimizer})]
+    baselines = {"gap": lambda g: (g[0], BASELINE, g[2]), "adamw_gap": lambda g: (g[0], BASELINE, ADAMW)}
+    held_out = held_out_summary(rows, groups, lambda r: (r["block"], r["arm"], optimizer_of(r)), baselines, seeds, metric)
     out = []
-    for block in blocks:
-        base_adamw = selected_cell(group_runs(rows, block, BASELINE, ADAMW), seeds, metric)["held_out"]
-        for optimizer in optimizers:
-            base = selected_cell(group_runs(rows, block, BASELINE, optimizer), seeds, metric)["held_out"]
-            for arm in (a for a in arms if keeps({"arm": a.slug, "optimizer": optimizer})):
-                group = group_runs(rows, block, arm.slug, optimizer)
-                cell = selected_cell(group, seeds, metric)
-                held = cell["held_out"]
-                at_best = [r for r in group if r["lr"] == cell["rate"] and r["seed"] in seeds.held_out]
-                out.append({
-                    "block": block, "arm": arm.slug, "title": arm.title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
-                    "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": cell["rate"], "selection_loss": cell["selection_loss"],
-                    "held_out": held.record(), "held_out_text": held.seeds_text(), "headline": held.text(),
-                    # Pre-LN against itself has no gap (a column of zeros would look like a result)
-                    **gap_record("gap", gap_values(held, base) if arm.slug != BASELINE else {}),
-                    **gap_record("adamw_gap", gap_values(held, base_adamw) if (arm.slug, optimizer) != (BASELINE, ADAMW) else {}),
-                    "held_out_failed_at": failed_at_text(cell["held_out_failed_at"]),
-                    "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "step_ratio": ratio_span(at_best), "radius": mean_of(at_best, "radius"),
-                    "radius_pinned": mean_of(at_best, "radius_pinned"),
-                    "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
-                })
+    for (block, slug, optimizer), s in zip(groups, held_out):
+        group = group_runs(rows, block, slug, optimizer)
+        at_best = [r for r in group if r["lr"] == s["rate"] and r["seed"] in seeds.held_out]
+        out.append({  # the keys in the order the record has always had them
+            "block": block, "arm": slug, "title": ARM_BY_SLUG[slug].title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
+            "rate_key": OPTIMIZERS[optimizer].rate_key, "best_lr": s["rate"], "selection_loss": s["selection_loss"],
+            "held_out": s["held_out"], "held_out_text": s["held_out_text"], "headline": s["headline"],
+            **{k: v for k, v in s.items() if k.startswith("gap")}, **{k: v for k, v in s.items() if k.startswith("adamw_gap")},
+            "held_out_failed_at": s["held_out_failed_at"],
+            "step_pinned": mean_of(at_best, "step_pinned"), "below_cap": mean_history(at_best), "step_ratio": ratio_span(at_best), "radius": mean_of(at_best, "radius"),
+            "radius_pinned": mean_of(at_best, "radius_pinned"),
+            "unstable": sorted({r["lr"] for r in group if r["status"] in UNSTABLE}),
+        })
     return out
 
 
@@ -356,17 +355,53 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def best_columns(several: bool, seeds: Seeds, with_adamw: bool = True) -> tuple[Column, ...]:
-    """The summary's columns: the selection seed's rate and loss, the held-out seeds (each, and the
-    mean: the headline), and the paired gap to Pre-LN over the held-out seeds; with several
-    optimizers the rate is each one's rate key, and a second gap, to Pre-LN with AdamW, says what
-    the optimizer gains over the study's first design (where the design runs AdamW: with_adamw;
-    a sweep of MuonH alone would show "runs missing" in it)."""
+def summary_columns(several: bool, seeds: Seeds, given: str = "") -> tuple[Column, ...]:
+    """The summary's default columns, what a reader decides on: each arm's rate, the held-out mean
+    there (the headline), the mean paired gap to Pre-LN with its 95% interval, and the rates where a
+    held-out seed failed. Each seed, the SD, the gap to Pre-LN with AdamW, alpha and radius are in
+    fair_sweep.json's "best" and in --wide's table (best_columns)."""
+    same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
+    return (
+        Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
+        Column("optimizer", "optimizer_title", align=":--"), Column(rate_column_header(several, seeds, given), "best_lr", "g"),
+        Column("held-out mean", "headline"), Column(f"{same}, mean", "gap_text"), Column("95% interval", "gap_interval"),
+        Column("held-out failed at", "held_out_failed_at", align=":--"),
+    )
+
+
+def rate_column_header(several: bool, seeds: Seeds, given: str = "") -> str:
+    """The rate column's header; given (given_rates): whether some or all arms' grids hold one rate,
+    which is a rate given, not the best of several."""
+    rate = rate_header(several)
+    return {"all": f"{rate} (the one its grid gives)",
+            "some": f"{rate} (seed {seeds.selection}'s best, or the one its grid gives)"}.get(given, f"best {rate} (seed {seeds.selection})")
+
+
+def summary_title(several: bool, given: str = "") -> str:
+    """The line above the summary; given as in rate_column_header."""
+    rate = "rate" if several else "learning rate"
+    return {"all": f"Each arm at the one {rate} its grid gives:",
+            "some": f"Each arm at its best {rate}, or at the one its grid gives:"}.get(given, f"Each arm at its best {rate}:")
+
+
+def wide_note(to_adamw: bool) -> str:
+    """The line under the default summary: what --wide adds (to_adamw: the gap to Pre-LN with AdamW is one)."""
+    adamw = " the gap to Pre-LN with AdamW," if to_adamw else ""
+    return (f"The selection seed's loss, each held-out seed and gap, the gaps' SD,{adamw} alpha, the radius and the rates where any "
+            f"run failed: fair_sweep.json (\"best\"), or this table with --wide.")
+
+
+def best_columns(several: bool, seeds: Seeds, with_adamw: bool = True, given: str = "") -> tuple[Column, ...]:
+    """The summary's every column (--wide): the selection seed's rate and loss, the held-out seeds
+    (each, and the mean: the headline), and the paired gap to Pre-LN over the held-out seeds; with
+    several optimizers the rate is each one's rate key, and a second gap, to Pre-LN with AdamW, says
+    what the optimizer gains over the study's first design (where the design runs AdamW: with_adamw;
+    a sweep of MuonH alone would show "runs missing" in it); then alpha's and the radius's columns."""
     same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
     to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_text"), Column("95% interval", "adamw_gap_interval")) if several and with_adamw else ()
     return (
         Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
-        Column("optimizer", "optimizer_title", align=":--"), Column(f"best {rate_header(several)} (seed {seeds.selection})", "best_lr", "g"),
+        Column("optimizer", "optimizer_title", align=":--"), Column(rate_column_header(several, seeds, given), "best_lr", "g"),
         Column(f"seed {seeds.selection}", "selection_loss", ".3f"), Column("held-out seeds", "held_out_text", align=":--"),
         Column("held-out mean", "headline"), Column(f"{same}, each", lambda s: gaps_text(s["gaps"]), align=":--"),
         Column("mean", "gap_text"), Column("SD", "gap_sd", ".3f"), Column("95% interval", "gap_interval"), *to_adamw,
@@ -487,6 +522,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    help="with --gap_against: the panels of a row share one y-range (row, the default of depth and width) or each has its "
                         "own (panel, the default of tokens: a small gap stays readable beside a large one)")
     add_table_options(p)
+    p.add_argument("--wide", action="store_true", help="the summary table with every column: each held-out seed, the gaps' SD, the gap "
+                   "to Pre-LN with AdamW, alpha and the radius (default: the rate, the held-out mean, the gap and its interval, failures)")
     return p.parse_known_args(argv)
 
 
@@ -603,9 +640,12 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     corpus = corpus_title(place.data_dir)
     figures = plot_design(rows, blocks, yardsticks.unigram, f"Final val loss against {against} ({shape}, {corpus})",
                           place.out_dir / "fair_sweep", optimizers) if rows else []
-    text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given_rates(design))} "
-            f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\nEach arm at its best {'rate' if several else 'learning rate'}:\n\n"
-            f"{markdown_table(summary, best_columns(several, seeds, ADAMW in optimizers))}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
+    given = given_rates(design)
+    columns = best_columns(several, seeds, ADAMW in optimizers, given) if args.wide else summary_columns(several, seeds, given)
+    rest = "" if args.wide else f"\n\n{wide_note(several and ADAMW in optimizers)}"
+    text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given)} "
+            f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\n{summary_title(several, given)}\n\n"
+            f"{markdown_table(summary, columns)}{rest}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
     record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, **yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),

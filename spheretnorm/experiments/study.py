@@ -2,7 +2,8 @@
 
 A study declares a Sweep (its name, base settings, axes, run folders, table columns, and where it
 needs one, a follow-up rule) and this module plans it, runs its jobs, resumes or reuses finished
-runs, and writes its rows, its Markdown table and the paired-seed summary.
+runs, and writes its rows, its Markdown table and the summary over its seeds (where it selects a
+rate, the held-out seeds' at each group's selected rate: selected_summary).
 
 The model is deep and narrow, 24 layers of width 128, the regime where the connections differ
 most, on Tiny Shakespeare (characters). Jobs run as subprocesses (train.py installs signal
@@ -1026,15 +1027,25 @@ def write_outputs(out_dir: Path, stem: str, text: str | None, record: dict[str, 
 
 def runs_text(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str = "", declared: dict[str, Any] | None = None,
               mix: bool | None = None) -> str:
-    """The loss and kernel path lines, the table of runs, then, with a baseline and two seeds, the
-    summary over the seeds and the rules' verdicts. mix: --mix_kernel_paths (None: a command
-    without the option, whose table names every path and refuses none)."""
+    """The loss and kernel path lines, the table of runs, then the summary and the rules' verdicts
+    on its gaps: for a sweep that selects a rate (selection_of), each group at its selected rate on
+    the held-out seeds alone (selected_table); else, with a baseline and two seeds, every seed
+    alike (paired_seed_summary). mix: --mix_kernel_paths (None: a command without the option, whose
+    table names every path and refuses none)."""
     metric = table_metric(rows)
     paths = kernel_paths_line(rows, True if mix is None else mix)
     text = f"Gaps and the summary over the seeds: {METRIC_TEXT[metric]}. {paths}\n\n{markdown_table(rows, sweep.columns)}"
-    summary, verdicts = paired_seed_summary(rows, baseline_title, metric) if sweep.baseline else ("", [])
+    chosen = selection_of(sweep)
+    if chosen is not None:  # the seed that chose a rate is no evidence for it: the held-out seeds alone
+        summary, verdicts = selected_table(sweep, rows, baseline_title, metric)
+        seeds = Seeds.of(sweep.values(chosen.seed))
+        title = (f"Each group at the {chosen.rate} its seed {seeds.selection} selected; the held-out seeds "
+                 f"({', '.join(map(str, seeds.held_out)) or 'none'}) there, gaps paired by held-out seed, each group at its own rate:")
+    else:
+        summary, verdicts = paired_seed_summary(rows, baseline_title, metric) if sweep.baseline else ("", [])
+        title = "Over the seeds:"
     if summary:
-        text += f"\n\nOver the seeds:\n\n{summary}"
+        text += f"\n\n{title}\n\n{summary}"
     if sweep.rules or (declared or {}).get("rules") or (declared or {}).get("edited"):
         rules = sweep.rules or tuple(parse_rule(t) for t in (declared or {})["rules"])
         text += "\n\n" + rule_lines(rules, verdicts, declared or {})
@@ -1158,9 +1169,8 @@ def refined_rates(rates: list[float], losses: dict[float, float]) -> list[float]
     return sorted({*rates, *midpoints})
 
 
-def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed",
-                        grid: Callable[[Point], tuple[float, ...]] | None = None, refine: bool = False,
-                        neighbours: bool = True) -> Callable[[Sweep, dict[Point, float]], list[Point]]:
+@dataclass(frozen=True)
+class BestRate:
     """The rule 'each group (every axis but the rate and the seed) at its own best rate': the
     selection seed (the seed axis's first value, Seeds) at each rate of the group's grid
     (grid(group); without one, the rate axis's values), extended past the best (swept_rates); with
@@ -1172,19 +1182,31 @@ def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed
     the held-out seeds at the best rates, then at their neighbours (so a sweep cut short misses
     the least telling runs). The points sweep.keep leaves out are left out of the plan too (a
     whole group, such as nGPT with an optimizer other than AdamW); a group's rates differ by
-    `grid`, not by keep, since the extension lies outside every grid."""
+    `grid`, not by keep, since the extension lies outside every grid.
 
-    def follow_up(sweep: Sweep, done: dict[Point, float]) -> list[Point]:
+    A sweep whose follow_up is a BestRate selects a rate: its table's summary is the held-out one
+    (selected_summary), read with the same rate and seed keys as the plan, so that the statistics
+    cannot pool the seed that chose with the seeds that did not."""
+
+    extensions: int = 1
+    rate: str = "lr"
+    seed: str = "seed"
+    grid: Callable[[Point], tuple[float, ...]] | None = None
+    refine: bool = False
+    neighbours: bool = True
+
+    def __call__(self, sweep: Sweep, done: dict[Point, float]) -> list[Point]:
+        rate, seed = self.rate, self.seed
         axis_rates, seeds = tuple(sweep.values(rate)), Seeds.of(sweep.values(seed))
         groups = grid_points(Sweep(sweep.name, sweep.base, tuple(a for a in sweep.axes if a.key not in (rate, seed)), sweep.folder))
         sweeps: list[Point] = []
         at_best: list[Point] = []
         beside: list[Point] = []
         for group in groups:
-            lrs = list(grid(group) if grid else axis_rates)
+            lrs = list(self.grid(group) if self.grid else axis_rates)
             losses = {lr: loss for lr in set(lrs) | {p[rate] for p in done} if (loss := done.get(group.but(**{rate: lr, seed: seeds.selection}))) is not None}
-            rates, finished = swept_rates(lrs, losses, extensions)
-            if refine and finished and math.isfinite(min(losses[lr] for lr in rates)):
+            rates, finished = swept_rates(lrs, losses, self.extensions)
+            if self.refine and finished and math.isfinite(min(losses[lr] for lr in rates)):
                 rates = refined_rates(rates, losses)
                 finished = all(lr in losses for lr in rates)
             sweeps += [group.but(**{rate: lr, seed: seeds.selection}) for lr in rates]
@@ -1192,11 +1214,22 @@ def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed
                 continue  # still sweeping, or every rate diverged or collapsed: no best to seed
             best = rates.index(min(rates, key=lambda lr: losses[lr]))
             at_best += [group.but(**{rate: rates[best], seed: s}) for s in seeds.held_out]
-            if neighbours:
+            if self.neighbours:
                 beside += [group.but(**{rate: lr, seed: s}) for lr in rates[max(best - 1, 0): best + 2] if lr != rates[best] for s in seeds.held_out]
         return [p for p in sweeps + at_best + beside if sweep.keep(p)]
 
-    return follow_up
+
+def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed",
+                        grid: Callable[[Point], tuple[float, ...]] | None = None, refine: bool = False,
+                        neighbours: bool = True) -> BestRate:
+    """A Sweep's follow_up that selects each group's rate on the selection seed (BestRate)."""
+    return BestRate(extensions, rate, seed, grid, refine, neighbours)
+
+
+def selection_of(sweep: Sweep) -> BestRate | None:
+    """The rate selection a sweep declares (its follow_up, where that is a BestRate), else None:
+    a sweep that selects nothing, whose every seed counts alike (paired_seed_summary)."""
+    return sweep.follow_up if isinstance(sweep.follow_up, BestRate) else None
 
 
 # -----------------------------------------------------------------------------
@@ -1282,11 +1315,11 @@ def seed_cell(runs: dict[int, dict[str, Any]], seeds: Iterable[int], metric: str
     return SeedCell(losses, failed, tuple(missing))
 
 
-def selected_cell(runs: list[dict[str, Any]], seeds: Seeds, metric: str, rate: str = "lr") -> dict[str, Any]:
+def selected_cell(runs: list[dict[str, Any]], seeds: Seeds, metric: str, rate: str = "lr", seed: str = "seed") -> dict[str, Any]:
     """A group's runs (one arm, all rates and seeds) as its table shows them: the rate where the
     selection seed's loss is lowest, that loss, the held-out seeds there (a SeedCell, the
     headline), and each rate where the selection seed trained but a held-out seed failed."""
-    by = {(r[rate], r["seed"]): r for r in runs}
+    by = {(r[rate], r[seed]): r for r in runs}
     chosen = {lr: final_loss(r, metric) for (lr, s), r in by.items() if s == seeds.selection and has_ended(r)}
     trained = {lr: loss for lr, loss in chosen.items() if math.isfinite(loss)}
     best = min(trained, key=trained.__getitem__) if trained else None
@@ -1343,6 +1376,87 @@ def gap_record(prefix: str, gaps: Gaps) -> dict[str, Any]:
 def gaps_text(gaps: Gaps, fmt: str = "+.3f") -> str | None:
     """Each seed's gap: '1338: -0.012, 1339: +inf'."""
     return ", ".join(f"{s}: {'-' if g is None else format(g, fmt)}" for s, g in sorted(gaps.items())) or None
+
+
+GroupKey = tuple[Any, ...]  # a group's values of every row key but the rate and the seed (held_out_summary)
+
+
+def held_out_summary(rows: list[dict[str, Any]], groups: Iterable[GroupKey], key: Callable[[dict[str, Any]], GroupKey],
+                     baselines: dict[str, Callable[[GroupKey], GroupKey]], seeds: Seeds, metric: str, rate: str = "lr",
+                     seed: str = "seed") -> list[dict[str, Any]]:
+    """The statistics of a study that selects a rate: one summary per group of `groups`, in their
+    order (key(row): a run's group, every rate and seed of it): the rate selected on the selection
+    seed alone ("rate") and that seed's loss there ("selection_loss"); the held-out seeds there,
+    each ("held_out_text") and their mean, the headline ("headline"; a failed seed is named, never
+    averaged; "held_out": the SeedCell's record); for each baseline (prefix: the baseline group's key
+    from the group's), the gaps paired by held-out seed, each group at its own selected rate, with
+    their mean, SD and 95% interval (gap_record's keys; none where a group is its own baseline:
+    a column of zeros would read as a result); and the rates where the selection seed trained and
+    a held-out seed failed ("held_out_failed_at"). A baseline group without runs has every seed missing."""
+    runs: dict[GroupKey, list[dict[str, Any]]] = {}
+    for r in rows:
+        runs.setdefault(key(r), []).append(r)
+    cells: dict[GroupKey, dict[str, Any]] = {}
+
+    def cell(group: GroupKey) -> dict[str, Any]:
+        if group not in cells:
+            cells[group] = selected_cell(runs.get(group, []), seeds, metric, rate, seed)
+        return cells[group]
+
+    out = []
+    for group in groups:
+        mine = cell(group)
+        held = mine["held_out"]
+        gaps: dict[str, Any] = {}
+        for prefix, baseline in baselines.items():
+            base = baseline(group)
+            gaps.update(gap_record(prefix, gap_values(held, cell(base)["held_out"]) if base != group else {}))
+        out.append({"rate": mine["rate"], "selection_loss": mine["selection_loss"], "held_out": held.record(), "held_out_text": held.seeds_text(),
+                    "headline": held.text(), **gaps, "held_out_failed_at": failed_at_text(mine["held_out_failed_at"])})
+    return out
+
+
+def selected_summary(sweep: Sweep, rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """held_out_summary of a sweep that selects a rate (selection_of), over its rows (name_rows): a
+    group per set of values of every row key but the rate and the seed, in the rows' order, named
+    ("name") by the settings in which the groups differ (distinct_labels); its baseline ("gap") the
+    group of sweep.baseline's point, where the sweep has a baseline."""
+    chosen = selection_of(sweep)
+    if chosen is None:
+        raise ValueError(f"Sweep {sweep.name!r} selects no rate (its follow_up is not a BestRate); its summary is paired_seed_summary.")
+    keys = [k for k in sweep.row_keys() if k not in (chosen.rate, chosen.seed)]
+
+    def group_of(values: dict[str, Any] | Point) -> GroupKey:
+        return tuple(values.get(k) for k in keys)
+
+    def point_of(row: dict[str, Any]) -> Point:  # a row's point: its row keys, less those its point lacked (None)
+        return point(**{k: row[k] for k in sweep.row_keys() if row.get(k) is not None})
+
+    first: dict[GroupKey, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(group_of(r), r)
+    baseline = sweep.baseline
+    baselines = {"gap": lambda group: group_of(baseline(point_of(first[group])))} if baseline else {}
+    summary = held_out_summary(rows, first, group_of, baselines, Seeds.of(sweep.values(chosen.seed)), metric, chosen.rate, chosen.seed)
+    points = [point(**{k: v for k, v in zip(keys, group) if v is not None}) for group in first]
+    name = distinct_labels(sweep, points)
+    return [{"name": name(p), **s} for p, s in zip(points, summary)]
+
+
+def selected_table(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str, metric: str) -> tuple[str, list[tuple[str, Gaps]]]:
+    """selected_summary as a table ('' without rows) and each group's held-out gaps to its
+    baseline, for the rules' verdicts (paired_seed_summary's counterpart for a sweep that selects)."""
+    chosen = selection_of(sweep)
+    summary = selected_summary(sweep, rows, metric) if chosen else []
+    if not summary:
+        return "", []
+    selection = Seeds.of(sweep.values(chosen.seed)).selection
+    gaps = (Column(f"minus {baseline_title} (same seed), each", lambda s: gaps_text(s["gaps"]), align=":--"), Column("mean", "gap_text"),
+            Column("SD", "gap_sd", ".3f"), Column("95% interval", "gap_interval")) if sweep.baseline else ()
+    columns = (Column("method", "name", align=":--"), Column(f"{chosen.rate} (selected on seed {selection})", "rate", "g"),
+               Column(f"seed {selection}", "selection_loss", ".3f"), Column("held-out seeds", "held_out_text", align=":--"),
+               Column("held-out mean", "headline"), *gaps, Column("held-out failed at", "held_out_failed_at", align=":--"))
+    return markdown_table(summary, columns), [(s["name"], s["gaps"]) for s in summary if s.get("gaps")]
 
 
 def rule_lines(rules: tuple[Rule, ...] | list[Rule], verdicts: list[tuple[str, Gaps]], declared: dict[str, Any]) -> str:
@@ -1594,7 +1708,9 @@ def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", basel
         if place.dry_run:
             return 0
         text = runs_text(chosen, rows, baseline_title, place.declared, args.mix_kernel_paths)
-        return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "metric": table_metric(rows), "runs": rows}, [], rows, started)
+        metric = table_metric(rows)
+        held_out = {"selected": selected_summary(chosen, rows, metric)} if selection_of(chosen) else {}  # the held-out statistics, every column
+        return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "metric": metric, **held_out, "runs": rows}, [], rows, started)
 
     return study_main(p.parse_known_args, run, argv)
 
