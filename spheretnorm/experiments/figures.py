@@ -58,7 +58,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # the studies' figures take plt from here: the backend is chosen in this one place
 
 from spheretnorm.zeroshot.errors import NUMBER, non_finite
 from spheretnorm.runtime.atomic import WriteError, write_atomically
