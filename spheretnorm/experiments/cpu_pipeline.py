@@ -61,8 +61,14 @@ OUTCOME_COLUMNS = (
 )
 
 
-def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, threads: int) -> str:
+def first_run(sweep: Sweep, place: Place) -> ParsedConfig:
+    """The settings of the sweep's first run: what every method shares."""
+    return parse_train_args(train_argv(sweep, grid_points(sweep)[0], place))
+
+
+def settings_text(sweep: Sweep, place: Place, data_meta: dict[str, Any]) -> str:
     """The settings every method shares, in words, for the output and the summary."""
+    parsed = first_run(sweep, place)
     t, m = parsed.train, parsed.model_config()
     return (
         f"Every method: {m.n_layer} layers x {m.n_embd} wide ({m.n_head} heads), block {m.block_size}, "
@@ -73,7 +79,7 @@ def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, th
         f"{t.lr_decay_iters}; weight decay {t.weight_decay:g}, betas ({t.beta1:g}, {t.beta2:g}), clip "
         f"{t.grad_clip:g}, seed {t.seed}, {t.dtype} on {t.device}.\n"
         f"Evaluation every {t.eval_interval} iterations on {t.eval_iters} batches per split; "
-        f"{jobs} run(s) at a time, {threads} thread(s) each."
+        f"{place.jobs} run(s) at a time, {place.threads} thread(s) each."
     )
 
 
@@ -84,19 +90,13 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smooth", type=float, default=0.9, help="EMA factor of the train curves in the figure")
 
 
-def first_run(sweep: Sweep, place: Place) -> ParsedConfig:
-    """The settings of the sweep's first run: what every method shares."""
-    return parse_train_args(train_argv(sweep, grid_points(sweep)[0], place))
-
-
 def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     """The sweep, its settings printed before any run."""
     check_overrides(overrides, RESERVED)
     if args.max_iters < 1:
         raise UsageError(f"--max_iters must be a positive integer, got {args.max_iters}.")
     spec = pipeline_sweep(parse_methods(args.methods), args.max_iters, overrides)
-    place = Place.of(args, overrides)
-    print(settings_text(first_run(spec, place), ensure_data(Path(args.data_dir), args.input), place.jobs, place.threads) + "\n", flush=True)
+    print(settings_text(spec, Place.of(args, overrides), ensure_data(Path(args.data_dir), args.input)) + "\n", flush=True)
     return spec
 
 
@@ -117,7 +117,7 @@ def tables_and_figures(done: Done) -> list[Path]:
 def report(done: Done) -> Report:
     """OUT_DIR/summary.json: the settings, every run's outcome (printed as a table) and what was written."""
     place, rows = done.place, done.rows
-    settings = settings_text(first_run(done.sweep, place), load_meta(place.data_dir), place.jobs, place.threads)
+    settings = settings_text(done.sweep, place, load_meta(place.data_dir))
     print(f"Run outcomes ({done.yardsticks.rules_text()}):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
     return "summary", None, {
         "settings": settings, "train_args": as_args(done.sweep.base) + place.overrides, **done.yardsticks.record(),

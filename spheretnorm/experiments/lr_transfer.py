@@ -27,7 +27,6 @@ same settings is reused.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments.figures import (
@@ -173,11 +172,6 @@ def moves_text(moves: list[dict[str, Any]]) -> list[str]:
 TRANSFER_PANEL_INCHES = (4.8, 3.4)
 
 
-def plot_transfer(rows: list[dict[str, Any]], title: str, out: Path) -> list[Path]:
-    """transfer_axes's figure, saved as out.{png,pdf}."""
-    return save_figure(transfer_axes(rows, title), out)
-
-
 def transfer_axes(rows: list[dict[str, Any]], title: str) -> plt.Figure:
     """Final val loss vs rate: a panel per (arm, parametrisation), all on one y-range; a line per
     width (draw_rate_curve: a run that collapsed or diverged breaks it, an x of the width's colour
@@ -268,4 +262,4 @@ def report(done: Done) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     return sweep_main(design, argv, __doc__, options=options, report=report,
-                      figures=lambda done: plot_transfer(done.rows, title(done), done.place.out_dir / "mup_transfer"))
+                      figures=lambda done: save_figure(transfer_axes(done.rows, title(done)), done.place.out_dir / "mup_transfer"))
