@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
+from spheretnorm.experiments.depth import seeds_report
 from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, check_overrides, load_run
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_length_options, add_place_options, add_seed_option, diagnostic_columns,
-    parse_number_list, publish, runs_text, start_study, study_main, study_parser,
+    parse_number_list, sweep_main,
 )
-from spheretnorm.runtime.methods import method_dirname
-from spheretnorm.runtime.methods import display_name
+from spheretnorm.runtime.methods import display_name, method_dirname
 
 BASELINE = "pre_ln"
 PAPER_RECIPE: dict[str, Any] = {  # scripts/depth_study.py's, at warm-up 400
@@ -101,25 +100,19 @@ def block_sweep(seeds: list[int], ngpt_lrs: list[float], max_iters: int, eval_in
     )
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = study_parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     add_seed_option(p)
     p.add_argument("--ngpt_lrs", default="1e-3,3e-3,1e-2", help="nGPT's peak learning rates (default 1e-3,3e-3,1e-2)")
     add_length_options(p, 800, eval_interval=100)
     add_place_options(p, "out/block_study")
-    return p.parse_known_args(argv)
 
 
-def study(args: argparse.Namespace, overrides: list[str]) -> int:
-    started = time.perf_counter()
+def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     fixed = {k: "nothing (fixed by this study)" for k in (*PAPER_RECIPE, "block", "connection", "learning_rate", "lr_decay_iters")}
     check_overrides(overrides, {**RESERVED, **fixed, "seed": "--seeds", "max_iters": "--max_iters"})
-    sweep = block_sweep(parse_number_list(args.seeds, "seeds", int), parse_number_list(args.ngpt_lrs, "ngpt_lrs", float),
-                        args.max_iters, args.eval_interval)
-    rows, place, yardsticks = start_study(sweep, args, overrides)
-    text = runs_text(sweep, rows, "Pre-LN of the same block")
-    return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "runs": rows}, [], rows, started)
+    return block_sweep(parse_number_list(args.seeds, "seeds", int), parse_number_list(args.ngpt_lrs, "ngpt_lrs", float),
+                       args.max_iters, args.eval_interval)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(parse_args, study, argv)
+    return sweep_main(design, argv, __doc__, options=options, report=seeds_report("Pre-LN of the same block"))

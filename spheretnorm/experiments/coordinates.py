@@ -48,12 +48,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import matplotlib
 import numpy as np
 import torch
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig
 from spheretnorm.mup import param_kind
@@ -64,7 +60,7 @@ from spheretnorm.runtime.loss_terms import loss_term_params
 from spheretnorm.runtime.run_folder import LossTermError
 from spheretnorm.runtime.step import backward_step
 from spheretnorm.experiments.study import DEFAULT_DATA_DIR, ensure_data, study_parser
-from spheretnorm.experiments.figures import figure_legend, save_figure, titled_grid
+from spheretnorm.experiments.figures import figure_legend, plt, save_figure, titled_grid
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.experiments.grid import parse_choices, parse_numbers
 from spheretnorm.runtime.token_files import open_split

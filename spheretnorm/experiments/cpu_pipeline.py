@@ -18,22 +18,20 @@ that already finished with the same settings is reused, so an interrupted reprod
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments import figures as plot, tabulate as tables
 from spheretnorm.experiments.grid import check_overrides
-from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, DATASET, RESERVED, Axis, Column, Place, Sweep, add_length_options, add_methods_option, add_place_options, as_args,
-    ensure_data, grid_points, markdown_table, parse_train_args, publish, start_study, study_main, study_name, study_parser, train_argv,
+    CPU_MODEL, DATASET, RESERVED, Axis, Column, Done, Place, Report, Sweep, add_length_options, add_methods_option, add_place_options,
+    as_args, ensure_data, grid_points, markdown_table, parse_train_args, study_name, sweep_main, train_argv,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ParsedConfig
-from spheretnorm.runtime.methods import method_dirname
-from spheretnorm.runtime.methods import display_name, scale_of
+from spheretnorm.runtime.methods import display_name, method_dirname, parse_methods, scale_of
+from spheretnorm.runtime.token_files import load_meta
 
 # One schedule for every method: peak LR, its warm-up, cosine decay to a tenth by the end.
 SCHEDULE: dict[str, Any] = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 100}
@@ -63,8 +61,14 @@ OUTCOME_COLUMNS = (
 )
 
 
-def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, threads: int) -> str:
+def first_run(sweep: Sweep, place: Place) -> ParsedConfig:
+    """The settings of the sweep's first run: what every method shares."""
+    return parse_train_args(train_argv(sweep, grid_points(sweep)[0], place))
+
+
+def settings_text(sweep: Sweep, place: Place, data_meta: dict[str, Any]) -> str:
     """The settings every method shares, in words, for the output and the summary."""
+    parsed = first_run(sweep, place)
     t, m = parsed.train, parsed.model_config()
     return (
         f"Every method: {m.n_layer} layers x {m.n_embd} wide ({m.n_head} heads), block {m.block_size}, "
@@ -75,41 +79,51 @@ def settings_text(parsed: ParsedConfig, data_meta: dict[str, Any], jobs: int, th
         f"{t.lr_decay_iters}; weight decay {t.weight_decay:g}, betas ({t.beta1:g}, {t.beta2:g}), clip "
         f"{t.grad_clip:g}, seed {t.seed}, {t.dtype} on {t.device}.\n"
         f"Evaluation every {t.eval_interval} iterations on {t.eval_iters} batches per split; "
-        f"{jobs} run(s) at a time, {threads} thread(s) each."
+        f"{place.jobs} run(s) at a time, {place.threads} thread(s) each."
     )
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = study_parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     add_methods_option(p, "paper")
     add_length_options(p, DEFAULT_MAX_ITERS)
     add_place_options(p, "out/cpu_repro", table_only=False)
     p.add_argument("--smooth", type=float, default=0.9, help="EMA factor of the train curves in the figure")
-    return p.parse_known_args(argv)
 
 
-def reproduce(args: argparse.Namespace, overrides: list[str]) -> int:
-    started = time.perf_counter()
+def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
+    """The sweep, its settings printed before any run."""
     check_overrides(overrides, RESERVED)
     if args.max_iters < 1:
         raise UsageError(f"--max_iters must be a positive integer, got {args.max_iters}.")
     spec = pipeline_sweep(parse_methods(args.methods), args.max_iters, overrides)
-    parsed = parse_train_args(train_argv(spec, grid_points(spec)[0], Place.of(args, overrides)))
-    settings = settings_text(parsed, ensure_data(Path(args.data_dir), args.input), args.jobs, args.threads)
-    print(settings + "\n", flush=True)
+    print(settings_text(spec, Place.of(args, overrides), ensure_data(Path(args.data_dir), args.input)) + "\n", flush=True)
+    return spec
 
-    rows, place, yardsticks = start_study(spec, args, overrides)
 
-    built = tables.build_tables(place.out_dir, ["2", "3"], with_paper=False)
-    table_paths = tables.write_tables(built, place.out_dir / "tables")
-    figure_paths = plot.plot_group(place.out_dir, DATASET, scale_of(asdict(parsed.model_config())), place.out_dir / "figures" / spec.name, args.smooth)
+TABLE_SUFFIXES = (".md", ".tex")
+
+
+def tables_and_figures(done: Done) -> list[Path]:
+    """OUT_DIR/tables.{md,tex} (the paper's Tables 2 and 3 for these runs, printed too) and the loss curves."""
+    out = done.place.out_dir
+    built = tables.build_tables(out, ["2", "3"], with_paper=False)
+    written = tables.write_tables(built, out / "tables")
+    scale = scale_of(asdict(first_run(done.sweep, done.place).model_config()))
+    written += plot.plot_group(out, DATASET, scale, out / "figures" / done.sweep.name, done.args.smooth)
     print("\n" + tables.render(built, "markdown"))
-    print(f"Run outcomes ({yardsticks.rules_text()}):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
-    summary = {"settings": settings, "train_args": as_args(spec.base) + overrides, **yardsticks.record(),
-               "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows,
-               "tables": [str(p) for p in table_paths], "figures": [str(p) for p in figure_paths]}
-    return publish(place.out_dir, "summary", None, summary, [*table_paths, *figure_paths], rows, started)
+    return written
+
+
+def report(done: Done) -> Report:
+    """OUT_DIR/summary.json: the settings, every run's outcome (printed as a table) and what was written."""
+    place, rows = done.place, done.rows
+    settings = settings_text(done.sweep, place, load_meta(place.data_dir))
+    print(f"Run outcomes ({done.yardsticks.rules_text()}):\n\n{markdown_table(rows, OUTCOME_COLUMNS)}\n\n{settings}")
+    return "summary", None, {
+        "settings": settings, "train_args": as_args(done.sweep.base) + place.overrides, **done.yardsticks.record(),
+        "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows,
+        "tables": [str(p) for p in done.figures if p.suffix in TABLE_SUFFIXES], "figures": [str(p) for p in done.figures if p.suffix not in TABLE_SUFFIXES]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(parse_args, reproduce, argv)
+    return sweep_main(design, argv, __doc__, options=options, figures=tables_and_figures, report=report)

@@ -20,19 +20,16 @@ OUT_DIR/figures/diagnostics_<name>.png (scripts/plot.py), and prints the table.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from spheretnorm.experiments import figures as plot
 from spheretnorm.experiments.grid import CONFIG_NAME, check_overrides, load_run
-from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options, add_seed_option,
-    diagnostic_columns, parse_number_list, publish, runs_text, start_study, study_main, study_parser,
+    CPU_MODEL, RESERVED, Axis, Column, Done, Point, Report, Sweep, add_length_options, add_methods_option, add_place_options,
+    add_seed_option, diagnostic_columns, parse_number_list, runs_text, sweep_main,
 )
-from spheretnorm.runtime.methods import method_dirname
-from spheretnorm.runtime.methods import display_name
+from spheretnorm.runtime.methods import display_name, method_dirname, parse_methods
 
 DEFAULT_METHODS = "pre_ln,peri_ln,geonorm,p_spheret:0.5,proj_spheret,cay_spheret"
 ABLATION_METHOD = "p_spheret:0.5"
@@ -69,27 +66,32 @@ def depth_sweep(methods: list[str], seeds: list[int], ablation: bool, warmup: in
     )
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = study_parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     add_methods_option(p, DEFAULT_METHODS)
     add_seed_option(p)
     p.add_argument("--ablation", choices=("sublayer", "none"), default="sublayer", help=f"also run {ABLATION_METHOD} with alpha_index=sublayer (default), or not")
     add_length_options(p, 800, warmup_iters=400, eval_interval=100)
     add_place_options(p, "out/depth_study")
-    return p.parse_known_args(argv)
 
 
-def study(args: argparse.Namespace, overrides: list[str]) -> int:
-    started = time.perf_counter()
+def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     check_overrides(overrides, {**RESERVED, "seed": "--seeds", "alpha_index": "--ablation", "warmup_iters": "--warmup_iters", "max_iters": "--max_iters"})
-    sweep = depth_sweep(parse_methods(args.methods), parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer",
-                        args.warmup_iters, args.max_iters, args.eval_interval)
-    rows, place, yardsticks = start_study(sweep, args, overrides)
-    found = [load_run(Path(r["out_dir"])) for r in rows if (Path(r["out_dir"]) / CONFIG_NAME).is_file()]
-    figures = plot.plot_diagnostics(found, f"{place.out_dir.name}: 24 x 128", place.out_dir / "figures" / "diagnostics") if found else []
-    text = runs_text(sweep, rows, display_name("pre_ln"))
-    return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "runs": rows}, figures, rows, started)
+    return depth_sweep(parse_methods(args.methods), parse_number_list(args.seeds, "seeds", int), args.ablation == "sublayer",
+                       args.warmup_iters, args.max_iters, args.eval_interval)
+
+
+def diagnostic_figures(done: Done) -> list[Path]:
+    """The per-layer heatmaps of the runs found (scripts/plot.py's), OUT_DIR/figures/diagnostics_<name>.png."""
+    found = [load_run(Path(r["out_dir"])) for r in done.rows if (Path(r["out_dir"]) / CONFIG_NAME).is_file()]
+    out = done.place.out_dir
+    return plot.plot_diagnostics(found, f"{out.name}: 24 x 128", out / "figures" / "diagnostics") if found else []
+
+
+def seeds_report(baseline_title: str) -> Callable[[Done], Report]:
+    """<name>.md: the runs, each seed paired with its baseline, then the seeds' summary; the record:
+    the yardsticks and the rows (the depth and block studies)."""
+    return lambda done: (done.sweep.name, runs_text(done.sweep, done.rows, baseline_title), {**done.yardsticks.record(), "runs": done.rows})
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(parse_args, study, argv)
+    return sweep_main(design, argv, __doc__, options=options, figures=diagnostic_figures, report=seeds_report(display_name("pre_ln")))

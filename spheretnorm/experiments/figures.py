@@ -58,7 +58,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 matplotlib.use("Agg")  # files only: no display needed, also on clusters and in CI
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # the studies' figures take plt from here: the backend is chosen in this one place
 
 from spheretnorm.zeroshot.errors import NUMBER, non_finite
 from spheretnorm.runtime.atomic import WriteError, write_atomically
@@ -145,10 +145,16 @@ def _y_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float]
             continue
         start = YLIM_SKIP_FRACTION * max(iters)
         kept += [v for i, v in zip(iters, values) if i >= start]
-    if not kept:
+    return padded(kept, 0.05)
+
+
+def padded(values: list[float], share: float) -> tuple[float, float] | None:
+    """From the lowest value to the highest, widened by `share` of that span on each side (of 1
+    where all are equal); None for no values."""
+    if not values:
         return None
-    lo, hi = min(kept), max(kept)
-    pad = 0.05 * (hi - lo or 1.0)
+    lo, hi = min(values), max(values)
+    pad = share * (hi - lo or 1.0)
     return lo - pad, hi + pad
 
 
@@ -167,12 +173,7 @@ UNFINISHED = " (unfinished)"
 
 def x_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float] | None:
     """The iterations both panels show: from the first point of any series to the last, padded a little."""
-    iters = [i for xs, _ in series for i in xs]
-    if not iters:
-        return None
-    lo, hi = min(iters), max(iters)
-    pad = 0.02 * (hi - lo or 1)
-    return lo - pad, hi + pad
+    return padded([i for xs, _ in series for i in xs], 0.02)
 
 
 def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -> None:

@@ -28,13 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.ticker import EngFormatter
 
-from spheretnorm.experiments.figures import figure_legend, method_style, save_figure, titled_grid
+from spheretnorm.experiments.figures import figure_legend, method_style, plt, save_figure, titled_grid
 from spheretnorm.experiments.grid import BLOCK_TITLES
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError

@@ -27,22 +27,17 @@ same settings is reused.
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from spheretnorm.experiments.figures import draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained
+from spheretnorm.experiments.figures import (
+    draw_rate_curve, figure_legend, loss_range, plt, rate_axis, rate_curve, save_figure, titled_grid, trained,
+)
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.experiments.grid import check_overrides, parse_choices, parse_numbers
 from spheretnorm.runtime.methods import parse_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options,
-    add_rate_grid_options, pivot_table, publish, rate_grids, start_study, study_main, study_parser,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Done, Point, Report, Sweep, add_length_options, add_methods_option,
+    add_place_options, add_rate_grid_options, pivot_table, rate_grids, sweep_main,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import method_dirname
@@ -177,11 +172,6 @@ def moves_text(moves: list[dict[str, Any]]) -> list[str]:
 TRANSFER_PANEL_INCHES = (4.8, 3.4)
 
 
-def plot_transfer(rows: list[dict[str, Any]], title: str, out: Path) -> list[Path]:
-    """transfer_axes's figure, saved as out.{png,pdf}."""
-    return save_figure(transfer_axes(rows, title), out)
-
-
 def transfer_axes(rows: list[dict[str, Any]], title: str) -> plt.Figure:
     """Final val loss vs rate: a panel per (arm, parametrisation), all on one y-range; a line per
     width (draw_rate_curve: a run that collapsed or diverged breaks it, an x of the width's colour
@@ -222,8 +212,7 @@ def ring_best(ax: Any, runs: list[dict[str, Any]], color: Any) -> None:
 # Command line
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = study_parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     add_methods_option(p, DEFAULT_METHODS)
     p.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"widths n_embd; the smallest is μP's base (default: {DEFAULT_WIDTHS})")
     add_rate_grid_options(p, DEFAULT_LRS, DEFAULT_BASE_LR, lrs_role=", a log grid")
@@ -231,42 +220,46 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--n_layer", type=int, default=3, help="depth of every model (default 3)")
     p.add_argument("--head_dim", type=int, default=32, help="width of one attention head (default 32)")
     add_place_options(p, "out/mup_transfer", table_only=False)
-    return p.parse_known_args(argv)
 
 
-def check_shape(widths: list[int], head_dim: int, max_iters: int) -> None:
-    if len(widths) < 2:
-        raise UsageError(f"--widths {widths} needs at least two widths to compare.")
-    bad = [w for w in widths if w % head_dim]
-    if bad or head_dim < 1:
-        raise UsageError(f"--widths {bad} are not multiples of --head_dim {head_dim}; choose widths that are.")
-    if max_iters < 10:
-        raise UsageError(f"--max_iters {max_iters} is too short for a warm-up of a tenth; use 10 or more.")
+def grids_of(args: argparse.Namespace) -> dict[str, tuple[float, ...]]:
+    """Each optimizer's rates, as --optimizers, --lrs and --grid give them (rate_grids)."""
+    return rate_grids(parse_choices(args.optimizers, OPTIMIZERS, "optimizers"), parse_numbers(args.lrs, float, "lrs"), args.grid)
 
 
-
-def study(args: argparse.Namespace, overrides: list[str]) -> int:
-    started = time.perf_counter()
+def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     check_overrides(overrides, RESERVED)
     widths = parse_numbers(args.widths, int, "widths")
-    optimizers = parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
-    grids = rate_grids(optimizers, parse_numbers(args.lrs, float, "lrs"), args.grid)
-    check_shape(widths, args.head_dim, args.max_iters)
-    spec = transfer_sweep(parse_methods(args.methods), widths, grids, args.n_layer, args.head_dim, args.max_iters, args.base_lr)
-    rows, place, yardsticks = start_study(spec, args, overrides)
-    base = widths[0]
-    title = f"Shakespeare-char, {args.n_layer} layers, {args.max_iters} iterations: final val loss (μP base width {base})"
-    figures = plot_transfer(rows, title, place.out_dir / "mup_transfer")
+    grids = grids_of(args)
+    if len(widths) < 2:
+        raise UsageError(f"--widths {widths} needs at least two widths to compare.")
+    bad = [w for w in widths if w % args.head_dim]
+    if bad or args.head_dim < 1:
+        raise UsageError(f"--widths {bad} are not multiples of --head_dim {args.head_dim}; choose widths that are.")
+    if args.max_iters < 10:
+        raise UsageError(f"--max_iters {args.max_iters} is too short for a warm-up of a tenth; use 10 or more.")
+    return transfer_sweep(parse_methods(args.methods), widths, grids, args.n_layer, args.head_dim, args.max_iters, args.base_lr)
+
+
+def title(done: Done) -> str:
+    base = done.sweep.values("width")[0]  # the first of --widths, as given
+    return f"Shakespeare-char, {done.args.n_layer} layers, {done.args.max_iters} iterations: final val loss (μP base width {base})"
+
+
+def report(done: Done) -> Report:
+    args, rows, grids = done.args, done.rows, grids_of(done.args)
+    widths = list(done.sweep.values("width"))
     moves = optimum_moves(rows, grids)
     tables = [f"{OPTIMIZERS[o].title} ({OPTIMIZERS[o].rate_key}"
               + ("" if OPTIMIZERS[o].rate_key == "learning_rate" else f"; AdamW's part at learning_rate {args.base_lr:g}") + "):\n\n"
-              + transfer_table([r for r in rows if arm(r)[1] == o], sorted(grids[o])) for o in optimizers]
-    note = f"At width {base} μP is the standard parametrisation, so its rows are the same runs."
-    text = f"{title}\n\n" + "\n\n".join(tables) + f"\n\n{note}\n\n" + "\n".join(moves_text(moves))
-    record = {"widths": widths, "grids": grids, "lrs": grids.get("adamw"), "base_width": base, "max_iters": args.max_iters, "n_layer": args.n_layer,
-              "base_lr": args.base_lr, **yardsticks.record(), "moves": moves, "runs": rows}
-    return publish(place.out_dir, "transfer", text, record, figures, rows, started)
+              + transfer_table([r for r in rows if arm(r)[1] == o], sorted(grids[o])) for o in grids]
+    note = f"At width {widths[0]} μP is the standard parametrisation, so its rows are the same runs."
+    text = f"{title(done)}\n\n" + "\n\n".join(tables) + f"\n\n{note}\n\n" + "\n".join(moves_text(moves))
+    record = {"widths": widths, "grids": grids, "lrs": grids.get("adamw"), "base_width": widths[0], "max_iters": args.max_iters,
+              "n_layer": args.n_layer, "base_lr": args.base_lr, **done.yardsticks.record(), "moves": moves, "runs": rows}
+    return "transfer", text, record
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(parse_args, study, argv)
+    return sweep_main(design, argv, __doc__, options=options, report=report,
+                      figures=lambda done: save_figure(transfer_axes(done.rows, title(done)), done.place.out_dir / "mup_transfer"))

@@ -22,21 +22,15 @@ shared cores; a run costs max_iters / 2 to max_iters seconds on one core.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from spheretnorm.experiments.figures import method_style, save_figure
+from spheretnorm.experiments.figures import method_style, plt, save_figure
 from spheretnorm.experiments.grid import check_overrides, parse_numbers
 from spheretnorm.runtime.methods import parse_methods, sort_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, UNSTABLE, Axis, Column, Point, Sweep, add_length_options, add_methods_option, add_place_options,
-    add_rate_grid_options, as_args, parse_train_args, pivot_table, publish, start_study, study_main, study_name, study_parser,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, UNSTABLE, Axis, Column, Done, Point, Report, Sweep, add_length_options, add_methods_option,
+    add_place_options, add_rate_grid_options, as_args, parse_train_args, pivot_table, study_name, sweep_main,
 )
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import method_dirname
@@ -143,33 +137,35 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = study_parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     add_methods_option(p, DEFAULT_METHODS)
     add_rate_grid_options(p, DEFAULT_LRS)
     p.add_argument("--warmups", default=DEFAULT_WARMUPS, help=f"warm-up lengths in iterations (default: {DEFAULT_WARMUPS})")
     add_length_options(p, DEFAULT_MAX_ITERS)
     add_place_options(p, "out/lr_sweep", table_only=False)
-    return p.parse_known_args(argv)
 
 
-def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
-    started = time.perf_counter()
+def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
     check_overrides(overrides, RESERVED)
     methods = parse_methods(args.methods)
     lrs = parse_numbers(args.lrs, float, "lrs")
     warmups = parse_numbers(args.warmups, int, "warmups")
     if args.max_iters <= max(warmups):
         raise UsageError(f"--max_iters {args.max_iters} must exceed the longest warm-up ({max(warmups)}); raise it or shorten --warmups.")
-    spec = stability_sweep(methods, lrs, warmups, args.max_iters, overrides)
-    rows, place, yardsticks = start_study(spec, args, overrides)
-    title = f"{spec.name}: final val loss after {args.max_iters} iterations"
-    figure_paths = plot_sweep(rows, yardsticks.unigram, title, place.out_dir / "lr_sweep")
-    text = f"{title}\n\n{sweep_table(rows)}\n\n{yardsticks.rules_text()}.\n\n" + "\n".join(findings(rows))
-    record = {"study": spec.name, "max_iters": args.max_iters, **yardsticks.record(),
-              "train_seconds": round(sum(r["seconds"] or 0 for r in rows), 1), "runs": rows}
-    return publish(place.out_dir, "sweep", text, record, figure_paths, rows, started)
+    return stability_sweep(methods, lrs, warmups, args.max_iters, overrides)
+
+
+def title(done: Done) -> str:
+    return f"{done.sweep.name}: final val loss after {done.args.max_iters} iterations"
+
+
+def report(done: Done) -> Report:
+    text = f"{title(done)}\n\n{sweep_table(done.rows)}\n\n{done.yardsticks.rules_text()}.\n\n" + "\n".join(findings(done.rows))
+    record = {"study": done.sweep.name, "max_iters": done.args.max_iters, **done.yardsticks.record(),
+              "train_seconds": round(sum(r["seconds"] or 0 for r in done.rows), 1), "runs": done.rows}
+    return "sweep", text, record
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(parse_args, sweep, argv)
+    return sweep_main(design, argv, __doc__, options=options, report=report,
+                      figures=lambda done: plot_sweep(done.rows, done.yardsticks.unigram, title(done), done.place.out_dir / "lr_sweep"))

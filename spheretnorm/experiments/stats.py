@@ -69,11 +69,16 @@ def t_quantile(p: float, df: float) -> float:
     low, high = 0.0, 1.0
     while t_cdf(high, df) < p:
         low, high = high, high * 2.0
+    return bisect(lambda t: t_cdf(t, df), p, low, high)
+
+
+def bisect(rising: Callable[[float], float], target: float, low: float, high: float) -> float:
+    """Where a function rising in x reaches target within [low, high], the bracket halved to float resolution."""
     for _ in range(200):  # halves the bracket to float resolution long before 200 steps
         mid = 0.5 * (low + high)
         if mid in (low, high):
             break
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+        low, high = (mid, high) if rising(mid) < target else (low, mid)
     return 0.5 * (low + high)
 
 
@@ -208,19 +213,9 @@ def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[flo
         raise ValueError(f"clopper_pearson needs 0 <= k <= n and n >= 1, got k={k} and n={n}.")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"clopper_pearson needs a confidence in (0, 1), got {confidence}.")
-    alpha = (1.0 - confidence) / 2.0
-
-    def solve(tail: Callable[[float], float], target: float) -> float:  # the rate where a tail rising in p reaches target
-        low, high = 0.0, 1.0
-        for _ in range(200):  # halves the bracket to float resolution long before 200 steps
-            mid = 0.5 * (low + high)
-            if mid in (low, high):
-                break
-            low, high = (mid, high) if tail(mid) < target else (low, mid)
-        return 0.5 * (low + high)
-
-    lower = 0.0 if k == 0 else solve(lambda p: binomial_tail(k, n, p), alpha)  # P(X >= k) = alpha
-    upper = 1.0 if k == n else solve(lambda p: binomial_tail(k + 1, n, p), 1.0 - alpha)  # P(X <= k) = alpha
+    alpha = (1.0 - confidence) / 2.0  # each tail rises in the rate p: the bound is where it reaches its target
+    lower = 0.0 if k == 0 else bisect(lambda p: binomial_tail(k, n, p), alpha, 0.0, 1.0)  # P(X >= k) = alpha
+    upper = 1.0 if k == n else bisect(lambda p: binomial_tail(k + 1, n, p), 1.0 - alpha, 0.0, 1.0)  # P(X <= k) = alpha
     return lower, upper
 
 

@@ -1691,26 +1691,59 @@ def add_table_options(parser: Any) -> None:
     parser.add_argument("--mix_kernel_paths", action="store_true", help="tabulate runs of several kernel paths together (default: refuse)")
 
 
-def sweep_main(sweep: Sweep, argv: list[str] | None = None, doc: str = "", baseline_title: str = "the baseline") -> int:
-    """A command that runs a sweep as declared: the common options, --axis to run part of it,
+@dataclass
+class Done:
+    """A study's sweep once it ran: what sweep_main's figures and report hooks read."""
+
+    sweep: Sweep
+    args: argparse.Namespace
+    rows: list[dict[str, Any]]
+    place: Place
+    yardsticks: Yardsticks
+    figures: list[Path] = field(default_factory=list)  # what the figures hook wrote
+
+
+Report = tuple[str, "str | None", dict[str, Any]]  # the stem of OUT_DIR/<stem>.md and .json, the .md's text (None: no .md), the record
+
+
+def sweep_main(sweep: Sweep | Callable[[argparse.Namespace, list[str]], Sweep], argv: list[str] | None = None, doc: str = "",
+               baseline_title: str = "the baseline", *, options: Callable[[argparse.ArgumentParser], None] | None = None,
+               figures: Callable[[Done], list[Path]] | None = None, report: Callable[[Done], Report] | None = None) -> int:
+    """A study's command. A Sweep runs as declared: the common options, --axis to run part of it,
     --rule and --mix_kernel_paths, and any train.py --key=value for every run; writes
-    OUT_DIR/<name>.md and .json."""
+    OUT_DIR/<name>.md (runs_text) and .json. A study of its own options gives `options`, which adds
+    them (the place options among them), and as `sweep` the function that checks them and the
+    train.py overrides and turns them into its Sweep. `figures` draws from the rows and returns the
+    paths it wrote; `report` gives the stem, text and record to write instead of runs_text's."""
     p = study_parser(doc or f"The {sweep.name} sweep.")
-    p.add_argument("--axis", action="append", default=[], help="KEY=V1,V2: run only these values of an axis (repeatable)")
-    add_place_options(p, f"out/{sweep.name}", dry_run=True)
-    add_table_options(p)
+    if options:
+        options(p)
+    else:
+        p.add_argument("--axis", action="append", default=[], help="KEY=V1,V2: run only these values of an axis (repeatable)")
+        add_place_options(p, f"out/{sweep.name}", dry_run=True)
+        add_table_options(p)
+
+    def design(args: argparse.Namespace, overrides: list[str]) -> Sweep:
+        if options:
+            return sweep(args, overrides)
+        check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in config_keys()}})
+        return replace(narrowed(sweep, args.axis), rules=sweep.rules + tuple(map(parse_rule, args.rule)))
+
+    def runs_report(done: Done) -> Report:
+        text = runs_text(done.sweep, done.rows, baseline_title, done.place.declared, done.args.mix_kernel_paths)
+        metric = table_metric(done.rows)
+        held_out = {"selected": selected_summary(done.sweep, done.rows, metric)} if selection_of(done.sweep) else {}  # every column
+        return done.sweep.name, text, {**done.yardsticks.record(), "metric": metric, **held_out, "runs": done.rows}
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         started = time.perf_counter()
-        check_overrides(overrides, {**RESERVED, **{k: "--axis" for k in sweep.row_keys() if k in config_keys()}})
-        chosen = replace(narrowed(sweep, args.axis), rules=sweep.rules + tuple(map(parse_rule, args.rule)))
-        rows, place, yardsticks = start_study(chosen, args, overrides)
+        rows, place, yardsticks = start_study(chosen := design(args, overrides), args, overrides)
         if place.dry_run:
             return 0
-        text = runs_text(chosen, rows, baseline_title, place.declared, args.mix_kernel_paths)
-        metric = table_metric(rows)
-        held_out = {"selected": selected_summary(chosen, rows, metric)} if selection_of(chosen) else {}  # the held-out statistics, every column
-        return publish(place.out_dir, sweep.name, text, {**yardsticks.record(), "metric": metric, **held_out, "runs": rows}, [], rows, started)
+        done = Done(chosen, args, rows, place, yardsticks)
+        done.figures = figures(done) if figures else []
+        stem, text, record = (report or runs_report)(done)
+        return publish(place.out_dir, stem, text, record, done.figures, rows, started)
 
     return study_main(p.parse_known_args, run, argv)
 
