@@ -42,8 +42,7 @@ from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, T
 from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import checkpoint_for
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
 from spheretnorm.runtime.imports import add_import_options, use_import_options
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"

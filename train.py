@@ -58,11 +58,11 @@ from spheretnorm.runtime.device import (
     set_rng_state,
 )
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import check_newest_is_own, resume_checkpoint, rng_from_plain
+from spheretnorm.runtime.checkpoint import (check_newest_is_own, load_checkpoint, read_resume_meta, restore_training_state,
+                                             resume_checkpoint, rng_from_plain, settle_at_start, write_run_checkpoint)
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.step import backward_step, check_terms_finite
 from spheretnorm.runtime.loss_terms import active_loss_terms, with_recorded_loss_terms
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, train_help,
     grad_accum_steps, model_key_conflicts, parse_config, wants_help,

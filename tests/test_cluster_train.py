@@ -26,7 +26,7 @@ from spheretnorm.runtime import validation
 from spheretnorm.runtime.validation import EvalProgress
 from spheretnorm.runtime.tracking import check_wandb, format_duration, wandb_key_source
 from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.model import GPTConfig
 from spheretnorm.experiments import grid
 from spheretnorm.experiments import launcher as launch

@@ -26,7 +26,7 @@ from spheretnorm.runtime.run_folder import EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRAS
 from spheretnorm.runtime.tracking import RunLog, wandb_payload
 from spheretnorm.diagnostics import DIAGNOSTICS, residual_stream_report
 from spheretnorm.model import GPT, GPTConfig
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.experiments import grid as runs
 from test_train import REPO, data_dir, read_metrics, tiny_args  # noqa: F401 (fixture)
 

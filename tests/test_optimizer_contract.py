@@ -28,7 +28,7 @@ from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.mup import lr_scale, param_kind
 from spheretnorm.optim import OPTIMIZERS, build_optimizer, group_settings
 from spheretnorm.runtime.checkpoint import rng_from_plain, rng_to_plain
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import OPTIMIZER_FIELDS, RESUME_FIXED_KEYS, ConfigError, TrainConfig, config_from_dict, parse_config
 from spheretnorm.runtime.device import rng_state, set_rng_state

@@ -18,7 +18,7 @@ import torch
 import sample
 import train
 from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state
-from spheretnorm.runtime.sharded_checkpoint import load_model
+from spheretnorm.runtime.checkpoint import load_model
 from spheretnorm.data.preparation import prepare
 from spheretnorm.data.tokenizer import get_gpt2_encoding
 from spheretnorm.model import GPT, GPTConfig
@@ -281,7 +281,7 @@ def besides_threads(lines: list[str]) -> list[str]:
 
 def test_an_out_dir_with_only_ckpt_safetensors_is_sampled_from_it(char_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from spheretnorm.runtime.checkpoint import save_safetensors_checkpoint
-    from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+    from spheretnorm.runtime.checkpoint import load_checkpoint
 
     export = tmp_path / "export"
     export.mkdir()

@@ -28,7 +28,7 @@ from spheretnorm.runtime.schedule import learning_rate_at
 from spheretnorm.runtime.run_folder import NonFiniteLossError
 from spheretnorm.runtime.tracking import wandb_payload
 from spheretnorm.model import GPT
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from spheretnorm.runtime.config import ConfigError, grad_accum_steps, parse_config
 from spheretnorm.runtime.identity import config_conflicts
 

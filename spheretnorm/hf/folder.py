@@ -36,6 +36,7 @@ from spheretnorm.runtime.atomic import apply_umask
 from spheretnorm.runtime.checkpoint import (
     check_weights,
     is_state_dict,
+    load_model,
     needs_recorded_code,
     read_safetensors,
     read_torch_file,
@@ -43,7 +44,6 @@ from spheretnorm.runtime.checkpoint import (
     untie_head,
 )
 from spheretnorm.runtime.config import config_from_dict, model_keys_of
-from spheretnorm.runtime.sharded_checkpoint import load_model
 from spheretnorm.runtime.imports import KEY as IMPORTS_KEY, import_recorded, recorded_imports
 from spheretnorm.runtime.token_files import char_vocabulary, read_json_object
 

@@ -34,7 +34,7 @@ from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_enco
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.zeroshot.token_check import check_gpt2_tokenizer, resolve_checkpoint_path
 from spheretnorm.model import GPT
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
