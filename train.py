@@ -47,16 +47,8 @@ import torch.distributed as torch_dist
 
 from spheretnorm.runtime.batches import TRAIN_STREAM, TokenData, batch_offsets, get_batch, load_data
 from spheretnorm.runtime.schedule import apply_schedule, learning_rate_at
-from spheretnorm.runtime.device import (
-    DeviceError,
-    autocast_context,
-    enable_tf32,
-    estimate_mfu,
-    get_device,
-    peak_flops_for,
-    resolve_dtype,
-    set_rng_state,
-)
+from spheretnorm.runtime.device import (DeviceError, autocast_context, cpu_threads_in_use, enable_tf32, estimate_mfu, get_device,
+                                        peak_flops_for, resolve_dtype, set_rng_state)
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
 from spheretnorm.runtime.checkpoint import (check_newest_is_own, load_checkpoint, read_resume_meta, restore_training_state,
                                              resume_checkpoint, rng_from_plain, settle_at_start, write_run_checkpoint)
@@ -73,7 +65,6 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_process_group, report_stop
 from spheretnorm.runtime.start_notes import announce_start, settle_derived_keys
-from spheretnorm.runtime.threads import cpu_threads_in_use
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import compile_mode_text, impl_unavailable, kernel_path_text, sphere_kernel_path
@@ -230,7 +221,7 @@ class Trainer:
         train = parsed.train
         self.dist = dist
         self.device = device
-        self.device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+        self.device_type = device.split(":")[0]
         self.dtype = resolve_dtype(train.dtype, self.device_type)
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)

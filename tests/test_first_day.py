@@ -27,7 +27,7 @@ from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.distributed import DistInfo, leave_process_group, report_stop
 from spheretnorm.runtime.run_folder import CollapseError, NonFiniteLossError, WriteFailed
 from spheretnorm.runtime.start_notes import hyperball_note, warmup_note
-from spheretnorm.runtime.threads import cpu_threads_note, default_cpu_threads, set_cpu_threads
+from spheretnorm.runtime.device import cpu_threads_note, default_cpu_threads, set_cpu_threads
 from spheretnorm.runtime.token_files import PrepareError
 from spheretnorm.runtime.tracking import Progress
 from spheretnorm.runtime.validation import Evaluator

@@ -275,7 +275,7 @@ def sphere_run(char_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def besides_threads(lines: list[str]) -> list[str]:
-    """stderr's lines less the one saying how many CPU threads run (runtime/threads.py)."""
+    """stderr's lines less the one saying how many CPU threads run (runtime/device.py)."""
     return [line for line in lines if not line.startswith("CPU: ")]
 
 

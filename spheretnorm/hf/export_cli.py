@@ -30,7 +30,7 @@ from pathlib import Path
 from spheretnorm.runtime.checkpoint import checkpoint_for
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.imports import add_import_options, use_import_options
-from spheretnorm.runtime.threads import set_cpu_threads
+from spheretnorm.runtime.device import set_cpu_threads
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.hf.release import FORMATS, export
 from spheretnorm.hf.folder import HFFolderError

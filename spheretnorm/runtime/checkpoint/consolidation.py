@@ -17,7 +17,7 @@ from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.config import optimizer_settings
 from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME
-from spheretnorm.runtime.threads import set_cpu_threads
+from spheretnorm.runtime.device import set_cpu_threads
 
 def check_consolidate_out(folder: Path, out: Path, overwrite: bool) -> None:
     """Refuse an output that is a folder, lies inside the folder being read (a file there is not one
