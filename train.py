@@ -7,7 +7,7 @@ with FSDP2 past one GPU's memory (--parallel=fsdp, spheretnorm/runtime/parallel.
     torchrun --standalone --nproc_per_node=8 train.py config/fineweb_edu_m.py --connection=geonorm
     python train.py config/openwebtext_s.py --connection=geonorm --init_from=resume
 
-Every key of GPTConfig (spheretnorm/model.py) and TrainConfig (spheretnorm/runtime/config.py) can be
+Every key of GPTConfig (spheretnorm/model.py) and TrainConfig (spheretnorm/runtime/config/train_config.py) can be
 set in a config file or as --key=value. The global batch (global_batch_size sequences) is fixed;
 the number of micro-steps per optimizer step follows from batch_size and the number of
 processes, and the sequences of step k are a function of (seed, k) only (spheretnorm/runtime/batches.py),

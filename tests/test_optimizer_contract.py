@@ -168,7 +168,7 @@ def test_a_2_plus_2_resume_is_bit_exact(optimizer: str, data_dir: Path, tmp_path
 
 
 # A changed key on resume, for every key of every registered optimizer: its own (its MethodParam
-# declarations) and the shared ones it builds its groups from (runtime/config.py's
+# declarations) and the shared ones it builds its groups from (runtime/config/train_config.py's
 # OPTIMIZER_FIELDS). The code's own table decides which outcome is right: a key in the recipe's
 # resume_fixed (or a RESUME_FIXED training key) is refused in one sentence, every other is
 # applied (optim.apply_group_settings), so the groups are those the new settings build and the
