@@ -20,7 +20,7 @@ import train
 from spheretnorm.hf import export_cli
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.config import TrainConfig
-from spheretnorm.experiments import launcher as launch
+from spheretnorm.cluster import launcher as launch
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.experiments import grid as runs, tabulate as tables

@@ -333,7 +333,7 @@ def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path)
 
 
 def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from spheretnorm.experiments import launcher as launch
+    from spheretnorm.cluster import launcher as launch
 
     filters = ["--runs_root", str(tmp_path), "--methods", "pre_ln,geonorm", "--scales", "S", "--datasets", "openwebtext"]
     stopped = tmp_path / "openwebtext_s" / "geonorm"

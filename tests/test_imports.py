@@ -25,7 +25,8 @@ import bench
 import sample
 import train
 from markov_data import write_markov_data
-from spheretnorm.experiments import grid, launcher, tabulate
+from spheretnorm.cluster import launcher
+from spheretnorm.experiments import grid, tabulate
 from spheretnorm.hf import export_cli
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, LayerNorm, RMSNorm
 from spheretnorm.runtime.checkpoint import checkpoint_state, read_torch_file, save_safetensors_checkpoint

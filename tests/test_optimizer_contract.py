@@ -23,7 +23,7 @@ import torch
 import lion_optimizer  # noqa: F401 (registers fixture_lion, with its own rate key fixture_lion_lr)
 import train
 from markov_data import write_markov_data
-from spheretnorm.experiments import launcher
+from spheretnorm.cluster import grid_plan, grid_runs
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.mup import lr_scale, param_kind
 from spheretnorm.optim import OPTIMIZERS, build_optimizer, group_settings
@@ -391,8 +391,8 @@ def test_the_plain_rng_state_restores_every_stream() -> None:
 
 def test_the_launcher_says_in_one_line_when_torchrun_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no torchrun
-    job = launcher.Job(None, "train", ["torchrun", "--standalone", "train.py"])  # type: ignore[arg-type]
+    job = grid_runs.Job(None, "train", ["torchrun", "--standalone", "train.py"])  # type: ignore[arg-type]
     with pytest.raises(UsageError) as refused:
-        launcher.execute([job], "local")
+        grid_plan.execute([job], "local")
     message = str(refused.value)
     assert message.startswith("torchrun was not found on PATH;") and "torch.distributed.run" in message and "\n" not in message
