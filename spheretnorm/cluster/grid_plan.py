@@ -35,7 +35,8 @@ def plan(
 
     for run in runs:
         if run.conflicts:
-            skipped.append(conflict_reason(run))
+            skipped.append(f"{run.name}: {run.out_dir} holds a run with other settings ({'; '.join(run.conflicts)}); "
+                           "move that folder away or use another --runs_root to run it")
             continue
         if stage == "zero_shot":
             add_zero_shot(run, None)
@@ -98,13 +99,6 @@ def plan_zero_shot(
     if mode == "slurm":
         command = sbatch_command(run, layout, wrapped=command)
     return Job(run, "zero_shot", command, after=after), ""
-
-
-def conflict_reason(run: GridRun) -> str:
-    return (
-        f"{run.name}: {run.out_dir} holds a run with other settings ({'; '.join(run.conflicts)}); "
-        "move that folder away or use another --runs_root to run it"
-    )
 
 
 def warn_conflicts(runs: list[GridRun]) -> None:

@@ -330,14 +330,6 @@ def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-def record_job(job: Job, entry: dict[str, Any], lock: Path) -> list[str]:
-    """Write the job id into its lock and the run's slurm_jobs.json; the notes to print. A write
-    that fails (a full disk) is an OSError the caller reports with the job id."""
-    write_json_atomic(lock, {**entry, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()})
-    note = record_submission(job.run, entry)
-    return [note] if note else []
-
-
 def release(lock: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         lock.unlink()
@@ -400,14 +392,15 @@ def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
             "job_id": job.job_id, "stage": job.stage, "job_name": job.name, "after": after,
             "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command,
         }
-        try:
-            notes = record_job(job, entry, lock)
+        try:  # the job id into its lock and the run's slurm_jobs.json; a full disk is said with the job id
+            write_json_atomic(lock, {**entry, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()})
+            note = record_submission(run, entry)
         except OSError as e:
             print(f"{label}: submitted job {job.job_id}, but it could not be recorded in {run.out_dir} ({e.strerror or e}); "
                   f"squeue still finds it by name, so launching again will not submit it twice.", flush=True)
             unrecorded.append(f"{run.name} ({job.stage}) job {job.job_id}")
             continue
-        for note in notes:
+        if note:
             print(f"{label}: note: {note}", flush=True)
         print(f"{label}: submitted job {job.job_id}" + (f", to start after job {after} succeeds" if after else ""), flush=True)
     print(f"{n - len(failed)} submitted" + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "")

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Mapping
 
@@ -144,6 +145,16 @@ def get_device(device: str = "auto") -> str:
     elif kind == "mps" and not _mps_available():
         raise DeviceError(f"device={device!r} is not available with this torch and machine; use --device=cpu or auto.")
     return device
+
+
+def available_device(device: str) -> str:
+    """get_device's choice, except that a CUDA device on a machine without CUDA falls back to auto's
+    (the zero-shot harness: lm-eval's CLI passes device "cuda:0" unless told otherwise; its hf
+    model falls back the same way)."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        warnings.warn(f"Device {device!r} requested but CUDA is not available; using {get_device('auto')!r}.")
+        return get_device("auto")
+    return get_device(device)
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

@@ -22,13 +22,7 @@ from typing import Any, Iterable, Mapping
 from spheretnorm.model import CONNECTIONS, OPENED_DEFAULTS, GPTConfig, MethodParam
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.imports import OWN_CONNECTION_HINT
-from spheretnorm.runtime.config import (
-    WANDB_DEFAULT_PROJECT,
-    ConfigError,
-    TrainConfig,
-    parse_value,
-    wandb_mode,
-)
+from spheretnorm.runtime.config import WANDB_DEFAULT_PROJECT, ConfigError, TrainConfig, parse_value, wandb_mode
 from spheretnorm.runtime.identity import earlier_run_suffixes, param_text, run_suffix
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"

@@ -70,12 +70,6 @@ def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False, re
     return out
 
 
-def default_consolidated_name(folder: Path) -> str:
-    """ckpt.pt beside a ckpt.dcp; a stop's state (ckpt.stop.dcp) keeps a stop's name, ckpt.stop.pt,
-    so that it never takes the healthy checkpoint's."""
-    return STOP_CKPT_NAME if folder.resolve().name == SHARDED_STOP_CKPT_NAME else CKPT_NAME
-
-
 def main(argv: list[str] | None = None) -> None:
     """scripts/consolidate.py: FOLDER [--out FILE] [--overwrite], FILE by default beside FOLDER as ckpt.pt."""
 
@@ -96,8 +90,10 @@ def main(argv: list[str] | None = None) -> None:
         use_import_options(args, ValueError)  # before the checkpoint names a connection of the user's
         if not folder.is_dir():
             raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
-        # resolve(): the folder's parent, also for `consolidate.py .` run inside it
-        out = Path(args.out) if args.out else folder.resolve().parent / default_consolidated_name(folder)
+        # resolve(): the folder's parent, also for `consolidate.py .` run inside it; ckpt.pt beside a ckpt.dcp, and a
+        # stop's state (ckpt.stop.dcp) keeps a stop's name, ckpt.stop.pt, so that it never takes the healthy checkpoint's
+        stop = folder.resolve().name == SHARDED_STOP_CKPT_NAME
+        out = Path(args.out) if args.out else folder.resolve().parent / (STOP_CKPT_NAME if stop else CKPT_NAME)
         written = consolidate(folder, out, args.overwrite, args.replace_newer)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)

@@ -16,16 +16,17 @@ import torch.distributed as torch_dist
 
 from spheretnorm.optim import Optimizers, apply_group_settings, group_settings, refused_resume_change
 from spheretnorm.runtime.checkpoint.sharded import load_sharded, read_sharded_meta, save_sharded, settle_interrupted_save, wait_for_settled
-from spheretnorm.runtime.checkpoint.single_file import CheckpointError, atomic_torch_save, checkpoint_state, describe_error, gathered_rng
+from spheretnorm.runtime.checkpoint.single_file import CheckpointError, atomic_torch_save, checkpoint_state, describe_error, rng_to_plain
 from spheretnorm.runtime.config import ConfigError, TrainConfig
-from spheretnorm.runtime.distributed import DistInfo, print0
+from spheretnorm.runtime.device import rng_state
+from spheretnorm.runtime.distributed import DistInfo, every_rank, print0
 from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME, OutDirError
 
 def write_run_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], sharded: bool, dist: DistInfo, device: str
 ) -> None:
     """All ranks call this; `extra` is what a resume reads besides the model and the optimizer."""
-    extra = {**extra, "rng": gathered_rng(dist), "world_size": dist.world_size}
+    extra = {**extra, "rng": every_rank(rng_to_plain(rng_state())), "world_size": dist.world_size}  # every rank's RNG, by rank
     if sharded:  # every rank writes its shards
         save_sharded(path, model, optimizer, {**checkpoint_state(model, weights=False), **extra}, dist, device)
     elif dist.is_master:
@@ -68,12 +69,10 @@ def read_resume_meta(path: Path, require: tuple[str, ...]) -> dict[str, Any]:
         error = e
     except OSError as e:  # this rank's view of the folder: said by all the same
         error = CheckpointError(f"Sharded checkpoint {str(path)!r} cannot be read ({describe_error(e)}).")
-    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        verdicts: list[Any] = [None] * torch_dist.get_world_size()
-        torch_dist.all_gather_object(verdicts, None if error is None else str(error))
-        first = next((verdict for verdict in verdicts if verdict is not None), None)
-        if first is not None and (error is None or str(error) != first):
-            raise CheckpointError(first)
+    verdicts = every_rank(None if error is None else str(error))
+    first = next((verdict for verdict in verdicts if verdict is not None), None)
+    if first is not None and (error is None or str(error) != first):
+        raise CheckpointError(first)
     if error is not None:
         raise error
     return meta

@@ -37,7 +37,7 @@ from spheretnorm.runtime.checkpoint.single_file import (
     CHECKPOINT_FORMAT, CheckpointError, RecordedImportsError, atomic_torch_save, check_checkpoint, describe_error, read_torch_file,
     write_failure_reason,
 )
-from spheretnorm.runtime.distributed import DistInfo, any_rank
+from spheretnorm.runtime.distributed import DistInfo, any_rank, every_rank
 
 # What marks a sharded folder, read by run_choice.py too to tell a run's checkpoints apart:
 SHARDED_META = "meta.pt"  # a sharded folder's config, progress and RNG: everything but the tensors
@@ -90,7 +90,9 @@ def save_sharded(
         digests = file_records(tmp, sorted(p.name for p in tmp.glob(f"__{dist.rank}_*{SHARD_SUFFIX}")))
     except dcp_errors() as e:  # any failure here must reach every rank, or the others wait for it
         failure = dcp_cause(e)
-    digests = _gathered(digests, dist)  # every rank, even one that failed: a collective
+    # Every rank's records of its own shard files, merged (rank 0 needs them all for meta.pt); every rank,
+    # even one that failed: a collective.
+    digests = {name: record for part in every_rank(digests) for name, record in (part or {}).items()}
     if dist.is_master and failure is None:
         try:
             atomic_torch_save({**extra, "format": SHARDED_FORMAT, **save_record(tmp, digests)}, tmp / SHARDED_META)
@@ -134,15 +136,6 @@ def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
         return e
     shutil.rmtree(old, ignore_errors=True)
     return None
-
-
-def _gathered(digests: dict[str, list], dist: DistInfo) -> dict[str, list]:
-    """Every rank's records of its own shard files, merged (rank 0 needs them all for meta.pt)."""
-    if not (torch_dist.is_initialized() and torch_dist.get_world_size() > 1):
-        return digests
-    parts: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(parts, digests)
-    return {name: record for part in parts for name, record in (part or {}).items()}
 
 
 def save_record(folder: Path, digests: dict[str, list]) -> dict[str, Any]:

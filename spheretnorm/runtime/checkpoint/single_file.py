@@ -4,9 +4,9 @@ checkpoint's config describes its weights, RNG state in plain values.
 
 A checkpoint (format spheretnorm-ckpt-v1) is a dict: format, model_config (GPTConfig as a dict),
 model (the state dict), and what train.py adds (optimizer, iter_num, train_config, data_meta,
-RNG state in plain values: rng_to_plain, gathered_rng). Here: writing one atomically, reading one
-safely (read_torch_file), checking that the model it describes can be built from the weights it
-holds (check_checkpoint), and its safetensors form.
+every rank's RNG state in plain values: rng_to_plain, resume.write_run_checkpoint). Here: writing
+one atomically, reading one safely (read_torch_file), checking that the model it describes can be
+built from the weights it holds (check_checkpoint), and its safetensors form.
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask, replace_file
 from spheretnorm.runtime.config import config_from_dict
-from spheretnorm.runtime.device import rng_state
-from spheretnorm.runtime.distributed import DistInfo
 from spheretnorm.runtime.imports import import_recorded, recorded_imports
 
 CHECKPOINT_FORMAT = "spheretnorm-ckpt-v1"
@@ -117,15 +114,6 @@ def rng_from_plain(state: dict[str, Any]) -> dict[str, Any]:
         return state
     keys = np.asarray(numpy["keys"].numpy(), dtype=np.uint32)
     return {**state, "numpy": (numpy["bit_generator"], keys, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"])}
-
-
-def gathered_rng(dist: DistInfo) -> list[Any]:
-    """Every rank's RNG state, by rank (a collective: all ranks call it)."""
-    if not dist.enabled:
-        return [rng_to_plain(rng_state())]
-    states: list[Any] = [None] * dist.world_size
-    torch_dist.all_gather_object(states, rng_to_plain(rng_state()))
-    return states
 
 
 def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
