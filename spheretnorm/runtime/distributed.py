@@ -31,7 +31,6 @@ class DistInfo:
         return self.rank == 0
 
 
-
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
     """Join the process group when launched by torchrun (RANK set), else single process.
 
@@ -97,7 +96,6 @@ def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
     if dist.enabled:
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
     return t
-
 
 
 def every_rank(value: Any) -> list[Any]:
