@@ -22,6 +22,7 @@ from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.run_folder import checkpoint_path as written_checkpoint  # the file or folder a run writes
 from spheretnorm.runtime.run_folder import earlier_run
 
+
 def plan(
     runs: list[GridRun], stage: str, mode: str, layout: Layout, eval_args: list[str],
     queue: Queue | None = None, chain_zero_shot: bool = False,

@@ -18,6 +18,7 @@ from spheretnorm.runtime.run_folder import OutDirError, check_folder
 from spheretnorm.runtime.token_files import META_FILE
 from spheretnorm.runtime.tracking import check_wandb
 
+
 @dataclass
 class GridRun:
     """One training run of the grid, as train.py will see it."""

@@ -28,6 +28,7 @@ from spheretnorm.experiments.grid import exit_text
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.run_folder import SLURM_JOBS_NAME, slurm_lock_name, write_json_atomic
 
+
 @dataclass
 class QueuedJob:
     """One line of squeue."""

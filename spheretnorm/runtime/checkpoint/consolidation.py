@@ -19,6 +19,7 @@ from spheretnorm.runtime.imports import add_import_options, use_import_options
 from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME
 from spheretnorm.runtime.device import set_cpu_threads
 
+
 def check_consolidate_out(folder: Path, out: Path, overwrite: bool) -> None:
     """Refuse an output that is a folder, lies inside the folder being read (a file there is not one
     of its shards, and would be taken for damage), or exists (another checkpoint of the run, say)
@@ -72,7 +73,6 @@ def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False, re
 
 def main(argv: list[str] | None = None) -> None:
     """scripts/consolidate.py: FOLDER [--out FILE] [--overwrite], FILE by default beside FOLDER as ckpt.pt."""
-
     parser = argparse.ArgumentParser(
         description="A sharded checkpoint folder (train.py --parallel=fsdp) as one ckpt.pt of the usual format (model, "
         "optimizer, progress, RNG), which --parallel=ddp resumes:\n\n    python scripts/consolidate.py out/RUN/ckpt.dcp [--out FILE]",

@@ -22,6 +22,7 @@ from spheretnorm.runtime.device import rng_state
 from spheretnorm.runtime.distributed import DistInfo, every_rank, print0
 from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME, OutDirError
 
+
 def write_run_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], sharded: bool, dist: DistInfo, device: str
 ) -> None:

@@ -16,6 +16,7 @@ from spheretnorm.runtime.config.train_config import (
 )
 from spheretnorm.runtime.imports import comma_list, own_module_hint
 
+
 def _unknown_key_error(key: str, where: str) -> ConfigError:
     valid = MODEL_KEYS + TRAIN_KEYS + tuple(declared_keys())
     close = difflib.get_close_matches(key, valid, n=3)
