@@ -69,7 +69,7 @@ from spheretnorm.optim import OPTIMIZERS, build_optimizer
 from spheretnorm.runtime.imports import import_modules, imports_of_overrides
 from spheretnorm.runtime.config import COMPILE_SCOPES, ConfigError, TrainConfig, config_help, parse_config, parse_value, wants_help
 from spheretnorm.runtime.methods import method_key
-from spheretnorm.runtime.distributed import DistInfo, init_distributed
+from spheretnorm.runtime.distributed import DistInfo, every_rank, init_distributed
 from spheretnorm.runtime.parallel import build_model, init_process_group_for, is_sharded, wrap_model
 from spheretnorm.runtime.run_folder import LossTermError
 from spheretnorm.runtime.step import backward_step
@@ -481,9 +481,7 @@ def run_bench(opts: BenchOptions, base: GPTConfig, train: TrainConfig, bias: boo
         print("bench: " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
     variants = build_variants(base, train, opts, device, dtype, bias, dist)
     run_round_robin(variants, opts, device)
-    if dist.enabled:  # every rank's peak: a sharded model's ranks differ
-        peaks: list[Any] = [None] * dist.world_size
-        torch.distributed.all_gather_object(peaks, [v.peak_mb for v in variants])
+    peaks = every_rank([v.peak_mb for v in variants])  # every rank's peak: a sharded model's ranks differ
     cuda = device.startswith("cuda")
     profiles = [profile_variant(v, opts.profile_steps, cuda) for v in variants] if opts.profile_steps else []
     autocast = autocast_context(device.split(":")[0], dtype)

@@ -35,15 +35,13 @@ explain_missing_packages(__file__)  # before torch: a missing package is one lin
 
 import torch
 
-from spheretnorm.runtime.device import DTYPES, DeviceError, autocast_context, get_device, resolve_dtype
-from spheretnorm.runtime.threads import announce_cpu_threads
+from spheretnorm.runtime.device import DTYPES, DeviceError, announce_cpu_threads, autocast_context, get_device, resolve_dtype
 from spheretnorm.runtime.token_files import META_FILE, PrepareError, char_vocabulary, decode_char, load_meta, read_meta
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, TokenizerUnavailableError, get_gpt2_encoding, tokenizer_of
 from spheretnorm.data.sources import first_bad_byte
 from spheretnorm.kernels import SPHERE_IMPLS, impl_unavailable, triton_available, triton_interpreted
 from spheretnorm.model import GPT
-from spheretnorm.runtime.checkpoint import checkpoint_for
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import checkpoint_for, load_checkpoint, load_model
 from spheretnorm.runtime.imports import add_import_options, use_import_options
 FILE_PREFIX = "FILE:"
 SEPARATOR = "---------------"
@@ -352,7 +350,7 @@ def generate(args: SampleArgs) -> list[str]:
     ids = prompt_ids(tokenizer, args.start)
     device = get_device(args.device)
     announce_cpu_threads(device)  # on stderr: stdout holds the texts
-    device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+    device_type = device.split(":")[0]
     dtype = resolve_dtype(args.dtype, device_type)
 
     model = load_model(with_sphere_impl(ckpt, args.sphere_impl, device_type))

@@ -7,7 +7,7 @@ with FSDP2 past one GPU's memory (--parallel=fsdp, spheretnorm/runtime/parallel.
     torchrun --standalone --nproc_per_node=8 train.py config/fineweb_edu_m.py --connection=geonorm
     python train.py config/openwebtext_s.py --connection=geonorm --init_from=resume
 
-Every key of GPTConfig (spheretnorm/model.py) and TrainConfig (spheretnorm/runtime/config.py) can be
+Every key of GPTConfig (spheretnorm/model.py) and TrainConfig (spheretnorm/runtime/config/train_config.py) can be
 set in a config file or as --key=value. The global batch (global_batch_size sequences) is fixed;
 the number of micro-steps per optimizer step follows from batch_size and the number of
 processes, and the sequences of step k are a function of (seed, k) only (spheretnorm/runtime/batches.py),
@@ -47,22 +47,14 @@ import torch.distributed as torch_dist
 
 from spheretnorm.runtime.batches import TRAIN_STREAM, TokenData, batch_offsets, get_batch, load_data
 from spheretnorm.runtime.schedule import apply_schedule, learning_rate_at
-from spheretnorm.runtime.device import (
-    DeviceError,
-    autocast_context,
-    enable_tf32,
-    estimate_mfu,
-    get_device,
-    peak_flops_for,
-    resolve_dtype,
-    set_rng_state,
-)
+from spheretnorm.runtime.device import (DeviceError, autocast_context, cpu_threads_in_use, enable_tf32, estimate_mfu, get_device,
+                                        peak_flops_for, resolve_dtype, set_rng_state)
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import check_newest_is_own, resume_checkpoint, rng_from_plain
+from spheretnorm.runtime.checkpoint import (check_newest_is_own, load_checkpoint, read_resume_meta, restore_training_state,
+                                             resume_checkpoint, rng_from_plain, settle_at_start, write_run_checkpoint)
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.step import backward_step, check_terms_finite
 from spheretnorm.runtime.loss_terms import active_loss_terms, with_recorded_loss_terms
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint
 from spheretnorm.runtime.config import (
     HF_PREFIX, ConfigError, ParsedConfig, TrainConfig, config_from_dict, train_help,
     grad_accum_steps, model_key_conflicts, parse_config, wants_help,
@@ -73,7 +65,6 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.validation import EvalAbandoned, Evaluator
 from spheretnorm.runtime.distributed import all_reduce_sum, any_rank, leave_process_group, report_stop
 from spheretnorm.runtime.start_notes import announce_start, settle_derived_keys
-from spheretnorm.runtime.threads import cpu_threads_in_use
 from spheretnorm.hf.folder import HF_INIT_ADJUSTABLE, folder_model_config, load_folder_weights, read_folder_config
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPTConfig
 from spheretnorm.kernels import compile_mode_text, impl_unavailable, kernel_path_text, sphere_kernel_path
@@ -230,7 +221,7 @@ class Trainer:
         train = parsed.train
         self.dist = dist
         self.device = device
-        self.device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+        self.device_type = device.split(":")[0]
         self.dtype = resolve_dtype(train.dtype, self.device_type)
         self.autocast = autocast_context(self.device_type, self.dtype)
         self.data = load_data(train.data_dir)

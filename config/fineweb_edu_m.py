@@ -3,7 +3,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/fineweb_edu_m.py --connection=p_spheret --spheret_p=0.5
 #
 # Only what differs between scales is set here; every other value is the paper's shared
-# setting, the default in spheretnorm/runtime/config.py and spheretnorm/model.py. Output: out/fineweb_edu_m/<method>/.
+# setting, the default in spheretnorm/runtime/config/train_config.py and spheretnorm/model.py. Output: out/fineweb_edu_m/<method>/.
 dataset = "fineweb_edu"
 n_layer = 24
 n_head = 16

@@ -3,7 +3,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/fineweb_edu_s.py --connection=p_spheret --spheret_p=0.5
 #
 # Only what differs between scales is set here; every other value is the paper's shared
-# setting, the default in spheretnorm/runtime/config.py and spheretnorm/model.py. Output: out/fineweb_edu_s/<method>/.
+# setting, the default in spheretnorm/runtime/config/train_config.py and spheretnorm/model.py. Output: out/fineweb_edu_s/<method>/.
 dataset = "fineweb_edu"
 n_layer = 12
 n_head = 12

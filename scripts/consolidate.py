@@ -1,6 +1,6 @@
 """A sharded checkpoint (train.py --parallel=fsdp) as one ckpt.pt: python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt].
 
-The code lives in `spheretnorm.runtime.sharded_checkpoint`; this file is the command.
+The code lives in `spheretnorm.runtime.checkpoint.consolidation`; this file is the command.
 """
 
 import sys
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's pac
 from spheretnorm.runtime.cli import explain_missing_packages
 
 explain_missing_packages(__file__)  # before any third-party import
-from spheretnorm.runtime.sharded_checkpoint import main
+from spheretnorm.runtime.checkpoint.consolidation import main
 
 if __name__ == "__main__":
     main()

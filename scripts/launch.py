@@ -1,6 +1,6 @@
 """The paper's grid, run, printed or submitted to SLURM: python scripts/launch.py --dry_run ... (--help for all options).
 
-The code lives in `spheretnorm.experiments.launcher`; this file is the command.
+The code lives in `spheretnorm.cluster` (`launcher.py`, the command line); this file is the command.
 """
 
 import sys
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this clone's pac
 from spheretnorm.runtime.cli import explain_missing_packages
 
 explain_missing_packages(__file__)  # before any third-party import
-from spheretnorm.experiments.launcher import main
+from spheretnorm.cluster.launcher import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,7 +28,7 @@ from .retractions import ALPHA_CAP_GRADS
 # What a key is to a run, and what each of GPTConfig's choice keys accepts
 
 # What a config key is to a run's identity, declared where the key is defined (field metadata
-# "run", in model.py's GPTConfig and runtime/config.py's TrainConfig; runtime/config.py derives
+# "run", in model.py's GPTConfig and runtime/config's TrainConfig; runtime/config derives
 # every list of keys from it). A key without it changes what a run computes: it is part of the
 # run's folder name when set otherwise, and a run folder holding another value is another run.
 NEUTRAL = {"run": "neutral"}  # changes nothing a run computes: where and how it runs and logs
@@ -160,7 +160,7 @@ def alike(param: MethodParam, other: MethodParam | None) -> bool:
 
 
 def training_keys() -> tuple[str, ...]:
-    """TrainConfig's keys, where runtime/config.py is loaded. It imports the model core, so it is
+    """TrainConfig's keys, where runtime/config is loaded. It imports the model core, so it is
     looked up, not imported: every command loads it before it imports a user's module (the readers
     of --imports do); where it is not loaded (tests/conftest.py's --imports option, an exported
     folder's copy of this file) a key of training alone goes unchecked."""

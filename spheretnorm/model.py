@@ -119,7 +119,7 @@ MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig))
 # evaluation may change them, and they are not part of a run's identity.
 EXECUTION_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata == NEUTRAL)
 # The keys that open a choice the paper fixed, at their defaults (the paper's): a run that sets
-# one otherwise names it in its method key ('p_spheret:0.5+alpha_cap=none', runtime/config.py).
+# one otherwise names it in its method key ('p_spheret:0.5+alpha_cap=none', runtime/config/).
 OPENED_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name in OPENED_KEYS}
 MODEL_KEYS.extend(MODEL_FIELDS)  # keys no registered connection, optimizer or loss term may declare (keys.check_registration)
 

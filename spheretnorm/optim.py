@@ -45,7 +45,7 @@ MUON_SHAPE_SCALES = ("original", "match_rms_adamw", "none")
 
 
 class OptimizerSettings(Protocol):
-    """What an optimizer is built from: TrainConfig's optimizer keys (runtime/config.py)."""
+    """What an optimizer is built from: TrainConfig's optimizer keys (runtime/config/train_config.py)."""
 
     optimizer: str
     learning_rate: float

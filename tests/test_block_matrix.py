@@ -21,7 +21,7 @@ from markov_data import VOCAB, write_markov_data
 from spheretnorm.zeroshot.harness import NanoGPTLM
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import checkpoint_state
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from test_eval import LL_REQUESTS, direct_loglikelihood, ll_instances, many_choices
 from test_train import read_metrics, tiny_args, train_curves
 

@@ -288,7 +288,7 @@ def test_a_run_without_its_checkpoint_is_not_finished(cluster: dict) -> None:
 
 
 def test_squeue_output_is_parsed_robustly() -> None:
-    from spheretnorm.experiments.launcher import QueuedJob, parse_squeue
+    from spheretnorm.cluster.slurm import QueuedJob, parse_squeue
 
     text = "\n".join([
         "JOBID|STATE|REASON|NAME",  # a header, when --noheader is not understood

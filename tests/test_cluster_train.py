@@ -26,10 +26,10 @@ from spheretnorm.runtime import validation
 from spheretnorm.runtime.validation import EvalProgress
 from spheretnorm.runtime.tracking import check_wandb, format_duration, wandb_key_source
 from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.model import GPTConfig
 from spheretnorm.experiments import grid
-from spheretnorm.experiments import launcher as launch
+from spheretnorm.cluster import grid_runs, launcher as launch
 from spheretnorm.runtime.run_folder import CollapseError
 from test_train import SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_curves  # noqa: F401 (fixture)
 from spheretnorm.runtime.config import (
@@ -98,11 +98,11 @@ def test_a_folder_named_by_the_earlier_hash_alone_is_found_again(tmp_path: Path,
     Path(new_dir).mkdir(parents=True)  # a run under the current name wins over the earlier one
     assert out_dir_of(OWT_S, *many) == new_dir
     grid_root = Path("runs", "openwebtext_s")  # the launcher's, under the repository root
-    monkeypatch.setattr(launch, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(grid_runs, "REPO_ROOT", tmp_path)
     overrides = {k: v for k, v in parsed.overrides.items() if k != "max_iters"}  # a grid is extended in place: no max_iters
-    assert launch.grid_folder("pre_ln", parsed.overrides, grid_root) == "pre_ln" + run_suffix(overrides)
+    assert grid_runs.grid_folder("pre_ln", parsed.overrides, grid_root) == "pre_ln" + run_suffix(overrides)
     (tmp_path / grid_root / ("pre_ln" + earlier_hash_suffix(overrides))).mkdir(parents=True)
-    assert launch.grid_folder("pre_ln", parsed.overrides, grid_root) == "pre_ln" + earlier_hash_suffix(overrides)
+    assert grid_runs.grid_folder("pre_ln", parsed.overrides, grid_root) == "pre_ln" + earlier_hash_suffix(overrides)
     from spheretnorm.runtime.identity import earlier_run_suffixes
 
     assert earlier_run_suffixes({"n_layer": 2}) == [] and earlier_run_suffixes({"dataset": "my data"}) == []  # names that never changed

@@ -19,7 +19,7 @@ import pytest
 import train
 from markov_data import write_markov_data
 from spheretnorm.runtime.checkpoint import CHECKPOINT_FORMAT
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from spheretnorm.model import GPT
 
 HERE = Path(__file__).resolve().parent / "data" / "ckpt_v1"

@@ -21,7 +21,7 @@ from spheretnorm.experiments import grid
 from spheretnorm.model import CONNECTIONS, GPT, MODEL_FIELDS, Connection, GPTConfig, MethodParam, register_connection
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.checkpoint import read_torch_file
-from spheretnorm.runtime.sharded_checkpoint import load_model
+from spheretnorm.runtime.checkpoint import load_model
 from spheretnorm.runtime.config import (
     ConfigError,
     config_from_dict,

@@ -20,14 +20,14 @@ import train
 from spheretnorm.hf import export_cli
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.config import TrainConfig
-from spheretnorm.experiments import launcher as launch
+from spheretnorm.cluster import launcher as launch
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.experiments import grid as runs, tabulate as tables
 from spheretnorm.runtime.config import parse_config
 from spheretnorm.runtime.methods import method_key
 from spheretnorm.model import CONNECTIONS, GPT, Connection, LayerNorm, MethodParam, OptimRule, register_connection
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from markov_data import write_markov_data
 from test_train import tiny_args
 

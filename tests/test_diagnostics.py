@@ -26,7 +26,7 @@ from spheretnorm.runtime.run_folder import EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRAS
 from spheretnorm.runtime.tracking import RunLog, wandb_payload
 from spheretnorm.diagnostics import DIAGNOSTICS, residual_stream_report
 from spheretnorm.model import GPT, GPTConfig
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.experiments import grid as runs
 from test_train import REPO, data_dir, read_metrics, tiny_args  # noqa: F401 (fixture)
 
@@ -333,7 +333,7 @@ def test_jacobian_cli_table_compares_checkpoints(data_dir: Path, tmp_path: Path)
 
 
 def test_launch_skips_and_reports_a_run_stopped_by_the_alarm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from spheretnorm.experiments import launcher as launch
+    from spheretnorm.cluster import launcher as launch
 
     filters = ["--runs_root", str(tmp_path), "--methods", "pre_ln,geonorm", "--scales", "S", "--datasets", "openwebtext"]
     stopped = tmp_path / "openwebtext_s" / "geonorm"

@@ -514,7 +514,7 @@ def write_finished_run(root: Path) -> Path:
 def test_launcher_does_not_count_a_limited_evaluation_as_done(
     evaldata: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from spheretnorm.experiments import launcher as launch
+    from spheretnorm.cluster import launcher as launch
     from spheretnorm.experiments import grid as runs
 
     run = write_finished_run(tmp_path)

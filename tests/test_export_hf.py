@@ -38,7 +38,7 @@ from spheretnorm.hf.release import FORMATS
 from spheretnorm.hf.folder import HFFolderError, export_hf, load_folder_model
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import checkpoint_state
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from spheretnorm.hf import export_cli
 from spheretnorm.runtime.config import ConfigError, parse_config
 

@@ -28,7 +28,7 @@ from spheretnorm.hf.release import model_card
 from spheretnorm.hf.folder import HFFolderError, export_hf, folder_model_config, load_folder_model
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint import read_safetensors
-from spheretnorm.runtime.sharded_checkpoint import load_model
+from spheretnorm.runtime.checkpoint import load_model
 from test_export_hf import (  # noqa: F401 - char_data is a fixture
     BLOCK,
     CHARS,

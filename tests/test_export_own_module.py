@@ -34,7 +34,7 @@ from spheretnorm.hf import folder as hf_folder
 from spheretnorm.hf.folder import HFFolderError, export_hf
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, register_connection
 from spheretnorm.runtime.checkpoint import checkpoint_state
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from test_export_hf import logits_of, standalone_logits, trained_like
 from test_train import tiny_args
 

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from spheretnorm.hf.folder import write_remote_model
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint import CheckpointError, save_safetensors_checkpoint
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from test_train import tiny_args
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.distributed import DistInfo, leave_process_group, report_stop
 from spheretnorm.runtime.run_folder import CollapseError, NonFiniteLossError, WriteFailed
 from spheretnorm.runtime.start_notes import hyperball_note, warmup_note
-from spheretnorm.runtime.threads import cpu_threads_note, default_cpu_threads, set_cpu_threads
+from spheretnorm.runtime.device import cpu_threads_note, default_cpu_threads, set_cpu_threads
 from spheretnorm.runtime.token_files import PrepareError
 from spheretnorm.runtime.tracking import Progress
 from spheretnorm.runtime.validation import Evaluator
@@ -323,17 +323,17 @@ def test_a_char_model_exports_without_token_ids_outside_its_vocabulary() -> None
 
 
 def test_a_skip_for_a_job_of_another_runs_root_names_that_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spheretnorm.experiments import launcher
+    from spheretnorm.cluster import slurm
 
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(f"#!/bin/sh\necho 'JobId=44 JobName=spheretnorm-openwebtext_s-pre_ln StdOut={tmp_path}/out_other/openwebtext_s/pre_ln/slurm-x-44.out'\n")
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     run = SimpleNamespace(path=tmp_path / "out" / "openwebtext_s" / "pre_ln", out_dir=Path("out/openwebtext_s/pre_ln"))
-    text = launcher.other_folder_text("44", run)
+    text = slurm.other_folder_text("44", run)
     assert f"writing to {tmp_path}/out_other/openwebtext_s/pre_ln (--runs_root {tmp_path}/out_other), not to out/openwebtext_s/pre_ln" in text
     run.path = tmp_path / "out_other" / "openwebtext_s" / "pre_ln"  # its own folder: nothing to add
-    assert launcher.other_folder_text("44", run) == ""
+    assert slurm.other_folder_text("44", run) == ""
 
 
 def test_the_docs_run_roots_are_ignored_and_the_hf_package_is_not() -> None:

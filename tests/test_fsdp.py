@@ -27,7 +27,7 @@ import train
 from fsdp_worker import BLOCKS, CONNECTIONS, RUN_ARGS
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime.checkpoint import CheckpointError
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from spheretnorm.runtime.config import ConfigError, parse_config
 from spheretnorm.runtime.distributed import DistInfo
 from spheretnorm.runtime.parallel import checkpoint_activations, choose_start
@@ -89,7 +89,7 @@ def test_muon_hyperball_and_a_registered_optimizer_step_as_one_process_does(work
 
 
 def test_a_muonh_sharded_checkpoint_reshards_and_resumes_on_its_radii(worker: dict, data_dir: Path, tmp_path: Path) -> None:
-    from spheretnorm.runtime.sharded_checkpoint import main as consolidate
+    from spheretnorm.runtime.checkpoint.consolidation import main as consolidate
 
     out = tmp_path / "run"
     shutil.copytree(worker["muon"]["out_dir"], out)
@@ -339,7 +339,7 @@ def test_a_damaged_shard_stops_a_two_rank_resume_on_every_rank_in_one_line(stopp
 
 
 def test_one_command_consolidates_a_folder_into_a_ckpt_pt_that_ddp_resumes(stopped: tuple[Path, dict], worker: dict, data_dir: Path, tmp_path: Path) -> None:
-    from spheretnorm.runtime.sharded_checkpoint import main
+    from spheretnorm.runtime.checkpoint.consolidation import main
 
     out = tmp_path / "run"
     shutil.copytree(stopped[0], out)

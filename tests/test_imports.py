@@ -25,11 +25,12 @@ import bench
 import sample
 import train
 from markov_data import write_markov_data
-from spheretnorm.experiments import grid, launcher, tabulate
+from spheretnorm.cluster import launcher
+from spheretnorm.experiments import grid, tabulate
 from spheretnorm.hf import export_cli
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig, LayerNorm, RMSNorm
 from spheretnorm.runtime.checkpoint import checkpoint_state, read_torch_file, save_safetensors_checkpoint
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ConfigError, parse_config
 from spheretnorm.runtime.imports import consent_to_recorded_imports

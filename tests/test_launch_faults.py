@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 import train
-from spheretnorm.experiments import launcher
+from spheretnorm.cluster import launcher
 from spheretnorm.runtime import run_folder
 from spheretnorm.runtime.config import ConfigError
 from spheretnorm.runtime.run_folder import OutDirError

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spheretnorm.experiments import launcher
+from spheretnorm.cluster import slurm
 from test_cluster_day import cluster, submitted  # noqa: F401 (cluster: a fixture)
 from test_launch_faults import refusal_class, run_launcher
 
@@ -42,7 +42,7 @@ def run_folder(cluster: dict, method: str = "pre_ln") -> Path:
 
 def test_a_hanging_sbatch_is_stopped_and_its_lock_released(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     stand_in(cluster, "sbatch", "time.sleep(60)")
-    monkeypatch.setattr(launcher, "SBATCH_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(slurm, "SBATCH_TIMEOUT_S", 0.5)
     result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, ONE), {})
     assert result["status"] == 1 and not result["trace"], result
     assert "sbatch did not answer within 0.5 s and was stopped; its lock is released" in result["out"]
@@ -104,7 +104,7 @@ def test_a_full_disk_after_submission_names_the_job(cluster: dict, monkeypatch: 
     def full(path: Path, value: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(launcher, "write_json_atomic", full)
+    monkeypatch.setattr(slurm, "write_json_atomic", full)
     result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, ONE), {})
     assert result["status"] == 1 and not result["trace"], result
     assert "submitted job 42, but it could not be recorded in" in result["out"] and "No space left on device" in result["out"]
@@ -115,7 +115,7 @@ def test_a_full_disk_before_submission_submits_nothing_for_that_run(cluster: dic
     def full(*args: object) -> bool:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(launcher, "claim_lock", full)
+    monkeypatch.setattr(slurm, "claim_lock", full)
     result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, ONE), {})
     assert result["status"] == 1 and not result["trace"], result
     assert submitted(cluster) == [] and "not submitted" in result["out"] and "No space left on device" in result["out"]
@@ -139,7 +139,7 @@ def test_the_printed_grid_makes_each_run_folder_before_its_sbatch(cluster: dict,
     assert result["status"] == 0 and not cluster["root"].exists(), result  # a dry run writes nothing
     script = cluster["root"].parent / "grid.sh"
     script.write_text(result["out"])
-    subprocess.run(["bash", str(script)], cwd=launcher.REPO_ROOT, env=cluster["env"], check=True, capture_output=True, timeout=60)
+    subprocess.run(["bash", str(script)], cwd=slurm.REPO_ROOT, env=cluster["env"], check=True, capture_output=True, timeout=60)
     calls = submitted(cluster)
     assert len(calls) == 4 and all(call["folder_there"] for call in calls), calls
 

@@ -245,7 +245,7 @@ LAYERS = {
              "spheretnorm.triton_kernels", "spheretnorm.mup", "spheretnorm.diagnostics", "spheretnorm.optim"),
     "runtime": ("spheretnorm.runtime",),
     "integrations": ("spheretnorm.data", "spheretnorm.zeroshot", "spheretnorm.hf"),
-    "experiments": ("spheretnorm.experiments",),
+    "experiments": ("spheretnorm.experiments", "spheretnorm.cluster"),  # cluster: the grid's launcher
 }
 # What model.py may import: the standard library, torch, and the core modules an export copies.
 MODEL_IMPORTS = {"torch", "spheretnorm.keys", "spheretnorm.kernels", "spheretnorm.mup", "spheretnorm.retractions"}

@@ -47,7 +47,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models r
 
 def load_model(path):
     try:
-        from spheretnorm.runtime.sharded_checkpoint import load_model as new_load  # the layout after the restructuring
+        from spheretnorm.runtime.checkpoint import load_model as new_load  # the layout after the restructuring
     except ImportError:
         from spheretnorm.model import GPT
 

@@ -79,7 +79,7 @@ def whole_model_and_optimizer(folder: Path):
     """The folder's model and an optimizer built from its train_config, as consolidation builds them."""
     from spheretnorm.optim import build_optimizer
     from spheretnorm.runtime.config import optimizer_settings
-    from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+    from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
     ckpt = load_checkpoint(folder, require=("optimizer", "train_config"))
     model = load_model(ckpt)
@@ -90,7 +90,7 @@ def test_the_missing_peak_rate_is_the_groups_rate_as_built(old_run: Path) -> Non
     """Read whole (scripts/consolidate.py's path, which re-applies no settings after the load), each
     group's peak_lr is the run's learning_rate (AdamW without μP: every group's peak), while the
     rest of the group is the folder's (its rate at iteration 4, a step of the warm-up and decay)."""
-    from spheretnorm.runtime.sharded_checkpoint import load_sharded
+    from spheretnorm.runtime.checkpoint import load_sharded
 
     model, optimizer = whole_model_and_optimizer(old_run / "ckpt.dcp")
     load_sharded(old_run / "ckpt.dcp", model, optimizer)
@@ -108,7 +108,7 @@ def drop_from_index(folder: Path, key: str) -> None:
 
 
 def test_any_other_missing_group_key_is_still_refused(old_run: Path) -> None:
-    from spheretnorm.runtime.sharded_checkpoint import load_sharded
+    from spheretnorm.runtime.checkpoint import load_sharded
 
     folder = old_run / "ckpt.dcp"
     drop_from_index(folder, "optimizer.param_groups.1.eps")

@@ -21,7 +21,7 @@ from markov_data import write_markov_data
 from spheretnorm.model import MethodParam
 from spheretnorm.runtime.config import RESUME_FIXED_KEYS
 from spheretnorm.runtime.loss_terms import LOSS_TERMS, register_loss_term
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

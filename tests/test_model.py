@@ -11,7 +11,7 @@ from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.diagnostics import residual_stream_report
 from spheretnorm.model import CONNECTIONS, GPT, SPHERE_CONNECTIONS, GPTConfig, ScaleNorm, SphereConnection
 from spheretnorm.runtime.checkpoint import checkpoint_state, clean_state_dict
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 # Tiny tensors: one thread each is many times faster on a shared two-core machine (conftest.one_thread),
 # which keeps README's install check quick where other work holds the cores.

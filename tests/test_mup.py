@@ -21,7 +21,7 @@ from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets
 from spheretnorm.runtime.schedule import learning_rate_at
 from spheretnorm.runtime.token_files import open_split
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from spheretnorm.experiments import lr_transfer as mup_transfer
 from spheretnorm.experiments.coordinates import Setup, coord_check
 from tests.test_train import VOCAB, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)

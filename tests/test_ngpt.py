@@ -24,7 +24,7 @@ from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.config import ConfigError, parse_config
 from spheretnorm.model import GPT, GPTConfig
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from test_llama_block import causal_attention, merge_heads, rope_reference, silu, split_heads
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir: a fixture)
 

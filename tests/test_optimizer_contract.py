@@ -23,12 +23,12 @@ import torch
 import lion_optimizer  # noqa: F401 (registers fixture_lion, with its own rate key fixture_lion_lr)
 import train
 from markov_data import write_markov_data
-from spheretnorm.experiments import launcher
+from spheretnorm.cluster import grid_plan, grid_runs
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.mup import lr_scale, param_kind
 from spheretnorm.optim import OPTIMIZERS, build_optimizer, group_settings
 from spheretnorm.runtime.checkpoint import rng_from_plain, rng_to_plain
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import OPTIMIZER_FIELDS, RESUME_FIXED_KEYS, ConfigError, TrainConfig, config_from_dict, parse_config
 from spheretnorm.runtime.device import rng_state, set_rng_state
@@ -168,7 +168,7 @@ def test_a_2_plus_2_resume_is_bit_exact(optimizer: str, data_dir: Path, tmp_path
 
 
 # A changed key on resume, for every key of every registered optimizer: its own (its MethodParam
-# declarations) and the shared ones it builds its groups from (runtime/config.py's
+# declarations) and the shared ones it builds its groups from (runtime/config/train_config.py's
 # OPTIMIZER_FIELDS). The code's own table decides which outcome is right: a key in the recipe's
 # resume_fixed (or a RESUME_FIXED training key) is refused in one sentence, every other is
 # applied (optim.apply_group_settings), so the groups are those the new settings build and the
@@ -391,8 +391,8 @@ def test_the_plain_rng_state_restores_every_stream() -> None:
 
 def test_the_launcher_says_in_one_line_when_torchrun_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no torchrun
-    job = launcher.Job(None, "train", ["torchrun", "--standalone", "train.py"])  # type: ignore[arg-type]
+    job = grid_runs.Job(None, "train", ["torchrun", "--standalone", "train.py"])  # type: ignore[arg-type]
     with pytest.raises(UsageError) as refused:
-        launcher.execute([job], "local")
+        grid_plan.execute([job], "local")
     message = str(refused.value)
     assert message.startswith("torchrun was not found on PATH;") and "torch.distributed.run" in message and "\n" not in message

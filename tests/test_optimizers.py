@@ -19,7 +19,7 @@ import train
 from spheretnorm.experiments import grid
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.optim import OPTIMIZERS, Muon, build_optimizer, newton_schulz
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.run_folder import earlier_run
 from spheretnorm.runtime.config import ConfigError, config_help, parse_config
 from spheretnorm.runtime.identity import run_conflicts, run_settings

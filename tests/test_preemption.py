@@ -25,7 +25,7 @@ import pytest
 import train
 from spheretnorm.runtime import run_folder
 from spheretnorm.runtime.config import ConfigError
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.stopping import StartupStopped, StopSignal
 from test_train import REPO, SUBPROCESS_ENV, data_dir, read_metrics, tiny_args, train_losses  # noqa: F401 (data_dir: a fixture)
 

@@ -18,7 +18,7 @@ import torch
 import sample
 import train
 from spheretnorm.runtime.checkpoint import atomic_torch_save, checkpoint_state
-from spheretnorm.runtime.sharded_checkpoint import load_model
+from spheretnorm.runtime.checkpoint import load_model
 from spheretnorm.data.preparation import prepare
 from spheretnorm.data.tokenizer import get_gpt2_encoding
 from spheretnorm.model import GPT, GPTConfig
@@ -275,13 +275,13 @@ def sphere_run(char_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def besides_threads(lines: list[str]) -> list[str]:
-    """stderr's lines less the one saying how many CPU threads run (runtime/threads.py)."""
+    """stderr's lines less the one saying how many CPU threads run (runtime/device.py)."""
     return [line for line in lines if not line.startswith("CPU: ")]
 
 
 def test_an_out_dir_with_only_ckpt_safetensors_is_sampled_from_it(char_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from spheretnorm.runtime.checkpoint import save_safetensors_checkpoint
-    from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+    from spheretnorm.runtime.checkpoint import load_checkpoint
 
     export = tmp_path / "export"
     export.mkdir()

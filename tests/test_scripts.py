@@ -21,7 +21,9 @@ import pytest
 from spheretnorm.runtime import methods
 from spheretnorm.runtime.methods import method_dirname
 from spheretnorm.model import CONNECTIONS, GPTConfig
-from spheretnorm.experiments import cpu_pipeline as reproduce_cpu, launcher as launch, stability_sweep as lr_sweep
+from spheretnorm.cluster import launcher as launch
+from spheretnorm.cluster.sbatch import SLURM_SCRIPT
+from spheretnorm.experiments import cpu_pipeline as reproduce_cpu, stability_sweep as lr_sweep
 from spheretnorm.experiments import figures as plot
 from spheretnorm.experiments import grid as runs
 from spheretnorm.experiments import tabulate as tables
@@ -325,7 +327,7 @@ def test_multi_node_and_slurm_commands(tmp_path: Path, capsys: pytest.CaptureFix
     ]  # fmt: skip
     (sbatch,) = grid_commands(capsys, *one, "--nnodes", "2", "--mode", "slurm")
     assert sbatch[0] == "sbatch" and "--nodes=2" in sbatch and "--gpus-per-node=8" in sbatch
-    parsed = parse_config(train_argv(sbatch, launch.SLURM_SCRIPT), world_size=16)
+    parsed = parse_config(train_argv(sbatch, SLURM_SCRIPT), world_size=16)
     assert parsed.train.batch_size == 8 and parsed.model_config().connection == "cay_spheret"
     # 16 GPUs x 16 sequences overshoot the global batch of 128: refused before anything runs.
     assert launch.main(["--dry_run", *one[:-1], "--nnodes", "2", "--mode", "slurm"]) == 2

@@ -12,7 +12,7 @@ import torch
 
 import train
 from markov_data import write_markov_data
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.config import TrainConfig, read_run_config
 from spheretnorm.runtime.identity import changes_text, history_label, resume_changes, settings_labels
 from test_train_step import train_args

@@ -26,7 +26,8 @@ from spheretnorm.runtime.checkpoint import (
 )
 from spheretnorm.runtime.config import ConfigError, TrainConfig, optimizer_settings, parse_config
 from spheretnorm.runtime.distributed import DistInfo
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, main as consolidate, save_sharded
+from spheretnorm.runtime.checkpoint import load_checkpoint, save_sharded
+from spheretnorm.runtime.checkpoint.consolidation import main as consolidate
 from test_train import data_dir, tiny_args  # noqa: F401 (data_dir: a fixture)
 
 CONFIG = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, connection="pre_ln")
@@ -134,7 +135,7 @@ def test_consolidation_refuses_an_existing_output_and_the_folder_it_reads(run: P
 
 
 def test_a_leftover_old_folder_is_settled_at_the_start_and_blocks_no_later_save(run: Path, tmp_path: Path) -> None:
-    from spheretnorm.runtime.sharded_checkpoint import settle_interrupted_save
+    from spheretnorm.runtime.checkpoint import settle_interrupted_save
 
     out = tmp_path / "run"
     shutil.copytree(run, out)
@@ -152,7 +153,7 @@ def test_a_leftover_old_folder_is_settled_at_the_start_and_blocks_no_later_save(
 def test_every_leftover_of_an_interrupted_save_is_settled_by_what_it_holds(run: Path, tmp_path: Path, left: tuple[str, ...]) -> None:
     """The newest whole checkpoint wins, wherever it is; a .tmp whose writing never finished (no
     meta.pt) is removed."""
-    from spheretnorm.runtime.sharded_checkpoint import settle_interrupted_save
+    from spheretnorm.runtime.checkpoint import settle_interrupted_save
 
     out = tmp_path / "run"
     newer = save(tmp_path / "newer" / "ckpt.dcp", 8, seed=1)
@@ -177,7 +178,7 @@ def test_every_leftover_of_an_interrupted_save_is_settled_by_what_it_holds(run: 
 def test_a_leftover_that_is_a_file_is_removed_and_blocks_neither_resume_nor_save(run: Path, tmp_path: Path, left: str) -> None:
     """A ckpt.dcp.tmp that is a file (issue 67, item 8c) was "could not remove ... remove it by hand":
     a good checkpoint beside it could not be resumed."""
-    from spheretnorm.runtime.sharded_checkpoint import settle_interrupted_save
+    from spheretnorm.runtime.checkpoint import settle_interrupted_save
 
     out = tmp_path / "run"
     shutil.copytree(run / "ckpt.dcp", out / "ckpt.dcp")
@@ -242,7 +243,7 @@ def test_a_config_json_names_the_run_beside_it(tmp_path: Path) -> None:
 
 def test_a_save_that_cannot_put_its_folder_in_place_is_one_oserror_and_keeps_the_previous(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Said by every rank alike (any_rank), not by rank 0 alone while the others die in a barrier."""
-    import spheretnorm.runtime.sharded_checkpoint as sharded
+    import spheretnorm.runtime.checkpoint.sharded as sharded
 
     out = tmp_path / "run"
     shutil.copytree(run, out)

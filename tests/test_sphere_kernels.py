@@ -15,7 +15,7 @@ import torch
 from spheretnorm.optim import build_optimizer
 from spheretnorm.runtime.config import TrainConfig
 from spheretnorm.runtime.checkpoint import checkpoint_state
-from spheretnorm.runtime.sharded_checkpoint import load_model
+from spheretnorm.runtime.checkpoint import load_model
 from spheretnorm import kernels  # conftest.py sets TRITON_INTERPRET=1 where there is no CUDA
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.retractions import RETRACTIONS, retraction_angle

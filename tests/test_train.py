@@ -27,7 +27,7 @@ from spheretnorm.runtime.batches import EVAL_STREAM, TRAIN_STREAM, batch_offsets
 from spheretnorm.runtime.schedule import learning_rate_at
 from spheretnorm.runtime.run_folder import NonFiniteLossError
 from spheretnorm.runtime.tracking import wandb_payload
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 from spheretnorm.runtime.config import ConfigError, grad_accum_steps, parse_config
 from spheretnorm.runtime.identity import config_conflicts
 

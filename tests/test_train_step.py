@@ -18,7 +18,7 @@ import train
 from markov_data import write_markov_data
 from spheretnorm.experiments import coordinates
 from spheretnorm.model import GPT, MethodParam
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.config import ConfigError, config_help, parse_config
 from spheretnorm.runtime.checkpoint import atomic_torch_save

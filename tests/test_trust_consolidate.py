@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spheretnorm.runtime.checkpoint import atomic_torch_save, read_torch_file
-from spheretnorm.runtime.sharded_checkpoint import main as consolidate
+from spheretnorm.runtime.checkpoint.consolidation import main as consolidate
 from test_sharded_readers import save
 
 

@@ -24,8 +24,8 @@ from spheretnorm.hf.folder import HFFolderError, folder_model_config
 from spheretnorm.model import GPT, GPTConfig
 from spheretnorm.runtime import imports
 from spheretnorm.runtime.checkpoint import CheckpointError, atomic_torch_save, checkpoint_state
-from spheretnorm.runtime import sharded_checkpoint
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import consolidation
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.config import ConfigError, TrainConfig, parse_config
 
 MARKER = "marker_never_runs"
@@ -139,7 +139,7 @@ def test_the_jacobian_asks_for_consent_by_options_it_takes(folder: Path, capsys:
 
 def test_consolidate_imports_the_modules_named_before_it_reads_the_folder(folder: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
-        sharded_checkpoint.main([str(folder / "absent.dcp"), f"--imports={MARKER}", "--trust_recorded_imports"])
+        consolidation.main([str(folder / "absent.dcp"), f"--imports={MARKER}", "--trust_recorded_imports"])
     assert info.value.code == 2 and "is not a folder" in capsys.readouterr().err
     assert (folder / "RAN").exists() and imports.recorded_imports_trusted()
 

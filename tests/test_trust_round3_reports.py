@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from spheretnorm.experiments import figures, launcher, tabulate
+from spheretnorm.cluster import launcher, slurm
+from spheretnorm.experiments import figures, tabulate
 from spheretnorm.experiments.study import Axis, Place, Sweep, grid_points, run_points
 from spheretnorm.zeroshot.local_tasks import LAMBADA_FILE, convert_task
 
@@ -30,24 +31,24 @@ def hanging_scheduler(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         assert timeout is not None and 0 < timeout < math.inf, f"{command[0]} is called without a timeout"
         raise subprocess.TimeoutExpired(command, timeout)
 
-    monkeypatch.setattr(launcher.shutil, "which", lambda name: f"/stand_in/{name}")
-    monkeypatch.setattr(launcher.subprocess, "run", run)
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/stand_in/{name}")
+    monkeypatch.setattr(slurm.subprocess, "run", run)
     return calls
 
 
 def test_a_hanging_squeue_is_stopped_and_said(hanging_scheduler: list[dict[str, Any]]) -> None:
-    queue = launcher.Queue.ask(["spheretnorm-x"])
-    assert not queue.known and queue.problem == f"squeue did not answer within {launcher.SQUEUE_TIMEOUT_S:g} s and was stopped"
+    queue = slurm.Queue.ask(["spheretnorm-x"])
+    assert not queue.known and queue.problem == f"squeue did not answer within {slurm.SQUEUE_TIMEOUT_S:g} s and was stopped"
 
 
 def test_a_hanging_scontrol_is_stopped_in_one_line(hanging_scheduler: list[dict[str, Any]], capsys: pytest.CaptureFixture) -> None:
-    assert launcher.job_output_folder("42") is None
+    assert slurm.job_output_folder("42") is None
     err = capsys.readouterr().err
-    assert err.startswith(f"warning: scontrol did not answer within {launcher.SQUEUE_TIMEOUT_S:g} s about job 42 and was stopped") and err.count("\n") == 1
+    assert err.startswith(f"warning: scontrol did not answer within {slurm.SQUEUE_TIMEOUT_S:g} s about job 42 and was stopped") and err.count("\n") == 1
 
 
 def test_a_hanging_sbatch_is_stopped(hanging_scheduler: list[dict[str, Any]]) -> None:
-    assert launcher.run_sbatch(["sbatch", "x"]) == (None, "", f"sbatch did not answer within {launcher.SBATCH_TIMEOUT_S:g} s and was stopped")
+    assert slurm.run_sbatch(["sbatch", "x"]) == (None, "", f"sbatch did not answer within {slurm.SBATCH_TIMEOUT_S:g} s and was stopped")
     assert len(hanging_scheduler) == 1
 
 
@@ -60,14 +61,14 @@ def test_a_slow_sbatch_is_said_to_be_waited_for_and_the_limit_can_be_set(monkeyp
         time.sleep(0.3)
         return subprocess.CompletedProcess(command, 0, "Submitted batch job 7\n", "")
 
-    monkeypatch.setattr(launcher.subprocess, "run", slow)
-    monkeypatch.setattr(launcher, "SBATCH_WAIT_NOTE_S", 0.05)
-    assert launcher.run_sbatch(["sbatch", "x"]) == (0, "Submitted batch job 7\n", "")
+    monkeypatch.setattr(slurm.subprocess, "run", slow)
+    monkeypatch.setattr(slurm, "SBATCH_WAIT_NOTE_S", 0.05)
+    assert slurm.run_sbatch(["sbatch", "x"]) == (0, "Submitted batch job 7\n", "")
     out = capsys.readouterr().out
-    assert out == f"note: waiting for sbatch to answer (it is stopped after {launcher.SBATCH_TIMEOUT_S:g} s; --sbatch_timeout=S sets that)\n"
-    monkeypatch.setattr(launcher, "SBATCH_WAIT_NOTE_S", 5.0)
-    assert launcher.run_sbatch(["sbatch", "x"])[0] == 0 and capsys.readouterr().out == ""  # a prompt answer: no line
-    monkeypatch.setattr(launcher, "SBATCH_TIMEOUT_S", launcher.SBATCH_TIMEOUT_S)  # main sets it: restored after the test
+    assert out == f"note: waiting for sbatch to answer (it is stopped after {slurm.SBATCH_TIMEOUT_S:g} s; --sbatch_timeout=S sets that)\n"
+    monkeypatch.setattr(slurm, "SBATCH_WAIT_NOTE_S", 5.0)
+    assert slurm.run_sbatch(["sbatch", "x"])[0] == 0 and capsys.readouterr().out == ""  # a prompt answer: no line
+    monkeypatch.setattr(slurm, "SBATCH_TIMEOUT_S", slurm.SBATCH_TIMEOUT_S)  # main sets it: restored after the test
     assert launcher.main(["--sbatch_timeout=0", "--dry_run"]) == 2
     assert "--sbatch_timeout 0 is not valid; give a positive number of seconds" in capsys.readouterr().err
 

@@ -13,8 +13,8 @@ import torch
 
 import sample
 from spheretnorm.runtime.checkpoint import CheckpointError, read_torch_file
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
-from spheretnorm.runtime.sharded_checkpoint import main as consolidate
+from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint.consolidation import main as consolidate
 from test_sharded_readers import save
 
 

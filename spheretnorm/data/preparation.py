@@ -27,25 +27,9 @@ import numpy as np
 
 from spheretnorm.runtime.cli import REPO_ROOT
 from spheretnorm.data.pipeline import (
-    DATASETS,
-    DEFAULT_SEED,
-    AtomicSplitWriter,
-    BernoulliSplitter,
-    DatasetSpec,
-    FixedSplitter,
-    PermutationSplitter,
-    SplitCounts,
-    Splitter,
-    TextEncoder,
-    limit_docs,
-    char_encoder,
-    check_val_fraction,
-    contiguous_split,
-    get_spec,
-    gpt2_encoder,
-    sha256_file,
-    tokenize_and_write,
-    utc_now_iso,
+    DATASETS, DEFAULT_SEED, AtomicSplitWriter, BernoulliSplitter, DatasetSpec, FixedSplitter, PermutationSplitter, SplitCounts,
+    Splitter, TextEncoder, limit_docs, char_encoder, check_val_fraction, contiguous_split, get_spec, gpt2_encoder, sha256_file,
+    tokenize_and_write, utc_now_iso
 )
 from spheretnorm.runtime.token_files import SPLITS, TOKEN_DTYPE, PrepareError, load_meta
 from spheretnorm.data.sources import DocumentSource, embedded_source, hub_source, local_source, url_source

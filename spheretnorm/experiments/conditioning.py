@@ -43,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.model import CONNECTIONS, GPT
 from spheretnorm.runtime.checkpoint import clean_state_dict
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import load_checkpoint
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
 from spheretnorm.runtime.imports import add_import_options, use_import_options

@@ -135,7 +135,7 @@ def check_overrides(overrides: list[str], reserved: Mapping[str, str]) -> list[s
         if not arg.startswith("--") or not eq:
             raise UsageError(f"{arg!r} is not an option of this script, nor a train.py override of the form --key=value.")
         if key not in valid:
-            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/runtime/config.py for the keys.")
+            raise UsageError(f"--{key} is neither an option of this script nor a train.py config key; run with --help, or see spheretnorm/runtime/config/ for the keys.")
         if key in reserved:
             raise UsageError(f"--{key} is set by this script; use {reserved[key]} instead.")
     return overrides

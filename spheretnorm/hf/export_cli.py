@@ -11,7 +11,7 @@ included, carry their own code:
     AutoModelForCausalLM.from_pretrained("hf/geonorm-s", trust_remote_code=True)
 
 --format safetensors writes OUT/ckpt.safetensors: the weights and model config only (no pickle,
-no optimizer), which runtime.sharded_checkpoint.load_model, sample.py and eval/ read like a ckpt.pt. The hf folder
+no optimizer), which runtime.checkpoint.load_model, sample.py and eval/ read like a ckpt.pt. The hf folder
 can start a fine-tune: python train.py ... --init_from=hf:hf/geonorm-s
 
 In every format OUT must be a new or empty folder (an earlier export is never replaced), and the
@@ -30,7 +30,7 @@ from pathlib import Path
 from spheretnorm.runtime.checkpoint import checkpoint_for
 from spheretnorm.runtime.cli import HelpFormatter
 from spheretnorm.runtime.imports import add_import_options, use_import_options
-from spheretnorm.runtime.threads import set_cpu_threads
+from spheretnorm.runtime.device import set_cpu_threads
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.hf.release import FORMATS, export
 from spheretnorm.hf.folder import HFFolderError

@@ -34,16 +34,9 @@ from spheretnorm.hf.llama import LLAMA_KEYS, from_llama_state, llama_features, t
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, GPTConfig
 from spheretnorm.runtime.atomic import apply_umask
 from spheretnorm.runtime.checkpoint import (
-    check_weights,
-    is_state_dict,
-    needs_recorded_code,
-    read_safetensors,
-    read_torch_file,
-    tie_head,
-    untie_head,
+    check_weights, is_state_dict, load_model, needs_recorded_code, read_safetensors, read_torch_file, tie_head, untie_head
 )
 from spheretnorm.runtime.config import config_from_dict, model_keys_of
-from spheretnorm.runtime.sharded_checkpoint import load_model
 from spheretnorm.runtime.imports import KEY as IMPORTS_KEY, import_recorded, recorded_imports
 from spheretnorm.runtime.token_files import char_vocabulary, read_json_object
 

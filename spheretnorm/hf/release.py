@@ -14,10 +14,8 @@ from spheretnorm.runtime.atomic import apply_umask, folder_mode, remove_written,
 
 from spheretnorm.runtime.methods import method_key
 from spheretnorm.hf.folder import HFFolderError, check_new_folder, export_hf, plain_model_class
-from spheretnorm.model import GPT
 from spheretnorm.runtime.config import config_from_dict
-from spheretnorm.runtime.checkpoint import save_safetensors_checkpoint
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, save_safetensors_checkpoint
 from spheretnorm.runtime.run_folder import METRICS_NAME
 from spheretnorm.runtime.methods import display_name, scale_of
 from spheretnorm.runtime.run_folder import read_metrics

@@ -1,5 +1,5 @@
 """The process group: joining it under torchrun, rank-0 printing, and the few collectives the
-loop and the validation loss share."""
+loop, the validation loss and the checkpoints share."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import datetime
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -28,7 +29,6 @@ class DistInfo:
     @property
     def is_master(self) -> bool:
         return self.rank == 0
-
 
 
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
@@ -97,6 +97,15 @@ def all_reduce_sum(t: torch.Tensor, dist: DistInfo) -> torch.Tensor:
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
     return t
 
+
+def every_rank(value: Any) -> list[Any]:
+    """`value` of every rank, by rank (a collective: every rank calls it); [value] alone (no process
+    group, or one rank)."""
+    if not (torch_dist.is_initialized() and torch_dist.get_world_size() > 1):
+        return [value]
+    gathered: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def any_rank(flag: bool, dist: DistInfo, device: str) -> bool:

@@ -32,16 +32,8 @@ from typing import Any, Hashable, Mapping, Sequence
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig, declared_params
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.config import (
-    RESTART_FREE_KEYS,
-    RESUME_FIXED_KEYS,
-    RUN_NEUTRAL_KEYS,
-    RUN_RECORD_KEYS,
-    TRAIN_KEYS,
-    ConfigError,
-    ParsedConfig,
-    TrainConfig,
-    key_default,
-    model_values,
+    RESTART_FREE_KEYS, RESUME_FIXED_KEYS, RUN_NEUTRAL_KEYS, RUN_RECORD_KEYS, TRAIN_KEYS, ConfigError, ParsedConfig, TrainConfig,
+    key_default, model_values
 )
 from spheretnorm.runtime.imports import TRUST_KEY
 from spheretnorm.runtime.loss_terms import loss_term_params

@@ -22,13 +22,7 @@ from typing import Any, Iterable, Mapping
 from spheretnorm.model import CONNECTIONS, OPENED_DEFAULTS, GPTConfig, MethodParam
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.imports import OWN_CONNECTION_HINT
-from spheretnorm.runtime.config import (
-    WANDB_DEFAULT_PROJECT,
-    ConfigError,
-    TrainConfig,
-    parse_value,
-    wandb_mode,
-)
+from spheretnorm.runtime.config import WANDB_DEFAULT_PROJECT, ConfigError, TrainConfig, parse_value, wandb_mode
 from spheretnorm.runtime.identity import earlier_run_suffixes, param_text, run_suffix
 
 REFERENCE_PATH = REPO_ROOT / "reference" / "paper_results.json"
@@ -112,18 +106,14 @@ def resolve_wandb_names(train: TrainConfig, model_cfg: GPTConfig) -> TrainConfig
 # Method keys as commands write them
 
 
-
-
 def method_form(name: str) -> str:
     """How a method key of connection `name` is written: 'p_spheret:P' for one with a parameter."""
     params = method_params(name)
     return ":".join([name, *(p.key.upper() if len(params) > 1 else "P" for p in params)])
 
 
-
 def valid_methods_text() -> str:
     return ", ".join(method_form(k) for k in CONNECTIONS)
-
 
 
 def method_model_keys(key: str) -> dict[str, Any]:
@@ -158,7 +148,6 @@ def method_model_keys(key: str) -> dict[str, Any]:
     return keys
 
 
-
 def method_config(key: str) -> GPTConfig:
     try:
         return GPTConfig(**method_model_keys(key))
@@ -168,11 +157,9 @@ def method_config(key: str) -> GPTConfig:
         raise UsageError(f"Method {key!r}: {e}") from None
 
 
-
 def canonical_method(key: str) -> str:
     """The key train.py records for this method (method_key), e.g. 'p_spheret:0.5'."""
     return method_key(method_config(key))
-
 
 
 def method_args(key: str) -> list[str]:
@@ -183,7 +170,6 @@ def method_args(key: str) -> list[str]:
         *(f"--{p.key}={getattr(cfg, p.key)}" for p in method_params(cfg.connection)),
         *(f"--{k}={param_text(v)}" for k, v in opened_settings(cfg).items()),
     ]
-
 
 
 def display_name(key: str) -> str:
@@ -200,19 +186,16 @@ def display_name(key: str) -> str:
     return f"{name} ({settings})" if settings else name
 
 
-
 def is_sphere_method(key: str) -> bool:
     """Whether the method keeps every hidden state on a sphere (SpheretNorm, GeoNorm, nGPT)."""
     connection = CONNECTIONS.get(key.partition("+")[0].partition(":")[0])
     return connection is not None and connection.on_sphere
 
 
-
 @functools.lru_cache(maxsize=4)
 def load_reference(path: Path = REFERENCE_PATH) -> dict[str, Any]:
     """paper_results.json: the paper's Tables 2-7 (a copy of ../shared/reference)."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
-
 
 
 def scale_of(config: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from spheretnorm.runtime.config import TrainConfig
 
 CKPT_NAME = "ckpt.pt"
-SHARDED_CKPT_NAME = "ckpt.dcp"  # --parallel=fsdp's checkpoint, a folder (runtime/sharded_checkpoint.py)
+SHARDED_CKPT_NAME = "ckpt.dcp"  # --parallel=fsdp's checkpoint, a folder (runtime/checkpoint/sharded.py)
 # What a stop signal writes while the collapse alarm is counting (the last evaluation above
 # collapse_cosine): the current state, beside the last healthy checkpoint, which stays as it was.
 STOP_CKPT_NAME = "ckpt.stop.pt"
@@ -166,7 +166,7 @@ def remove_stop_checkpoint(train: TrainConfig) -> None:
 def check_checkpoint_kind(train: TrainConfig) -> None:
     """Refuse a resume that would miss the checkpoint the other parallel mode wrote (a new run over
     it is refused as any other run's files are). What an interrupted sharded save left is settled
-    before (sharded_checkpoint.settle_interrupted_save)."""
+    before (checkpoint.settle_interrupted_save)."""
     folder = Path(train.out_dir) / SHARDED_CKPT_NAME
     own = checkpoint_path(train)
     other, mode = (Path(train.out_dir) / CKPT_NAME, "ddp") if train.parallel == "fsdp" else (folder, "fsdp")

@@ -13,7 +13,7 @@ from spheretnorm.optim import OPTIMIZERS, Hyperball
 from spheretnorm.runtime.config import FOLLOWS, TrainConfig
 from spheretnorm.runtime.identity import keep_recorded_keys
 from spheretnorm.runtime.distributed import print0
-from spheretnorm.runtime.threads import set_cpu_threads
+from spheretnorm.runtime.device import set_cpu_threads
 
 
 def warmup_note(train: TrainConfig) -> str | None:

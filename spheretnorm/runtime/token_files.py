@@ -17,32 +17,25 @@ TOKEN_DTYPE = np.uint16
 MAX_VOCAB_SIZE = int(np.iinfo(TOKEN_DTYPE).max) + 1  # every id a token file can hold
 
 
-
 SPLITS = ("train", "val")
 
 
-
 META_FILE = "meta.json"
-
 
 
 MAX_TOKEN_KEY = "max_token"  # meta.json's train_max_token / val_max_token: the largest id in each bin
 MTIME_KEY = "mtime_ns"  # meta.json's train_mtime_ns / val_mtime_ns: each bin's st_mtime_ns when prepare.py wrote it
 
 
-
 # meta.json keys that are counts: an integer >= 0 wherever present.
 META_COUNTS = ("vocab_size", "train_tokens", "val_tokens", f"train_{MAX_TOKEN_KEY}", f"val_{MAX_TOKEN_KEY}")
-
 
 
 SCAN_CHUNK = 1 << 24  # tokens per step of check_token_ids' scan: 32 MB of uint16
 
 
-
 class PrepareError(ValueError):
     """A user-facing problem with the inputs or options; the CLI prints it without a traceback."""
-
 
 
 def decode_char(ids: Iterable[int], meta: dict[str, Any]) -> str:
@@ -51,14 +44,12 @@ def decode_char(ids: Iterable[int], meta: dict[str, Any]) -> str:
     return "".join(itos[int(i)] for i in ids)
 
 
-
 def char_vocabulary(meta: dict[str, Any]) -> list[str] | None:
     """meta.json's 'itos' (the text of each char-level id) when it is a non-empty list of strings, else None."""
     itos = meta.get("itos")
     if isinstance(itos, list) and itos and all(isinstance(ch, str) for ch in itos):
         return itos
     return None
-
 
 
 def read_json_object(path: str | os.PathLike, error: type[Exception], fix: str) -> dict[str, Any]:
@@ -71,7 +62,6 @@ def read_json_object(path: str | os.PathLike, error: type[Exception], fix: str) 
     if not isinstance(value, dict):
         raise error(f"{str(path)!r} holds a JSON {type(value).__name__}, not an object of keys; {fix}")
     return value
-
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
@@ -95,7 +85,6 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-
 def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
     """meta.json of a prepared dataset directory (PrepareError if the directory is not prepared)."""
     path = Path(data_dir) / META_FILE
@@ -105,7 +94,6 @@ def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
             f"{Path(data_dir).name} --out_dir {data_dir}` (`python data/prepare.py --help` lists the names) first."
         )
     return read_meta(path)
-
 
 
 def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | None = None) -> np.memmap:
@@ -140,7 +128,6 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | N
     return tokens
 
 
-
 def bin_stamps(paths: dict[str, Path]) -> dict[str, int]:
     """meta.json's {split}_mtime_ns of the bins at `paths` ({split: path}), as prepare.py records them
     once they are written (a rename keeps a file's mtime): check_token_ids trusts the recorded
@@ -148,11 +135,9 @@ def bin_stamps(paths: dict[str, Path]) -> dict[str, int]:
     return {f"{split}_{MTIME_KEY}": Path(path).stat().st_mtime_ns for split, path in paths.items()}
 
 
-
 # Largest id of each token file that check_token_ids had to scan, by (path, size, mtime): train.py
 # opens a split afresh for every batch (batches.TokenData.split), and a scan reads the whole file.
 _SCANNED_MAX: dict[tuple[str, int, int], int] = {}
-
 
 
 def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split: str, stat: os.stat_result | None = None) -> None:

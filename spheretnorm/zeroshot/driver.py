@@ -531,8 +531,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     hub_off says why the hub is off (offline.hub_off_reason; the caller has entered
     offline.offline_mode), None when it is on.
     """
-    from spheretnorm.runtime.device import DeviceError
-    from spheretnorm.runtime.threads import announce_cpu_threads
+    from spheretnorm.runtime.device import DeviceError, announce_cpu_threads
     from spheretnorm.zeroshot.token_check import refuse_other_tokenizers, resolve_checkpoint_path
 
     check_limit(args.limit)

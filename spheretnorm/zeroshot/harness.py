@@ -17,7 +17,6 @@ is always taken in fp32. Single process only (no data parallelism).
 from __future__ import annotations
 
 import pickle
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,12 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from spheretnorm.runtime.device import autocast_context, get_device, resolve_dtype
+from spheretnorm.runtime.device import autocast_context, available_device, resolve_dtype
 from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_gpt2_encoding
 from spheretnorm.zeroshot.errors import EvalError
 from spheretnorm.zeroshot.token_check import check_gpt2_tokenizer, resolve_checkpoint_path
 from spheretnorm.model import GPT
-from spheretnorm.runtime.sharded_checkpoint import load_checkpoint, load_model
+from spheretnorm.runtime.checkpoint import load_checkpoint, load_model
 
 MODEL_NAME = "nanogpt"
 EOT_TEXT = "<|endoftext|>"
@@ -221,7 +220,7 @@ class NanoGPTLM(TemplateLM):
         self._ckpt_path = None if ckpt is None else str(ckpt)
         if model is None:
             model, _ = load_eval_model(ckpt)
-            device = _available_device(device or "auto")
+            device = available_device(device or "auto")
         elif device in (None, "auto"):
             device = str(next(model.parameters()).device)  # evaluate where the caller keeps it
         self.model, self._device, self._dtype = _place(model, device, dtype)
@@ -436,17 +435,6 @@ class NanoGPTLM(TemplateLM):
             outputs.append(text)
             self.cache_hook.add_partial("generate_until", req.args, text)
         return outputs
-
-
-def _available_device(device: str) -> str:
-    """get_device's choice, except that a CUDA device on a machine without CUDA falls back to it.
-
-    lm-eval's CLI passes device "cuda:0" unless told otherwise; its hf model falls back the same way.
-    """
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        warnings.warn(f"Device {device!r} requested but CUDA is not available; using {get_device('auto')!r}.")
-        return get_device("auto")
-    return get_device(device)
 
 
 def _place(model: GPT, device: str, dtype: str) -> tuple[GPT, torch.device, str]:

@@ -1,20 +1,16 @@
-"""Sharded checkpoints of an FSDP run: written by every rank at once, read back on any number; and
-what reads or writes a checkpoint of either format by its form (load_checkpoint, load_model,
-write_run_checkpoint, restore_training_state), since those call this format's code as well as
-runtime/checkpoint.py's (which holds the single-file format and what both share).
+"""Sharded checkpoints of an FSDP run (train.py --parallel=fsdp, format spheretnorm-dcp-v1):
+written by every rank at once, read back on any number.
 
 The folder (out_dir/ckpt.dcp) is a torch.distributed.checkpoint folder of the model's and the
-optimizer's state by parameter name (so a resume on another number of ranks reshards it), plus
-meta.pt (runtime/checkpoint.py's SHARDED_META: config, progress, RNG, and the save's id with the
-size and digest of each of its files, so that a file of another save is refused). It is written as
-ckpt.dcp.tmp and renamed when whole, so a crash or a full disk mid-write leaves the previous
-checkpoint as it was; between the two renames of a replacement the previous one is ckpt.dcp.old.
-The next start settles whatever an interrupted save left (settle_interrupted_save: the newest whole
-checkpoint is kept), and a save removes a leftover ckpt.dcp.old that would block its renames.
-
-    python scripts/consolidate.py out/RUN/ckpt.dcp [--out out/RUN/ckpt.pt] [--overwrite]
-
-turns a folder into one ckpt.pt of the usual format (consolidate), in one process.
+optimizer's state by parameter name (model.* and optimizer.*, one file per rank, so a resume on
+another number of ranks reshards it), plus meta.pt (SHARDED_META: the rest of a checkpoint's dict,
+config, progress, RNG, and the save's id with the size and digest of each of its files, so that a
+file of another save is refused). It is written as ckpt.dcp.tmp and renamed when whole, so a crash
+or a full disk mid-write leaves the previous checkpoint as it was; between the two renames of a
+replacement the previous one is ckpt.dcp.old. The next start settles whatever an interrupted save
+left (settle_interrupted_save: the newest whole checkpoint is kept), and a save removes a leftover
+ckpt.dcp.old that would block its renames. scripts/consolidate.py turns a folder into one ckpt.pt
+(checkpoint/consolidation.py).
 """
 
 from __future__ import annotations
@@ -36,113 +32,23 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as torch_dist
 
-from spheretnorm.model import GPT
-from spheretnorm.optim import PEAK_LR, Optimizers, apply_group_settings, build_optimizer, group_settings, refused_resume_change
-from spheretnorm.runtime.threads import set_cpu_threads
-from spheretnorm.runtime.config import ConfigError, TrainConfig, config_from_dict, optimizer_settings
-from spheretnorm.runtime.checkpoint import (
-    CHECKPOINT_FORMAT,
-    DCP_METADATA,
-    SAFETENSORS_SUFFIX,
-    SHARDED_META,
-    CheckpointError,
-    RecordedImportsError,
-    atomic_torch_save,
-    check_checkpoint,
-    checkpoint_iter,
-    checkpoint_state,
-    clean_state_dict,
-    describe_error,
-    gathered_rng,
-    load_safetensors_checkpoint,
-    read_torch_file,
+from spheretnorm.optim import PEAK_LR, Optimizers
+from spheretnorm.runtime.checkpoint.single_file import (
+    CHECKPOINT_FORMAT, CheckpointError, RecordedImportsError, atomic_torch_save, check_checkpoint, describe_error, read_torch_file,
     write_failure_reason,
 )
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.runtime.imports import add_import_options, use_import_options
-from spheretnorm.runtime.distributed import DistInfo, any_rank, print0
-from spheretnorm.runtime.run_folder import CKPT_NAME, SHARDED_CKPT_NAME, SHARDED_STOP_CKPT_NAME, STOP_CKPT_NAME, OutDirError
+from spheretnorm.runtime.distributed import DistInfo, any_rank, every_rank
 
+# What marks a sharded folder, read by run_choice.py too to tell a run's checkpoints apart:
+SHARDED_META = "meta.pt"  # a sharded folder's config, progress and RNG: everything but the tensors
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the folder's tensors
 SHARDED_FORMAT = "spheretnorm-dcp-v1"
 SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files, __<rank>_<n>.distcp
 TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
 
 # -----------------------------------------------------------------------------
-# A checkpoint of either format, read or written by its form (a file, or a folder of shards)
-
-
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", require: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """Load a checkpoint file (ckpt.pt, or a .safetensors export) and check that it is one of
-    this project's whose model can be built (check_checkpoint).
-
-    A missing file is a FileNotFoundError; every other failure is a CheckpointError naming the
-    file. require lists further keys the caller needs (a resume needs the optimizer state).
-    """
-    path = Path(path)
-    if path.is_dir():  # a sharded checkpoint (train.py --parallel=fsdp), read whole
-        ckpt = read_sharded_meta(path, require)
-        # Whole in this process, it is a ckpt.pt's dict: load_model and the exports take it as one.
-        return {**ckpt, "format": CHECKPOINT_FORMAT, "model": read_sharded_weights(path)}
-    if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
-    if path.suffix == SAFETENSORS_SUFFIX:
-        ckpt = load_safetensors_checkpoint(path, map_location)
-    else:
-        ckpt = read_torch_file(path, map_location)
-        check_checkpoint(ckpt, f"Checkpoint {str(path)!r}")
-    missing = [key for key in require if key not in ckpt]
-    if missing:
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} lacks {', '.join(missing)}, which train.py writes and this use "
-            "of it needs; it is damaged or holds a model only."
-        )
-    return ckpt
-
-
-def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.device = "cpu") -> GPT:
-    """The GPT of a checkpoint file (or of its loaded dict).
-
-    A file or dict whose model cannot be built (see check_checkpoint) is a CheckpointError,
-    raised before the model the config describes is allocated.
-    """
-    if isinstance(ckpt, dict):
-        config = check_checkpoint(ckpt)
-    else:
-        ckpt = load_checkpoint(ckpt, map_location)  # checked as it is read
-        config = config_from_dict(ckpt["model_config"])
-    model = GPT(config)
-    model.load_state_dict(clean_state_dict(ckpt["model"]))
-    return model
-
-
-def write_run_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], sharded: bool, dist: DistInfo, device: str
-) -> None:
-    """All ranks call this; `extra` is what a resume reads besides the model and the optimizer."""
-    extra = {**extra, "rng": gathered_rng(dist), "world_size": dist.world_size}
-    if sharded:  # every rank writes its shards
-        save_sharded(path, model, optimizer, {**checkpoint_state(model, weights=False), **extra}, dist, device)
-    elif dist.is_master:
-        atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **extra}, path)
-
-
-def restore_training_state(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
-    """The checkpoint's weights and optimizer state, trained on under the current settings: the
-    saved param groups that load_state_dict restores give way to those cfg built (rates, betas,
-    weight decay, every optimizer key), and a changed key the state fixes is refused."""
-    refusal = None if cfg.fresh_optimizer else refused_resume_change(cfg, ckpt["train_config"].get("optimizer_params") or {})
-    if refusal:
-        raise ConfigError(refusal)
-    fresh = group_settings(optimizer)
-    restore_weights(cfg, ckpt, model, optimizer, path)
-    apply_group_settings(optimizer, fresh)
-
-
-# -----------------------------------------------------------------------------
-# Writing a sharded folder (every rank), settling an interrupted save, restoring a resume from one
+# Writing a folder (every rank), settling an interrupted save
 
 
 def _state(model: torch.nn.Module, optimizer: Optimizers | None) -> dict[str, Any]:
@@ -184,7 +90,9 @@ def save_sharded(
         digests = file_records(tmp, sorted(p.name for p in tmp.glob(f"__{dist.rank}_*{SHARD_SUFFIX}")))
     except dcp_errors() as e:  # any failure here must reach every rank, or the others wait for it
         failure = dcp_cause(e)
-    digests = _gathered(digests, dist)  # every rank, even one that failed: a collective
+    # Every rank's records of its own shard files, merged (rank 0 needs them all for meta.pt); every rank,
+    # even one that failed: a collective.
+    digests = {name: record for part in every_rank(digests) for name, record in (part or {}).items()}
     if dist.is_master and failure is None:
         try:
             atomic_torch_save({**extra, "format": SHARDED_FORMAT, **save_record(tmp, digests)}, tmp / SHARDED_META)
@@ -230,15 +138,6 @@ def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
     return None
 
 
-def _gathered(digests: dict[str, list], dist: DistInfo) -> dict[str, list]:
-    """Every rank's records of its own shard files, merged (rank 0 needs them all for meta.pt)."""
-    if not (torch_dist.is_initialized() and torch_dist.get_world_size() > 1):
-        return digests
-    parts: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(parts, digests)
-    return {name: record for part in parts for name, record in (part or {}).items()}
-
-
 def save_record(folder: Path, digests: dict[str, list]) -> dict[str, Any]:
     """What ties a save's files together in its meta.pt: a new id, and the size and digest of each
     file (the shards the ranks digested, the index and any shard left to rank 0 here)."""
@@ -277,53 +176,6 @@ def settle_interrupted_save(folder: str | Path) -> str:
     return f"NOTE: an interrupted save left {' and '.join(p.name for p in leftovers)} in {folder.parent}; {kept}, and removed the rest."
 
 
-def settle_at_start(train: TrainConfig) -> None:
-    """What an interrupted sharded save left in out_dir (ckpt.dcp.tmp, .old) is settled by rank 0
-    (settle_interrupted_save) before any rank looks for the checkpoint (train.py, before the process
-    group exists); the others wait for it, so that every rank sees the same folder."""
-    folder = Path(train.out_dir) / SHARDED_CKPT_NAME
-    if int(os.environ.get("RANK", "0")) != 0:
-        wait_for_settled(folder, train.dist_timeout)
-        return
-    try:
-        note = settle_interrupted_save(folder)
-    except OSError as e:
-        raise OutDirError(str(e)) from None
-    except ValueError as e:  # a CheckpointError: which folder to remove
-        raise ConfigError(str(e)) from None
-    if note:
-        print(note)
-
-
-def read_resume_meta(path: Path, require: tuple[str, ...]) -> dict[str, Any]:
-    """meta.pt of the sharded folder a resume reads (read_sharded_meta), decided by every rank
-    together: rank 0 reads every byte of the folder once (its digests), the others check sizes only,
-    and before any rank goes on (to build the model, to read a tensor) they gather their verdicts.
-    A folder any rank refuses is then refused by every rank with the same sentence, the lowest
-    refusing rank's (a damaged or foreign shard of its save's size is seen by rank 0 alone): train.py
-    says it once, by rank 0, which exits with EXIT_CONFIG (2: refused before any training), the
-    other ranks with it (or ended by torchrun first), none with a traceback. Alone (no process
-    group, or one rank) it is read_sharded_meta."""
-    rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    meta: dict[str, Any] = {}
-    error: CheckpointError | None = None
-    try:
-        meta = read_sharded_meta(path, require, digests=rank == 0)
-    except CheckpointError as e:
-        error = e
-    except OSError as e:  # this rank's view of the folder: said by all the same
-        error = CheckpointError(f"Sharded checkpoint {str(path)!r} cannot be read ({describe_error(e)}).")
-    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        verdicts: list[Any] = [None] * torch_dist.get_world_size()
-        torch_dist.all_gather_object(verdicts, None if error is None else str(error))
-        first = next((verdict for verdict in verdicts if verdict is not None), None)
-        if first is not None and (error is None or str(error) != first):
-            raise CheckpointError(first)
-    if error is not None:
-        raise error
-    return meta
-
-
 def _whole_iter(path: Path) -> int | None:
     """The iteration of a whole, readable sharded folder (read_sharded_meta's checks, the files'
     digests included), None for one that is not: its writing never finished, or it is damaged."""
@@ -351,27 +203,13 @@ def wait_for_settled(folder: str | Path, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def restore_weights(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
-    """The weights and optimizer state of the checkpoint read from `path`; with fresh_optimizer the
-    weights only (the optimizer, perhaps another one, starts anew)."""
-    keep = None if cfg.fresh_optimizer else optimizer
-    if cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
-        load_sharded(path, model, keep)
-    else:
-        model.load_state_dict(ckpt["model"])
-        if keep is not None:
-            load_optimizer_state(keep, ckpt["optimizer"], path)
-    if keep is None:
-        was = ckpt["train_config"].get("optimizer", "adamw")
-        print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")
+def _barrier() -> None:
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.barrier()
 
 
-def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
-    """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
+# -----------------------------------------------------------------------------
+# Reading a folder: its index and files checked, its meta.pt, its state loaded on any number of ranks or whole in one process
 
 
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers | None) -> None:
@@ -384,7 +222,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers
     where = f"Sharded checkpoint {str(path)!r}"
     as_built = _set_aside_added_group_keys(state, set(_dcp_metadata(Path(path), where).state_dict_metadata))
     try:
-        # The index and the optimizer's values are pickles: read as checkpoint.py reads files, without code.
+        # The index and the optimizer's values are pickles: read as read_torch_file reads files, without code.
         safe = {"storage_reader": safe_dcp_reader(path), "planner": safe_dcp_planner()}
         if torch_dist.is_initialized():
             dcp.load(state, **safe)
@@ -424,18 +262,11 @@ def _put_back_group_keys(state: dict[str, Any], as_built: dict[tuple[int, str], 
         groups[i][key] = value
 
 
-def _barrier() -> None:
-    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        torch_dist.barrier()
-
-
-# -----------------------------------------------------------------------------
-# Reading a sharded folder: its index and files checked, its meta.pt, its weights whole in one process
-
-
 # What torch.distributed.checkpoint's index (.metadata, a pickle) is built of: its own metadata
 # classes, torch's Size, dtypes and layouts, and a path. Anything else is refused unrun.
 _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+
 _DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
 
 
@@ -691,95 +522,3 @@ def read_sharded_weights(path: str | Path) -> dict[str, torch.Tensor]:
     except dcp_errors() as exc:
         raise CheckpointError(f"{where} cannot be read: it is damaged ({describe_error(dcp_cause(exc))}).") from None
     return state
-
-
-# -----------------------------------------------------------------------------
-# Consolidating a folder into one ckpt.pt (scripts/consolidate.py)
-
-
-def check_consolidate_out(folder: Path, out: Path, overwrite: bool) -> None:
-    """Refuse an output that is a folder, lies inside the folder being read (a file there is not one
-    of its shards, and would be taken for damage), or exists (another checkpoint of the run, say)
-    without overwrite."""
-    if out.resolve() == folder.resolve() or out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a folder; give the file to write, e.g. {folder.resolve().parent / 'ckpt.pt'}.")
-    if folder.resolve() in out.resolve().parents:
-        raise ValueError(f"--out {str(out)!r} is inside the sharded folder {str(folder)!r} being read; write it beside the folder, e.g. {folder.resolve().parent / 'ckpt.pt'}.")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{str(out)!r} already exists; pass --overwrite to replace it, or give another --out.")
-
-
-def newer_output_text(folder: Path, out: Path, replace_newer: bool) -> str:
-    """'' when `out` is absent or not newer than the folder; else, with replace_newer, the line that
-    says what is replaced; without, a ValueError: --overwrite alone never puts an older state over a newer one."""
-    if not out.is_file():
-        return ""
-    try:
-        held = checkpoint_iter(out)
-    except CheckpointError:
-        return ""  # a damaged file: nothing newer is lost
-    iteration = checkpoint_iter(folder)
-    if held <= iteration:
-        return ""
-    if not replace_newer:
-        raise ValueError(
-            f"{str(out)!r} holds iter {held}, newer than the iter {iteration} of {str(folder)!r}; pass --replace_newer to replace it "
-            "all the same, or give another --out."
-        )
-    return f"NOTE: replacing {out} (iter {held}) by the older iter {iteration} of {folder}, as --replace_newer asks."
-
-
-def consolidate(folder: str | Path, out: str | Path, overwrite: bool = False, replace_newer: bool = False) -> Path:
-    """Write a sharded folder as one ckpt.pt of today's format (model, optimizer, progress, RNG),
-    in one process: train.py --parallel=ddp resumes it, and every reader of ckpt.pt reads it. An
-    existing `out` is replaced only with overwrite (check_consolidate_out), and one holding a later
-    iteration only with replace_newer too, saying so (newer_output_text)."""
-    folder, out = Path(folder), Path(out)
-    check_consolidate_out(folder, out, overwrite)
-    note = newer_output_text(folder, out, replace_newer)
-    ckpt = load_checkpoint(folder, require=("optimizer", "train_config"))  # checked once, the whole weights read
-    model = load_model(ckpt)  # then the optimizer state by name into a whole optimizer
-    optimizer = build_optimizer(model, optimizer_settings(ckpt["train_config"]))
-    load_sharded(folder, model, optimizer)
-    fields = {k: v for k, v in ckpt.items() if k not in ("format", "model_config", "model")}
-    atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **fields}, out)
-    if note:
-        print(note)
-    return out
-
-
-def default_consolidated_name(folder: Path) -> str:
-    """ckpt.pt beside a ckpt.dcp; a stop's state (ckpt.stop.dcp) keeps a stop's name, ckpt.stop.pt,
-    so that it never takes the healthy checkpoint's."""
-    return STOP_CKPT_NAME if folder.resolve().name == SHARDED_STOP_CKPT_NAME else CKPT_NAME
-
-
-def main(argv: list[str] | None = None) -> None:
-    """scripts/consolidate.py: FOLDER [--out FILE] [--overwrite], FILE by default beside FOLDER as ckpt.pt."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(
-        description="A sharded checkpoint folder (train.py --parallel=fsdp) as one ckpt.pt of the usual format (model, "
-        "optimizer, progress, RNG), which --parallel=ddp resumes:\n\n    python scripts/consolidate.py out/RUN/ckpt.dcp [--out FILE]",
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument("folder", help="the sharded checkpoint, e.g. out/RUN/ckpt.dcp")
-    parser.add_argument("--out", default="", help="the file to write (default: ckpt.pt beside the folder; ckpt.stop.pt beside a ckpt.stop.dcp), never inside the folder")
-    parser.add_argument("--overwrite", action="store_true", help="replace the file to write when it exists (refused otherwise)")
-    parser.add_argument("--replace_newer", action="store_true", help="with --overwrite: replace it even when it holds a later iteration than the folder")
-    add_import_options(parser)  # a checkpoint of the user's own connection, as every reader of checkpoints
-    args = parser.parse_args(argv)
-    set_cpu_threads("cpu")  # as train.py would on this load; reading and writing, no compute worth a line of its own
-    folder = Path(args.folder)
-    try:
-        use_import_options(args, ValueError)  # before the checkpoint names a connection of the user's
-        if not folder.is_dir():
-            raise ValueError(f"{str(folder)!r} is not a folder; give the sharded checkpoint folder (e.g. out/RUN/ckpt.dcp) that --parallel=fsdp writes.")
-        # resolve(): the folder's parent, also for `consolidate.py .` run inside it
-        out = Path(args.out) if args.out else folder.resolve().parent / default_consolidated_name(folder)
-        written = consolidate(folder, out, args.overwrite, args.replace_newer)
-    except (ValueError, OSError) as e:  # CheckpointError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(f"wrote {written}")

@@ -1,0 +1,114 @@
+"""What train.py writes at a checkpoint and restores on a resume, in either format: the run's
+checkpoint (write_run_checkpoint), the leftovers of an interrupted sharded save settled before any
+rank looks (settle_at_start), a sharded folder's meta.pt decided by every rank together
+(read_resume_meta), and the weights and optimizer state trained on under the current settings
+(restore_training_state).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from spheretnorm.optim import Optimizers, apply_group_settings, group_settings, refused_resume_change
+from spheretnorm.runtime.checkpoint.sharded import load_sharded, read_sharded_meta, save_sharded, settle_interrupted_save, wait_for_settled
+from spheretnorm.runtime.checkpoint.single_file import CheckpointError, atomic_torch_save, checkpoint_state, describe_error, rng_to_plain
+from spheretnorm.runtime.config import ConfigError, TrainConfig
+from spheretnorm.runtime.device import rng_state
+from spheretnorm.runtime.distributed import DistInfo, every_rank, print0
+from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME, OutDirError
+
+
+def write_run_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], sharded: bool, dist: DistInfo, device: str
+) -> None:
+    """All ranks call this; `extra` is what a resume reads besides the model and the optimizer."""
+    extra = {**extra, "rng": every_rank(rng_to_plain(rng_state())), "world_size": dist.world_size}  # every rank's RNG, by rank
+    if sharded:  # every rank writes its shards
+        save_sharded(path, model, optimizer, {**checkpoint_state(model, weights=False), **extra}, dist, device)
+    elif dist.is_master:
+        atomic_torch_save({**checkpoint_state(model), "optimizer": optimizer.state_dict(), **extra}, path)
+
+
+def settle_at_start(train: TrainConfig) -> None:
+    """What an interrupted sharded save left in out_dir (ckpt.dcp.tmp, .old) is settled by rank 0
+    (settle_interrupted_save) before any rank looks for the checkpoint (train.py, before the process
+    group exists); the others wait for it, so that every rank sees the same folder."""
+    folder = Path(train.out_dir) / SHARDED_CKPT_NAME
+    if int(os.environ.get("RANK", "0")) != 0:
+        wait_for_settled(folder, train.dist_timeout)
+        return
+    try:
+        note = settle_interrupted_save(folder)
+    except OSError as e:
+        raise OutDirError(str(e)) from None
+    except ValueError as e:  # a CheckpointError: which folder to remove
+        raise ConfigError(str(e)) from None
+    if note:
+        print(note)
+
+
+def read_resume_meta(path: Path, require: tuple[str, ...]) -> dict[str, Any]:
+    """meta.pt of the sharded folder a resume reads (read_sharded_meta), decided by every rank
+    together: rank 0 reads every byte of the folder once (its digests), the others check sizes only,
+    and before any rank goes on (to build the model, to read a tensor) they gather their verdicts.
+    A folder any rank refuses is then refused by every rank with the same sentence, the lowest
+    refusing rank's (a damaged or foreign shard of its save's size is seen by rank 0 alone): train.py
+    says it once, by rank 0, which exits with EXIT_CONFIG (2: refused before any training), the
+    other ranks with it (or ended by torchrun first), none with a traceback. Alone (no process
+    group, or one rank) it is read_sharded_meta."""
+    rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    meta: dict[str, Any] = {}
+    error: CheckpointError | None = None
+    try:
+        meta = read_sharded_meta(path, require, digests=rank == 0)
+    except CheckpointError as e:
+        error = e
+    except OSError as e:  # this rank's view of the folder: said by all the same
+        error = CheckpointError(f"Sharded checkpoint {str(path)!r} cannot be read ({describe_error(e)}).")
+    verdicts = every_rank(None if error is None else str(error))
+    first = next((verdict for verdict in verdicts if verdict is not None), None)
+    if first is not None and (error is None or str(error) != first):
+        raise CheckpointError(first)
+    if error is not None:
+        raise error
+    return meta
+
+
+def restore_training_state(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
+    """The checkpoint's weights and optimizer state, trained on under the current settings: the
+    saved param groups that load_state_dict restores give way to those cfg built (rates, betas,
+    weight decay, every optimizer key), and a changed key the state fixes is refused."""
+    refusal = None if cfg.fresh_optimizer else refused_resume_change(cfg, ckpt["train_config"].get("optimizer_params") or {})
+    if refusal:
+        raise ConfigError(refusal)
+    fresh = group_settings(optimizer)
+    restore_weights(cfg, ckpt, model, optimizer, path)
+    apply_group_settings(optimizer, fresh)
+
+
+def restore_weights(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
+    """The weights and optimizer state of the checkpoint read from `path`; with fresh_optimizer the
+    weights only (the optimizer, perhaps another one, starts anew)."""
+    keep = None if cfg.fresh_optimizer else optimizer
+    if cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
+        load_sharded(path, model, keep)
+    else:
+        model.load_state_dict(ckpt["model"])
+        if keep is not None:
+            load_optimizer_state(keep, ckpt["optimizer"], path)
+    if keep is None:
+        was = ckpt["train_config"].get("optimizer", "adamw")
+        print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")
+
+
+def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
+    """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
