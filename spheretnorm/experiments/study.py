@@ -172,7 +172,7 @@ def add_table_options(parser: Any) -> None:
 
 @dataclass
 class Done:
-    """A study's sweep once it ran: what sweep_main's figures and report hooks read."""
+    """A study's sweep once it ran (or, in a dry run, was found): what sweep_main's hooks read."""
 
     sweep: Sweep
     args: argparse.Namespace
@@ -187,13 +187,18 @@ Report = tuple[str, "str | None", dict[str, Any]]  # the stem of OUT_DIR/<stem>.
 
 def sweep_main(sweep: Sweep | Callable[[argparse.Namespace, list[str]], Sweep], argv: list[str] | None = None, doc: str = "",
                baseline_title: str = "the baseline", *, options: Callable[[argparse.ArgumentParser], None] | None = None,
-               figures: Callable[[Done], list[Path]] | None = None, report: Callable[[Done], Report] | None = None) -> int:
+               figures: Callable[[Done], list[Path]] | None = None, report: Callable[[Done], Report] | None = None,
+               dry_run: Callable[[Done], None] | None = None,
+               instead: Callable[[argparse.Namespace, list[str]], int | None] | None = None) -> int:
     """A study's command. A Sweep runs as declared: the common options, --axis to run part of it,
     --rule and --mix_kernel_paths, and any train.py --key=value for every run; writes
     OUT_DIR/<name>.md (runs_text) and .json. A study of its own options gives `options`, which adds
     them (the place options among them), and as `sweep` the function that checks them and the
     train.py overrides and turns them into its Sweep. `figures` draws from the rows and returns the
-    paths it wrote; `report` gives the stem, text and record to write instead of runs_text's."""
+    paths it wrote; `report` gives the stem, text and record to write instead of runs_text's.
+    `dry_run` prints what a dry run adds after the runs it listed (fair_sweep: the most runs the
+    plan can grow to, and their time). `instead` is a mode of the command that runs no sweep
+    (fair_sweep's --compare, which draws finished sweeps): its exit status, or None to run the sweep."""
     p = study_parser(doc or f"The {sweep.name} sweep.")
     if options:
         options(p)
@@ -216,10 +221,14 @@ def sweep_main(sweep: Sweep | Callable[[argparse.Namespace, list[str]], Sweep], 
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         started = time.perf_counter()
+        if instead and (status := instead(args, overrides)) is not None:
+            return status
         rows, place, yardsticks = start_study(chosen := design(args, overrides), args, overrides)
-        if place.dry_run:
-            return 0
         done = Done(chosen, args, rows, place, yardsticks)
+        if place.dry_run:
+            if dry_run:
+                dry_run(done)
+            return 0
         done.figures = figures(done) if figures else []
         stem, text, record = (report or runs_report)(done)
         return publish(place.out_dir, stem, text, record, done.figures, rows, started)
