@@ -1,6 +1,6 @@
 """The runs each CPU study's command plans with its default options (depth_study, block_study,
-lr_sweep, mup_transfer, reproduce_cpu): their train.py arguments and run folders, written out
-here as the code planned them before these studies became specs on study.sweep_main, so that the
+lr_sweep, mup_transfer, reproduce_cpu, fair_sweep): their train.py arguments and run folders, written
+out here as the code planned them before these studies became specs on study.sweep_main, so that the
 run folders already on disk keep being found and reused, not trained again.
 
 Nothing trains: study.start_study is stopped once the command has designed its sweep, and the
@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from spheretnorm.experiments import block_variants, cpu_pipeline, depth, lr_transfer, stability_sweep, study
+from spheretnorm.experiments import block_variants, cpu_pipeline, depth, fair_comparison, lr_transfer, stability_sweep, study
 from spheretnorm.experiments.study import Place, plan_points, train_argv
 
 # The CPU model's keys as every study's argv holds them, batch 12 (depth, block) and 16 (the others).
@@ -117,3 +117,30 @@ def test_the_cpu_reproduction_plans_its_runs_as_before(plan: Callable[..., list[
                        "--lr_decay_iters=400 --eval_interval=50 --connection=pre_ln --data_dir=DATA --out_dir=OUT/shakespeare_char_24x128/pre_ln")
     methods = ["pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret-0.5", "proj_spheret", "cay_spheret"]
     assert folders(runs) == [f"shakespeare_char_24x128/{m}" for m in methods]
+
+
+def test_the_fair_sweep_plans_its_runs_as_before(plan: Callable[..., list[str]]) -> None:
+    """Its first seed's grid, every arm in both blocks (no run finished: the follow-ups add the rest)."""
+    shape = ("--config_name=fair_sweep --dataset=shakespeare_char --n_layer=12 --n_head=4 --n_embd=64 --block_size=64 --batch_size=16 "
+             "--global_batch_size=16 --eval_iters=10 --log_interval=10 --device=cpu --dtype=float32 --compile=True --compile_scope=blocks "
+             "--wandb_log=False --eval_interval=120")
+    paper = "--beta1=0.9 --beta2=0.99 --weight_decay=0.1 --dropout=0.0 --warmup_iters=100"
+    runs = plan(fair_comparison.main)
+    assert runs[0] == (f"{shape} --block=gpt2 --seed=1337 --connection=pre_ln {paper} --learning_rate=0.001 --min_lr=0.0001 --max_iters=600 "
+                       "--lr_decay_iters=600 --data_dir=DATA --out_dir=OUT/gpt2/pre_ln/lr0.001_s1337")
+    assert runs[12] == (f"{shape} --block=gpt2 --seed=1337 --connection=ngpt --beta1=0.9 --beta2=0.95 --weight_decay=0.0 --dropout=0.0 "
+                        "--warmup_iters=0 --learning_rate=0.001 --min_lr=0.0 --max_iters=600 --lr_decay_iters=600 --data_dir=DATA --out_dir=OUT/gpt2/ngpt/lr0.001_s1337")
+    assert runs[63] == (f"{shape} --block=llama --seed=1337 --connection=p_spheret --spheret_p=0.5 {paper} --learning_rate=0.008 --min_lr=0.0008 "
+                        "--max_iters=600 --lr_decay_iters=600 --alpha_cap_grad=straight_through --data_dir=DATA "
+                        "--out_dir=OUT/llama/p_spheret-0.5+alpha_cap_grad=straight_through/lr0.008_s1337")
+    arms = ["pre_ln", "p_spheret-0.5", "geonorm", "ngpt", "p_spheret-0.5+alpha_cap=none", "p_spheret-0.5+alpha_decay=none",
+            "p_spheret-0.5+sphere_input_gain", "p_spheret-0.5+alpha_cap_grad=straight_through"]
+    assert folders(runs) == [f"{b}/{a}/lr{lr}_s1337" for b in ("gpt2", "llama") for a in arms for lr in ("0.001", "0.002", "0.004", "0.008")]
+    # Another optimizer than AdamW: its folders apart (AdamW's are the first design's), nGPT with AdamW alone.
+    muonh = plan(fair_comparison.main, "--optimizers", "adamw,muonh", "--arms", "pre_ln,p_spheret-0.5,ngpt", "--blocks", "llama", "--lrs", "1e-3,2e-3")
+    assert muonh[2] == (f"{shape} --block=llama --optimizer=muonh --seed=1337 --connection=pre_ln {paper} --learning_rate=0.002 --min_lr=0.0002 "
+                        "--max_iters=600 --lr_decay_iters=600 --hyperball_lr=0.005 --hyperball_radius=1.0 --data_dir=DATA --out_dir=OUT/llama/pre_ln+muonh/lr0.005_s1337")
+    rates = ("0.005", "0.01", "0.02", "0.04", "0.08")
+    assert folders(muonh) == ["llama/pre_ln/lr0.001_s1337", "llama/pre_ln/lr0.002_s1337", *(f"llama/pre_ln+muonh/lr{r}_s1337" for r in rates),
+                              "llama/p_spheret-0.5/lr0.001_s1337", "llama/p_spheret-0.5/lr0.002_s1337",
+                              *(f"llama/p_spheret-0.5+muonh/lr{r}_s1337" for r in rates), "llama/ngpt/lr0.001_s1337", "llama/ngpt/lr0.002_s1337"]

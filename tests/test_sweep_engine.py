@@ -116,12 +116,12 @@ def test_runs_are_planned_anew_as_each_ends_so_a_selected_rates_seeds_go_before_
     pre_ln's held-out seeds are due. Planned a batch at a time, pre_ln's neighbours (1 and 4, seed 2)
     ran in that batch, before geonorm's selected rate got its held-out seed; planned as each run
     ends, geonorm's seed 2 at 4 starts as soon as its extension has ended, and every neighbour last."""
-    from spheretnorm.experiments import study
+    from spheretnorm.experiments import study, sweep_runner
 
     losses = {"pre_ln": {1.0: 2.0, 2.0: 1.5, 4.0: 1.7}, "geonorm": {1.0: 2.0, 2.0: 1.8, 4.0: 1.6, 8.0: 1.9}}
     started: list[str] = []
-    monkeypatch.setattr(study, "run_job", lambda job, threads, stopper=None: started.append(job.label) or study.JobResult(job, 0, 0.0, ""))
-    monkeypatch.setattr(study, "point_row", lambda sweep, p, result, unigram, place=None: {
+    monkeypatch.setattr(sweep_runner, "run_job", lambda job, threads, stopper=None: started.append(job.label) or study.JobResult(job, 0, 0.0, ""))
+    monkeypatch.setattr(sweep_runner, "point_row", lambda sweep, p, result, unigram, place=None: {
         "status": "ok", "val_loss": losses[p["method"]][p["lr"]], "val_loss_full": losses[p["method"]][p["lr"]]})
     sweep = toy(axes=(Axis("method", ("pre_ln", "geonorm")), Axis("lr", (1.0, 2.0, 4.0)), Axis("seed", (1, 2))), follow_up=best_rate_follow_up())
     rows: dict = {}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from spheretnorm.experiments import fair_comparison, study
+from spheretnorm.experiments import fair_comparison, study, sweep_runner
 
 # A train.py stand-in: says it started, then waits; SIGINT makes it write "stopped" and exit 0,
 # as train.py does after its checkpoint.
@@ -44,7 +44,7 @@ SMALL = ["--blocks", "gpt2", "--arms", "pre_ln", "--lrs", "1e-3,2e-3", "--seeds"
 def fake_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script = tmp_path / "fake_train.py"
     script.write_text(FAKE_TRAIN)
-    monkeypatch.setattr(study, "train_command", lambda job: [sys.executable, str(script), str(job.out_dir)])
+    monkeypatch.setattr(sweep_runner, "train_command", lambda job: [sys.executable, str(script), str(job.out_dir)])
     return script
 
 
@@ -172,7 +172,7 @@ def test_a_run_whose_config_is_not_json_is_one_line(tmp_path: Path, capsys: pyte
 def test_a_resumed_runs_time_is_its_whole_time_not_its_last_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run stopped by a signal and resumed by the next sweep: the job that finished it ran its
     last part only; train.py's clock (elapsed_s) carries across the resume, so the table's time is the run's."""
-    monkeypatch.setattr(study, "train_command", lambda job: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(sweep_runner, "train_command", lambda job: [sys.executable, "-c", "pass"])
     fresh, stopped = jobs(tmp_path, 2)
     stopped.out_dir.mkdir()
     (stopped.out_dir / "ckpt.pt").write_bytes(b"")  # what the stop left
@@ -238,8 +238,8 @@ def test_a_progress_line_comes_while_runs_go_on_and_none_ends(tmp_path: Path, mo
     script = tmp_path / "slow_train.py"
     script.write_text("import json, pathlib, sys, time\nout = pathlib.Path(sys.argv[1])\n"
                       "(out / 'metrics.jsonl').write_text(json.dumps({'kind': 'train', 'iter': 7}) + '\\n')\ntime.sleep(1.5)\n")
-    monkeypatch.setattr(study, "train_command", lambda job: [sys.executable, str(script), str(job.out_dir)])
-    monkeypatch.setattr(study, "PROGRESS_EVERY_S", 0.4)
+    monkeypatch.setattr(sweep_runner, "train_command", lambda job: [sys.executable, str(script), str(job.out_dir)])
+    monkeypatch.setattr(sweep_runner, "PROGRESS_EVERY_S", 0.4)
     queue = jobs(tmp_path, 2)
     study.schedule(lambda free: [queue.pop(0) for _ in range(min(free, len(queue)))], lambda result: None, 1, 1, lambda: len(queue))
     out = capsys.readouterr().out.splitlines()

@@ -259,7 +259,7 @@ def test_the_figure_marks_the_failed_seed_as_a_cross(tmp_path: Path) -> None:
 
 def test_the_command_runs_s_then_m_then_l_and_writes_the_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                          capsys: pytest.CaptureFixture) -> None:
-    from spheretnorm.experiments import study
+    from spheretnorm.experiments import study, sweep_runner
 
     started: list[str] = []
 
@@ -276,8 +276,8 @@ def test_the_command_runs_s_then_m_then_l_and_writes_the_tables(tmp_path: Path, 
         started.append(job.label)
         return study.JobResult(job, 0, 0.0, "")
 
-    monkeypatch.setattr(study, "run_job", fake_job)
-    monkeypatch.setattr(study, "point_row", fake_row)
+    monkeypatch.setattr(sweep_runner, "run_job", fake_job)
+    monkeypatch.setattr(sweep_runner, "point_row", fake_row)
     play = tmp_path / "play.txt"
     play.write_text("\n".join(f"{who}: the {what} is {how}." for who in ("ANN", "BEN") for what in ("sea", "king") for how in ("near", "gone")) * 60)
     argv = [f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}", f"--input={play}", f"--tables_dir={tmp_path / 'docs'}"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spheretnorm.experiments import fair_comparison as fair_sweep
+from spheretnorm.experiments import study
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +20,7 @@ def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def start_study(*args: object, **kwargs: object) -> None:
         raise AssertionError("the sweep started")
 
-    monkeypatch.setattr(fair_sweep, "start_study", start_study)
+    monkeypatch.setattr(study, "start_study", start_study)  # what sweep_main, fair_sweep's command, calls
 
 
 def refusal(argv: list[str], capsys: pytest.CaptureFixture) -> str:
@@ -50,9 +51,9 @@ def test_a_compare_whose_record_is_a_folder_is_one_line(tmp_path: Path, capsys: 
 @pytest.mark.parametrize("option", ["--jobs=0", "--jobs=-1", "--threads=0"])
 def test_a_count_below_one_is_refused_before_anything_runs(option: str, tmp_path: Path, capsys: pytest.CaptureFixture,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from spheretnorm.experiments import study
+    from spheretnorm.experiments import sweep_runner
 
-    monkeypatch.setattr(fair_sweep, "start_study", study.start_study)  # the real one: it checks the options first
+    monkeypatch.setattr(study, "start_study", sweep_runner.start_study)  # the real one: it checks the options first
     name, value = option[2:].split("=")
     message = refusal(["--dry_run", option, f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}"], capsys)
     assert message == f"error: --{name} {value} is not valid; give a positive integer, such as 1 or 2.\n"
@@ -69,9 +70,9 @@ def test_base_lr_with_adamw_alone_is_refused(tmp_path: Path, capsys: pytest.Capt
 def test_an_input_too_short_to_prepare_is_one_line(text: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A real sweep (not the dry run, which prepares nothing) ended in data/prepare.py's PrepareError traceback."""
-    from spheretnorm.experiments import study
+    from spheretnorm.experiments import sweep_runner
 
-    monkeypatch.setattr(fair_sweep, "start_study", study.start_study)  # the real one: it prepares the data first
+    monkeypatch.setattr(study, "start_study", sweep_runner.start_study)  # the real one: it prepares the data first
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text)
     assert fair_sweep.main([f"--input={corpus}", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}"]) == 2

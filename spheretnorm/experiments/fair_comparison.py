@@ -68,7 +68,6 @@ import argparse
 import json
 import math
 import statistics
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,15 +88,16 @@ from spheretnorm.experiments.grid import (
 )
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
-    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Point, Seeds, Sweep, add_length_options, add_place_options,
-    add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules, dry_run_summary,
-    gaps_text, held_out_summary, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args, plan_points,
-    publish, rate_grids, record_mismatch_lines, rule_lines, seed_order, start_study, study_main, study_parser, table_metric, train_argv,
+    CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Done, Point, Report, Seeds, Sweep, add_length_options,
+    add_place_options, add_rate_grid_options, add_seed_option, add_table_options, best_rate_follow_up, corpus_title, declared_rules,
+    dry_run_summary, gaps_text, held_out_summary, kernel_paths_line, markdown_table, method_settings, parse_number_list, parse_train_args,
+    plan_points, rate_grids, record_mismatch_lines, rule_lines, seed_order, study_parser, sweep_main, table_metric, train_argv,
 )
 from spheretnorm.kernels import compile_mode_text
 from spheretnorm.model import OPENED_DEFAULTS, GPTConfig
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.runtime.cli import UsageError
+from spheretnorm.runtime.config import ParsedConfig
 from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
 BASELINE = "pre_ln"
@@ -499,8 +499,8 @@ def draw_panel(ax: Any, panel: Panel, shown: LossRange) -> None:
 # Command line
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = study_parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
+    """The command's options, on sweep_main's parser (this module's docstring its description and epilog)."""
     add_rate_grid_options(p, DEFAULT_LRS, DEFAULT_BASE_LR, lrs_role=", which the selection seed runs first", base_lr_beside_others=True,
                           grid_role="; ARM+OPT=R1,... gives one arm its own grid; a grid of one rate is a rate given: every seed runs there, none is chosen")
     add_seed_option(p, DEFAULT_SEEDS, role=": the selection seed, then the held-out seeds of the best rates")
@@ -524,6 +524,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add_table_options(p)
     p.add_argument("--wide", action="store_true", help="the summary table with every column: each held-out seed, the gaps' SD, the gap "
                    "to Pre-LN with AdamW, alpha and the radius (default: the rate, the held-out mean, the gap and its interval, failures)")
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The command line as main reads it: its options, and the train.py overrides (design_of takes both)."""
+    p = study_parser(__doc__)
+    options(p)
     return p.parse_known_args(argv)
 
 
@@ -608,8 +614,9 @@ def parse_arms(spec: str) -> list[Arm]:
     return [ARM_BY_SLUG[s] for s in dict.fromkeys(slugs)]
 
 
-def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
-    started = time.perf_counter()
+def compare_mode(args: argparse.Namespace, overrides: list[str]) -> int | None:
+    """--compare, with --gap_against or without: finished sweeps drawn, nothing run; its exit status,
+    or None where the command runs the sweep (sweep_main's `instead`)."""
     if args.gap_y is not None and not args.gap_against:
         raise UsageError(f"--gap_y {args.gap_y} sets the gap figure's y-ranges; it needs --gap_against depth, width or tokens with --compare.")
     if args.compare is not None:  # --compare= too: it runs nothing, as any --compare
@@ -619,39 +626,73 @@ def sweep(args: argparse.Namespace, overrides: list[str]) -> int:
         return compare_sweeps(args.compare, Path(args.out_dir), blocks, optimizers)
     if args.gap_against:
         raise UsageError(f"--gap_against {args.gap_against} draws finished sweeps; give them with --compare DIR,DIR,...")
-    design = design_of(args, overrides)
-    found, place, yardsticks = start_study(design, args, overrides)
-    parsed = parse_train_args(train_argv(design, plan_points(design, {})[0], place))
-    model = parsed.model_config()
-    if args.dry_run:
-        estimate = estimated_run_seconds(model, args.max_iters, parsed.train.compile, parsed.train.resolved_compile_scope())
-        print(dry_run_summary("fair_sweep", place, found, design_size(design, args.refine, not args.no_neighbours), estimate))
-        return 0
-    optimizers = design_optimizers(design)
-    several = optimizers != [ADAMW]
-    rows = sorted(found, key=lambda r: (r["block"], r["arm"], optimizers.index(optimizer_of(r)), r["lr"], r["seed"]))
+    return None
+
+
+def first_run(done: Done) -> ParsedConfig:
+    """The settings of the design's first run: the model and compile path every arm shares."""
+    return parse_train_args(train_argv(done.sweep, plan_points(done.sweep, {})[0], done.place))
+
+
+def dry_run_line(done: Done) -> None:
+    """The dry run's last line (dry_run_summary): the most runs the design can hold, and their time."""
+    parsed, args = first_run(done), done.args
+    estimate = estimated_run_seconds(parsed.model_config(), args.max_iters, parsed.train.compile, parsed.train.resolved_compile_scope())
+    print(dry_run_summary("fair_sweep", done.place, done.rows, design_size(done.sweep, args.refine, not args.no_neighbours), estimate))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the figure and the table read of a design that ran: its runs in the table's order, its
+    optimizers, its model, its shape in words and the text it trained on (corpus_title)."""
+
+    rows: list[dict[str, Any]]
+    optimizers: list[str]
+    model: GPTConfig
+    shape: str
+    corpus: str
+
+    @property
+    def several(self) -> bool:
+        return self.optimizers != [ADAMW]
+
+    @staticmethod
+    def of(done: Done) -> "Finished":
+        model, optimizers = first_run(done).model_config(), design_optimizers(done.sweep)
+        rows = sorted(done.rows, key=lambda r: (r["block"], r["arm"], optimizers.index(optimizer_of(r)), r["lr"], r["seed"]))
+        mup = f", μP from width {model.mup_base_width}" if model.mup_base_width else ""
+        shape = f"{model.n_layer} x {model.n_embd}{mup}, {done.args.max_iters} iterations"
+        return Finished(rows, optimizers, model, shape, corpus_title(done.place.data_dir))
+
+
+def loss_figures(done: Done) -> list[Path]:
+    """OUT_DIR/fair_sweep.{png,pdf} (plot_design); none without a run."""
+    f = Finished.of(done)
+    against = "each optimizer's rate" if f.several else "the learning rate"
+    return plot_design(f.rows, list(done.sweep.values("block")), done.yardsticks.unigram, f"Final val loss against {against} ({f.shape}, {f.corpus})",
+                       done.place.out_dir / "fair_sweep", f.optimizers) if f.rows else []
+
+
+def report(done: Done) -> Report:
+    """OUT_DIR/fair_sweep.md (each arm at its selected rate: best_rows, then the rules and every run) and its record."""
+    f, design, args, place = Finished.of(done), done.sweep, done.args, done.place
+    optimizers, several, rows, model = f.optimizers, f.several, f.rows, f.model
     blocks, slugs = list(design.values("block")), design.values("arm")
     seeds, metric = Seeds.of(design.values("seed")), table_metric(rows)
     summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], seeds, metric, optimizers)
     rules = declared_rules(place)
-    mup = f", μP from width {model.mup_base_width}" if model.mup_base_width else ""
-    shape = f"{model.n_layer} x {model.n_embd}{mup}, {args.max_iters} iterations"
-    against = "each optimizer's rate" if several else "the learning rate"
-    corpus = corpus_title(place.data_dir)
-    figures = plot_design(rows, blocks, yardsticks.unigram, f"Final val loss against {against} ({shape}, {corpus})",
-                          place.out_dir / "fair_sweep", optimizers) if rows else []
     given = given_rates(design)
     columns = best_columns(several, seeds, ADAMW in optimizers, given) if args.wide else summary_columns(several, seeds, given)
     rest = "" if args.wide else f"\n\n{wide_note(several and ADAMW in optimizers)}"
-    text = (f"{shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given)} "
+    text = (f"{f.shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given)} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\n{summary_title(several, given)}\n\n"
             f"{markdown_table(summary, columns)}{rest}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
-    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": corpus, "shape": shape, **yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
+    record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": f.corpus, "shape": f.shape, **done.yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
               "optimizers": optimizers, "grids": grids, "base_lr": base_lr_of(args), "seeds": list(design.values("seed")), "selection_seed": seeds.selection,
               "held_out_seeds": list(seeds.held_out), "refine": args.refine, "neighbours": not args.no_neighbours, "metric": metric, "best": summary, "runs": rows}
-    return publish(place.out_dir, "fair_sweep", text, record, figures, rows, started)
+    return "fair_sweep", text, record
 
 
 def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str]) -> int:
@@ -797,4 +838,4 @@ def optimizers_note(optimizers: list[str], base_lr: float, arms: list[Arm]) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(parse_args, sweep, argv)
+    return sweep_main(design_of, argv, __doc__, options=options, figures=loss_figures, report=report, dry_run=dry_run_line, instead=compare_mode)
