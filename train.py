@@ -327,7 +327,9 @@ class Trainer:
             **progress.checkpoint_fields(self.cfg.seed, self.cfg.global_batch_size),
             "data_meta": self.data.meta, "cpu_threads": cpu_threads_in_use(self.device),
         }
+        started = time.perf_counter()
         write_run_checkpoint(path, self.raw_model, self.optimizer, extra, self.cfg.parallel == "fsdp", self.dist, self.device)
+        progress.note_checkpoint_write(time.perf_counter() - started)
         if not stop_state and self.dist.is_master:
             remove_stop_checkpoint(self.cfg)
         progress.saved_iter, progress.latest = progress.iter_num, (path if stop_state else None)
@@ -511,7 +513,7 @@ def done_line(t: Trainer) -> str:
     final state was suspect (saved all the same: the collapse alarm only stops runs)."""
     progress = t.progress
     saved = f"checkpoint {progress.checkpoint} (iter {progress.saved_iter})" if progress.saved_iter >= 0 else "no checkpoint"
-    line = f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}; {saved}."
+    line = f"Done: iter {progress.iter_num}, best val loss {progress.best_val_loss:.4f}; {saved}; {progress.checkpoint_writes_text()}."
     if t.evaluator.final_suspect:
         line += (
             f" Its final_cosine is above collapse_cosine={t.cfg.collapse_cosine}: the final state is saved all the "

@@ -374,7 +374,7 @@ def test_a_suspect_final_state_is_checkpointed(data_dir: Path, tmp_path: Path, c
     assert load_checkpoint(tmp_path / "ckpt.pt")["iter_num"] == 10
     assert "(1 of 3 evaluations before the collapse stop); this state is not checkpointed." in out  # iter 5
     assert "(2 of 3 evaluations before the collapse stop); this is the final state (iter 10): it is checkpointed all the same" in out
-    assert re.search(r"^Done: iter 10, .*; checkpoint .*ckpt\.pt \(iter 10\)\. Its final_cosine is above collapse_cosine=0\.95", out, re.M), out
+    assert re.search(r"^Done: iter 10, .*; checkpoint .*ckpt\.pt \(iter 10\); \d+ checkpoint write\(s\) this session, [\d.]+ s in all\. Its final_cosine is above collapse_cosine=0\.95", out, re.M), out
     assert read_metrics(tmp_path, "stop") == []
     assert grid.is_finished(tmp_path, 10)
 

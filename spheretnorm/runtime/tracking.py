@@ -201,6 +201,11 @@ class Progress:
     evals_noted: int = 0
     steady_evals: int = 0
     steady_eval_seconds: float = 0.0
+    # This session's checkpoint writes (a study run's parts, issue 62): their count and seconds, and
+    # the seconds not yet in a train row (the next row's ckpt_s; the loop's step timer leaves them out).
+    checkpoint_writes: int = 0
+    checkpoint_write_seconds: float = 0.0
+    unlogged_write_seconds: float = 0.0
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Continue the counters of the checkpoint this run resumes from."""
@@ -244,6 +249,16 @@ class Progress:
 
     def elapsed(self) -> float:
         return self.prior_elapsed + time.time() - self.start_time
+
+    def note_checkpoint_write(self, seconds: float) -> None:
+        """A checkpoint write (every rank's part of it, on this rank) took `seconds`."""
+        self.checkpoint_writes += 1
+        self.checkpoint_write_seconds += seconds
+        self.unlogged_write_seconds += seconds
+
+    def checkpoint_writes_text(self) -> str:
+        """'3 checkpoint writes, 0.42 s in all' (this session's), for the run's last line."""
+        return f"{self.checkpoint_writes} checkpoint write(s) this session, {self.checkpoint_write_seconds:.2f} s in all"
 
     def note_steps(self, seconds_per_step: float) -> None:
         """The train steps since the last note (up to iter_num) took seconds_per_step each.
@@ -430,6 +445,9 @@ class RunLog:
         extra: more keys of the row (train_loss_total, where a loss term is on: runtime/step.py)."""
         self.progress.note_steps(step_time)
         row = {**self.train_row(loss, grad_norm, lr, step_time, mfu), **(extra or {})}
+        if self.progress.unlogged_write_seconds:  # the checkpoint writes since the last row, apart from the steps
+            row["ckpt_s"] = round(self.progress.unlogged_write_seconds, 3)
+            self.progress.unlogged_write_seconds = 0.0
         self.print_train(row, step_time)
         self.log(row)
 
@@ -480,6 +498,7 @@ class RunLog:
             "message": message,
             "checkpoint_iter": self.progress.saved_iter if self.progress.saved_iter >= 0 else None,
             "elapsed_s": round(self.progress.elapsed(), 3),
+            "ckpt_write_s": round(self.progress.checkpoint_write_seconds, 3),  # this session's writes
         })
 
     def close(self) -> None:
