@@ -151,3 +151,14 @@ def test_the_docs_minimal_rate_study_selects_and_is_as_long_as_the_docs_say() ->
     assert study.selection_of(rates) == study.BestRate(rate="lr", seed="seed")
     first = study.plan_points(rates, {})  # nothing finished: each method's three rates with seed 1337
     assert sorted((p["method"], p["lr"], p["seed"]) for p in first) == sorted((m, lr, 1337) for m in ("pre_ln", "p_spheret:0.5") for lr in (1e-3, 2e-3, 4e-3))
+
+
+def test_a_group_whose_selection_seed_failed_at_every_rate_says_no_rate_was_selected() -> None:
+    # Seed 1 collapsed at each of GeoNorm's four rates: nothing to select, and no run is still to come.
+    failed = {("geonorm", 1, lr): "stopped: collapse" for lr in LRS}
+    text = runs_text(SWEEP, engine_rows(SWEEP, failed), "Pre-LN")
+    geonorm = summary_line(text, "geonorm")
+    assert geonorm[0] == "-" and geonorm[3] == "no rate selected (seed 1 failed at 0.001, 0.002, 0.004, 0.008)", geonorm
+    # Where seed 1 trained at one rate, that rate is selected as before.
+    del failed[("geonorm", 1, 8e-3)]
+    assert summary_line(runs_text(SWEEP, engine_rows(SWEEP, failed), "Pre-LN"), "geonorm")[0] == "0.008"

@@ -1,6 +1,6 @@
 """nGPT, and the connections in LLaMA's block, in the depth study's CPU setting.
 
-    python scripts/block_study.py                       # seeds 1337,1338: 10 variants each
+    python scripts/block_study.py                       # seeds 1337,1338: 8 variants each (3 are nGPT rates)
     python scripts/block_study.py --seeds 1337          # one seed
     python scripts/block_study.py --table_only          # the table of the runs already there
 

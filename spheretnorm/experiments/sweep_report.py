@@ -181,7 +181,18 @@ def selected_cell(runs: list[dict[str, Any]], seeds: Seeds, metric: str, rate: s
     held = seed_cell({s: r for (lr, s), r in by.items() if lr == best}, seeds.held_out, metric)
     failed_beside = [(lr, s, word) for lr in sorted(trained) for s, word in
                      seed_cell({q: r for (x, q), r in by.items() if x == lr}, seeds.held_out, metric).failed.items()]
-    return {"rate": best, "selection_loss": trained.get(best) if best is not None else None, "held_out": held, "held_out_failed_at": failed_beside}
+    return {"rate": best, "selection_loss": trained.get(best) if best is not None else None, "held_out": held, "held_out_failed_at": failed_beside,
+            "selection_failed": sorted(lr for lr in chosen if lr not in trained)}
+
+
+def headline_text(cell: dict[str, Any], selection: int) -> str | None:
+    """A selected_cell's headline: the held-out mean or its failures; where the selection seed
+    failed at every rate it has ended at, no rate was selected, and the cell says so (not 'runs
+    missing', which reads as runs still to come)."""
+    if cell["rate"] is None and cell["selection_failed"]:
+        rates = ", ".join(f"{lr:g}" for lr in cell["selection_failed"])
+        return f"no rate selected (seed {selection} failed at {rates})"
+    return cell["held_out"].text()
 
 
 def failed_at_text(failed: list[tuple[float, int, str]]) -> str:
@@ -267,7 +278,7 @@ def held_out_summary(rows: list[dict[str, Any]], groups: Iterable[GroupKey], key
             base = baseline(group)
             gaps.update(gap_record(prefix, gap_values(held, cell(base)["held_out"]) if base != group else {}))
         out.append({"rate": mine["rate"], "selection_loss": mine["selection_loss"], "held_out": held.record(), "held_out_text": held.seeds_text(),
-                    "headline": held.text(), **gaps, "held_out_failed_at": failed_at_text(mine["held_out_failed_at"])})
+                    "headline": headline_text(mine, seeds.selection), **gaps, "held_out_failed_at": failed_at_text(mine["held_out_failed_at"])})
     return out
 
 
