@@ -5,7 +5,8 @@ A. kill -INT of the sweep's process reaches its running train.py jobs (they chec
 B. Two sweeps over one --out_dir never train one folder together (a flock in the run folder),
    and a dry run says a folder another sweep trains is in progress.
 C. A dry run writes nothing (no data prepared, no folder made) and ends with the number of runs
-   and an estimate of their time; an --out_dir that is a file or cannot be made, and a run's
+   and an estimate of their time; where the real run would (re)prepare --data_dir, a note says so.
+   An --out_dir that is a file or cannot be made, a --data_dir that cannot be written, and a run's
    config.json that is not JSON, are one line with exit status 2.
 
 A stand-in train.py (a few lines of Python) plays the jobs; nothing trains.
@@ -158,6 +159,61 @@ def test_an_out_dir_that_cannot_hold_the_runs_is_one_line(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --out_dir") and str(out) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def write_play(path: Path, words: tuple[str, ...]) -> Path:
+    """A made-up play long enough to prepare as characters, its text set by `words`."""
+    path.write_text("\n".join(f"{who}: the {what} is near." for who in ("ANN", "BEN") for what in words) * 60, encoding="utf-8")
+    return path
+
+
+def folder_state(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Each file of a folder: its bytes and its mtime in nanoseconds."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def test_a_dry_run_with_another_input_leaves_the_prepared_data_and_says_it_would_prepare(tmp_path: Path,
+                                                                                          capsys: pytest.CaptureFixture) -> None:
+    # A dry run whose --input differed from the text data_dir was prepared from prepared it afresh.
+    data = tmp_path / "data"
+    study.ensure_data(data, str(write_play(tmp_path / "first.txt", ("sea", "king"))))
+    before = folder_state(data)
+    other = write_play(tmp_path / "second.txt", ("rain", "ring"))
+    capsys.readouterr()
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(data), "--input", str(other), *SMALL]) == 0
+    assert folder_state(data) == before
+    assert not (tmp_path / "out").exists()
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert notes == [f"note: {data} holds shakespeare_char not prepared from the characters of --input {other}; the sweep would "
+                     "prepare them there afresh first, replacing its files (a dry run writes nothing)"]
+    # The --input it was prepared from: kept, so no such note.
+    assert fair_comparison.main(["--dry_run", "--out_dir", str(tmp_path / "out"), "--data_dir", str(data), "--input", str(tmp_path / "first.txt"),
+                                 *SMALL]) == 0
+    assert not any(line.startswith("note: ") and "prepare" in line for line in capsys.readouterr().out.splitlines())
+
+
+def test_a_data_dir_that_cannot_be_written_is_one_line_naming_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    # The study said "choose a writable --out_dir", data/prepare.py's option, for its --data_dir.
+    from spheretnorm.data import pipeline
+
+    data, play = tmp_path / "data", write_play(tmp_path / "play.txt", ("sea", "king"))
+    data.mkdir()
+    data.chmod(0o555)
+    try:
+        if os.access(data, os.W_OK):  # root writes anyway: the prepared files' first write is refused instead
+            def refuse(path: object, *args: object, **kwargs: object) -> object:
+                if Path(str(path)).parent == data:
+                    raise PermissionError(13, "Permission denied", str(path))
+                return open(path, *args, **kwargs)
+
+            monkeypatch.setattr(pipeline, "open", refuse, raising=False)
+        assert fair_comparison.main(["--out_dir", str(tmp_path / "out"), "--data_dir", str(data), "--input", str(play), *SMALL]) == 2
+    finally:
+        data.chmod(0o755)
+    err = capsys.readouterr().err
+    assert err == f"error: --data_dir {str(data)!r} cannot be written to (Permission denied); give a writable folder.\n"
+    assert list(data.iterdir()) == []
 
 
 def test_a_run_whose_config_is_not_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -255,6 +255,17 @@ def flatten_tokens(docs: Sequence[Sequence[int]], eot_token: int | None) -> np.n
     return ids.astype(TOKEN_DTYPE)
 
 
+class UnwritableFolder(PrepareError):
+    """The folder the prepared files go to cannot be made or written to. It keeps the folder and
+    the reason, so that a caller whose option for that folder is not --out_dir (a study's
+    --data_dir) can name its own option instead of data/prepare.py's."""
+
+    def __init__(self, folder: Path, reason: str):
+        super().__init__(f"Cannot write the prepared files into {folder} ({reason}); choose a writable --out_dir.")
+        self.folder = folder
+        self.reason = reason
+
+
 class AtomicSplitWriter:
     """Writes train.bin / val.bin / meta.json to temp files and renames them only on success.
 
@@ -274,7 +285,7 @@ class AtomicSplitWriter:
                 self._files[split] = open(self._tmp[split], "xb")
         except OSError as exc:
             self.abort()
-            raise PrepareError(f"Cannot write the prepared files into {self.out_dir} ({exc.strerror or exc}); choose a writable --out_dir.") from None
+            raise UnwritableFolder(self.out_dir, str(exc.strerror or exc)) from None
 
     def _write_failed(self, path: Path, exc: OSError) -> PrepareError:
         """A write that failed (a full disk, a file-size limit): the temporary files go, and the

@@ -31,8 +31,10 @@ runs is drawn as before.
 
 Only the runs of --dataset at --scale are read (beyond each run's config.json), so other
 experiments under the same --runs_root do not stop the plot; two runs of one method among
-them are refused. A damaged run file is one error line naming it (and the line of metrics.jsonl):
-a diagnostic that is not a number (or a list of numbers, one per layer, as long as the run's
+them are refused. Where the runs drawn come from several experiments' folders, or differ in a
+setting no label names, one note on stderr says which roots and settings the figure mixes (as
+scripts/tables.py says it: tabulate.mixed_runs_text). A damaged run file is one error line
+naming it (and the line of metrics.jsonl): a diagnostic that is not a number (or a list of numbers, one per layer, as long as the run's
 other rows) is refused; a nan or inf value is no point of its figure, so that evaluation is left
 out of that figure with one "note:" line on stderr naming the file and line. Each figure is
 written to a temporary name beside it and renamed: a full disk or a folder that cannot be made
@@ -80,7 +82,7 @@ from spheretnorm.runtime.methods import PAPER_METHODS, sort_methods
 from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.methods import is_sphere_method
 from spheretnorm.experiments.study import UNSTABLE
-from spheretnorm.experiments.tabulate import check_value, groups_text, line_of, load_checked_run, scan_runs
+from spheretnorm.experiments.tabulate import check_value, groups_text, line_of, load_checked_run, mixed_runs_text, scan_runs
 
 # Skipping the first iterations when choosing the y range keeps the initial loss (~ln vocab)
 # from flattening the part of the curves where the methods differ.
@@ -614,13 +616,26 @@ def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:
     return list(index_runs(load_checked_run(f) for f in chosen).values())
 
 
+PLOT_ADVICE = "point --runs_root at one experiment's folder to plot it alone"
+
+
+def check_smooth(smooth: float) -> None:
+    if not 0 <= smooth < 1:
+        raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
+
+
 def plot_group(
     runs_root: Path, dataset: str, scale: str, out: Path | None = None, smooth: float = 0.9, diagnostics: bool = False
 ) -> list[Path]:
     """Find the runs of (dataset, scale) under runs_root and plot them (and their diagnostics); returns the files written."""
-    if not 0 <= smooth < 1:
-        raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
-    chosen = select_runs(runs_root, dataset, scale)
+    check_smooth(smooth)
+    return plot_chosen(select_runs(runs_root, dataset, scale), runs_root, dataset, scale, out, smooth, diagnostics)
+
+
+def plot_chosen(
+    chosen: list[Run], runs_root: Path, dataset: str, scale: str, out: Path | None, smooth: float, diagnostics: bool
+) -> list[Path]:
+    """Plot the runs select_runs chose (and their diagnostics); returns the files written."""
     out = out or Path(runs_root) / "figures" / f"{dataset}_{scale}"
     blocks = blocks_text(r.row for r in chosen)  # '' for GPT-2 runs only: the titles stay as they were
     group = group_label(dataset, scale) + (f" ({blocks})" if blocks else "")
@@ -639,11 +654,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--diagnostics", action="store_true", help="also draw the per-layer diagnostics as heatmaps (one figure each)")
     p.add_argument("--out", default=None, help="output path without extension (default: <runs_root>/figures/<dataset>_<scale>)")
     args = p.parse_args(argv)
+    runs_root = Path(args.runs_root)
     try:
-        paths = plot_group(Path(args.runs_root), args.dataset, args.scale, Path(args.out) if args.out else None, args.smooth, args.diagnostics)
+        check_smooth(args.smooth)
+        chosen = select_runs(runs_root, args.dataset, args.scale)
+        paths = plot_chosen(chosen, runs_root, args.dataset, args.scale, Path(args.out) if args.out else None, args.smooth, args.diagnostics)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # Said by the command, not plot_group: a study's figures (cpu_pipeline) draw one study's runs,
+    # whose folders (p0.5/seed1337) run_root would count as several roots.
+    if mixed := mixed_runs_text(chosen, runs_root, PLOT_ADVICE):
+        print(f"note: {mixed}", file=sys.stderr)
     for path in paths:
         print(f"written: {path}")
     return 0

@@ -32,7 +32,7 @@ from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.kernels import kernel_path_text
 from spheretnorm.runtime.token_files import PrepareError, load_meta
 from spheretnorm.data.preparation import prepare, prepared_already
-from spheretnorm.data.pipeline import TINY_SHAKESPEARE
+from spheretnorm.data.pipeline import TINY_SHAKESPEARE, UnwritableFolder
 from spheretnorm.experiments.grid import (
     CONFIG_NAME,
     SHARED_DIR,
@@ -63,30 +63,62 @@ LOG_NAME = "train.log"
 # Data
 
 
+def check_input(input_path: str | None) -> None:
+    """An explicit --input is a file (UsageError otherwise)."""
+    if input_path is not None and not Path(input_path).is_file():
+        raise UsageError(f"--input {input_path!r} is not a file; give a plain-text corpus such as tinyshakespeare.txt.")
+
+
+def kept_data(data_dir: Path, input_path: str | None) -> dict[str, Any] | None:
+    """data_dir's meta.json where ensure_data keeps what data_dir holds; None where it would prepare.
+
+    Kept: any prepared data when no input_path is given, else only that file's characters (the same
+    sha256), since a second sweep over a data folder must not replace the files the first one's runs
+    are training from. One function decides for ensure_data and for a dry run, so that the dry run's
+    note says what the real run would do.
+    """
+    if not (data_dir / "meta.json").is_file():
+        return None
+    if input_path is None:
+        return load_meta(data_dir)
+    return prepared_already(DATASET, [input_path], data_dir)
+
+
 def ensure_data(data_dir: Path, input_path: str | None = None) -> dict[str, Any]:
     """Prepare a corpus's characters in data_dir unless it is there; returns meta.json.
 
     The text comes from input_path, else ../shared/data/tinyshakespeare.txt when present, else
     data/prepare.py's download. An explicit input_path prepares afresh unless data_dir already holds
-    that file's characters (the same sha256): a second sweep over a data folder must not replace the
-    files the first one's runs are training from.
+    that file's characters (kept_data).
     """
     data_dir = Path(data_dir)
-    if input_path is None and (data_dir / "meta.json").is_file():
-        return load_meta(data_dir)
-    if input_path is not None and not Path(input_path).is_file():
-        raise UsageError(f"--input {input_path!r} is not a file; give a plain-text corpus such as tinyshakespeare.txt.")
-    if input_path is not None and (meta := prepared_already(DATASET, [input_path], data_dir)) is not None:
-        print(f"using the characters of {input_path} prepared in {data_dir} (same sha256)", flush=True)
+    check_input(input_path)
+    if (meta := kept_data(data_dir, input_path)) is not None:
+        if input_path is not None:
+            print(f"using the characters of {input_path} prepared in {data_dir} (same sha256)", flush=True)
         return meta
     source = input_path or (str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None)
     print(f"preparing the characters of {source or 'the download URL of data/prepare.py'} in {data_dir} "
           f"(data/prepare.py's {DATASET} format)", flush=True)
     try:
         return prepare(DATASET, input=[source] if source else None, out_dir=str(data_dir), progress=False)
+    except UnwritableFolder as e:  # the study's option for this folder is --data_dir, not data/prepare.py's --out_dir
+        raise UsageError(f"--data_dir {str(data_dir)!r} cannot be written to ({e.reason}); give a writable folder.") from None
     except PrepareError as e:  # an empty or too short text: the study's one line, as data/prepare.py says it
         given = f"--input {input_path!r}" if input_path is not None else (source or "the download")
         raise UsageError(f"{given} cannot be prepared in {data_dir}: {e}") from None
+
+
+def dry_run_data_note(data_dir: Path, input_path: str | None) -> str:
+    """The note a dry run prints where the real run would (re)prepare data_dir; '' where it would
+    keep it. Nothing is written: a dry run only looks."""
+    if not (data_dir / "meta.json").is_file():
+        return f"note: {data_dir} holds no prepared {DATASET}; the sweep would prepare it there first (a dry run writes nothing)"
+    check_input(input_path)
+    if kept_data(data_dir, input_path) is not None:
+        return ""
+    return (f"note: {data_dir} holds {DATASET} not prepared from the characters of --input {input_path}; the sweep would prepare "
+            "them there afresh first, replacing its files (a dry run writes nothing)")
 
 
 def corpus_title(data_dir: Path) -> str:
@@ -588,10 +620,10 @@ def start_study(sweep: Sweep, args: Any, overrides: list[str]) -> tuple[list[dic
     data's yardsticks (its unigram and bigram losses, which every run's status was judged against)."""
     place = Place.of(args, overrides)
     check_out_dir(place)
-    if place.dry_run and not (place.data_dir / "meta.json").is_file():
-        print(f"note: {place.data_dir} holds no prepared {DATASET}; the sweep would prepare it there first (a dry run writes nothing)")
-    else:
+    if not place.dry_run:
         ensure_data(place.data_dir, args.input)
+    elif note := dry_run_data_note(place.data_dir, args.input):
+        print(note)
     place.declared = declare(sweep, place)  # before any run starts
     place.recorded = recorded_rows(place.out_dir / f"{sweep.name}.json")
     place.code = code_version()

@@ -357,10 +357,14 @@ def and_join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def mixed_runs_text(runs: list[Run], runs_root: Path) -> str:
+TABLES_ADVICE = "point --runs_root at one experiment's folder (or give --datasets, --scales) to tabulate it alone"
+
+
+def mixed_runs_text(runs: list[Run], runs_root: Path, advice: str = TABLES_ADVICE) -> str:
     """One line saying which roots and which differing settings the tables mix, where their runs
     come from several experiments' folders (run_root) or two rows of a column differ in a setting
-    no label names; '' for one experiment's runs."""
+    no label names; '' for one experiment's runs. advice ends the line: what the command's own
+    options do about it (plot.py has no --datasets)."""
     roots = sorted({run_root(run, runs_root) for run in runs})
     unlabelled = unlabelled_settings(runs)
     if len(roots) < 2 and not unlabelled:
@@ -370,7 +374,7 @@ def mixed_runs_text(runs: list[Run], runs_root: Path) -> str:
     text = f"mixed {where} whose runs differ in {and_join(differ)}" if differ else f"mixed {where} whose runs differ in their methods alone"
     if unlabelled:
         text += f"; within a column, rows differ in {and_join(unlabelled)}, which no row label names"
-    return text + "; point --runs_root at one experiment's folder (or give --datasets, --scales) to tabulate it alone."
+    return f"{text}; {advice}."
 
 
 # -----------------------------------------------------------------------------
