@@ -16,6 +16,8 @@
 #   BLOCKS=gpt2 bash scripts/gpu_speed.sh        # torch with CUDA; BLOCKS="gpt2 llama" for both
 #   OUT=results/ BLOCKS=llama bash scripts/gpu_speed.sh   # where the log and the JSON go
 #   SCALE=m BLOCKS=gpt2 bash scripts/gpu_speed.sh         # the paper's M shape (24 x 1024)
+#   LADDER="16 32 48" bash scripts/gpu_speed.sh          # only a micro-batch ladder (the MFU work):
+#      Pre-LN and 0.5-SpheretNorm at each batch, step time, MFU and peak memory, one process a batch
 set -uo pipefail
 if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -38,6 +40,17 @@ section() { echo; echo "== $1 == ($(date +%T))"; }
 section "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())" || exit 1
+
+LADDER=${LADDER:-}
+if [ -n "$LADDER" ]; then  # the micro-batch ladder alone: about 150 s a batch from a cold cache
+  for bs in $LADDER; do
+    section "micro-batch $bs: pre_ln and p_spheret, $BLOCKS"
+    timeout 170 "$PY" bench.py ${S/--batch_size=16/--batch_size=$bs} --blocks="${BLOCKS// /,}" --connections=pre_ln,p_spheret \
+      --steps=8 --warmup=2 --json="$OUT/bench_ladder_$bs.json" 2>>"$OUT/stderr.log" | grep '^|' || echo "  batch $bs: failed or timed out (see stderr.log)"
+  done
+  section "done"
+  exit 0
+fi
 
 section "1. warm the compile caches ($WARM_AT_ONCE at a time)"
 warm() {
