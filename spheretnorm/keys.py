@@ -252,6 +252,8 @@ def check_model_config(config: Any, sphere_connections: Callable[[], tuple[str, 
         raise ValueError(f"mup_base_width must be 0 (μP off) or a positive base width, got {config.mup_base_width}.")
     if not 0 <= config.mlp_width <= MAX_MLP_WIDTH:  # bounded: a typo must not be an allocator's traceback
         raise ValueError(f"mlp_width must be 0 (the block's own width) or a positive width up to {MAX_MLP_WIDTH}, got {config.mlp_width}.")
+    if config.loss_chunk_tokens < 0:
+        raise ValueError(f"loss_chunk_tokens must be 0 (the whole logits at once) or a positive number of tokens, got {config.loss_chunk_tokens}.")
     check_sphere_keys(config, sphere_connections)
 
 

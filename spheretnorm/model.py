@@ -26,6 +26,7 @@ from torch.nn import functional as F
 # Relative imports of the model core only (kernels, retractions, mup, keys): a Hugging Face export
 # copies these files, unchanged, into its folder (spheretnorm/hf/folder.py), where the same
 # lines import the copies beside them.
+from .chunked_loss import head_loss, head_weight_bias
 from .kernels import compute_dtype, ngpt_update, resolve_impl, scale_to_radius, sphere_update
 # The key machinery lives in keys.py: declared keys (MethodParam), the registries and their checks,
 # GPTConfig's checks, a key's role in a run. optim.py, runtime/ and users' modules import some of
@@ -76,6 +77,9 @@ class GPTConfig:
     mup_base_width: int = 0  # μP base width n0: LRs and init transfer from width n0 (0: off; mup.py)
     # How the sphere update runs (same maths): auto | reference | fused | triton
     sphere_impl: str = field(default="auto", metadata=NEUTRAL)
+    # Training's LM head and loss this many tokens at a time (chunked_loss.py), never the whole logits: memory
+    # on GPUs with a large vocabulary; 0: all at once. Same results up to rounding, so a resume may change it.
+    loss_chunk_tokens: int = field(default=0, metadata=NEUTRAL)
     # The values of the parameters the connection's class declares (Connection.params: spheret_p,
     # dyt_alpha, keel_alpha, ...), read as attributes like the keys above (config.spheret_p).
     connection_params: dict[str, Any] = field(default_factory=dict)
@@ -702,10 +706,13 @@ class ScaledHead(nn.Linear):
         scaled_vector(self, "s_z", config.vocab_size, scaling)
         self.factor = 1.0 / scaling
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def linear_weight(self) -> torch.Tensor:
         # s_z scales the rows of E_out (vocab x d) rather than the logits: the same product,
         # without keeping a second logits-sized tensor for backward.
-        return F.linear(x, self.weight * (self.s_z * self.factor)[:, None])
+        return self.weight * (self.s_z * self.factor)[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.linear_weight())
 
 
 class UnitNorm(nn.Module):
@@ -855,6 +862,8 @@ class GPT(nn.Module):
         self.lm_head = connection.lm_head(config)
         if connection.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.loss_chunk_tokens:
+            head_weight_bias(self.lm_head)  # a head the chunked loss cannot compute: refused here, not at the first step
 
         self.init_weights()
 
@@ -914,8 +923,11 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, last_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V) and, given targets, the mean cross-entropy (-1 ignored); last_only=True
-        computes logits for the last position only (fast sampling)."""
+        computes logits for the last position only (fast sampling). Training with loss_chunk_tokens
+        set returns (None, the same loss computed in chunks): no logits are formed."""
         x = self.final_hidden(idx)
+        if targets is not None and self.config.loss_chunk_tokens and self.training:
+            return None, head_loss(self.lm_head, x, targets, self.config.loss_chunk_tokens)  # no logits formed
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)

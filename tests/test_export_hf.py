@@ -253,7 +253,7 @@ def test_the_shipped_core_files_are_the_packages_own(exported: dict[str, tuple[G
     from transformers.dynamic_module_utils import get_relative_import_files
 
     package, remote = Path(hf_folder.__file__).parents[1], Path(hf_folder.__file__).with_name("remote")
-    core = {"model.py", "keys.py", "kernels.py", "mup.py", "retractions.py"}  # triton_kernels.py: the fused paths only
+    core = {"model.py", "keys.py", "kernels.py", "mup.py", "retractions.py", "chunked_loss.py"}  # triton_kernels.py: the fused paths only
     for variant in ("geonorm", "ngpt-llama", "keel-alpha-3"):
         folder = exported[variant][1]
         assert {p.name for p in folder.glob("*.py")} == core | {"configuration_spheretnorm.py", "modeling_spheretnorm.py", "connection_spheretnorm.py"}

@@ -238,8 +238,8 @@ def changes_text(changes: Mapping[str, Sequence[Any]]) -> str:
 
 # What a row label leaves out of a run's history: keys that change how often it logs, where it
 # writes, or its length; the history itself keeps every change. The kernel path's keys and the
-# micro-batch stay in the label: they change the losses (as cpu_threads does).
-UNLABELLED_CHANGES = (RUN_NEUTRAL_KEYS | RESTART_FREE_KEYS) - {"compile", "compile_scope", "sphere_impl", "batch_size"}
+# micro-batch and the loss's chunking stay in the label: they change the losses to rounding (as cpu_threads does).
+UNLABELLED_CHANGES = (RUN_NEUTRAL_KEYS | RESTART_FREE_KEYS) - {"compile", "compile_scope", "sphere_impl", "batch_size", "loss_chunk_tokens"}
 
 
 def history_label(config: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 
-from spheretnorm.runtime.loss_terms import loss_term_values, switch_off
+from spheretnorm.runtime.loss_terms import active_loss_terms, loss_term_values, switch_off
 from spheretnorm.runtime.parallel import clip_grad_norm
 from spheretnorm.runtime.run_folder import LossTermError, NonFiniteLossError
 
@@ -49,6 +49,8 @@ def forward_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, train
         logits, loss = model(x, y)
         if loss_hook is not None:
             loss = loss_hook(loss)
+        if logits is None and active_loss_terms(train):  # loss_chunk_tokens: parse_config refuses this pairing first
+            raise LossTermError("the loss terms read the logits, which loss_chunk_tokens > 0 never forms; set loss_chunk_tokens=0.")
         terms = loss_term_values(logits, y, train, LossTermError)
         values = list(terms.values())
         extra = sum(values[1:], values[0]) if values else None  # the terms' sum first: the order the totals had before

@@ -17,6 +17,7 @@ from spheretnorm.runtime.config.train_config import (
     FOLLOWS, ConfigError, ParsedConfig, TrainConfig, _is_key, is_train_key, key_default, split_model_keys,
 )
 from spheretnorm.runtime.config.values import _check_choice, _unknown_key_error, check_value, parse_value
+from spheretnorm.runtime.loss_terms import active_loss_terms
 
 CONFIG_SUFFIXES = (".py", ".json")
 
@@ -123,6 +124,11 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
         train = TrainConfig(**train_values)
         model = GPTConfig(**model_keys)  # the model's own checks (n_embd % n_head, ranges) up front
         OPTIMIZERS[train.optimizer].check(model, train)
+        if model.loss_chunk_tokens and active_loss_terms(train):
+            raise ConfigError(
+                f"loss_chunk_tokens={model.loss_chunk_tokens} never forms the logits, which the loss terms that are on "
+                f"({', '.join(active_loss_terms(train))}) read; set loss_chunk_tokens=0 or turn the terms off."
+            )
     except ConfigError:
         raise
     except ValueError as e:
