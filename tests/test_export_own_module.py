@@ -39,7 +39,7 @@ from test_export_hf import logits_of, standalone_logits, trained_like
 from test_train import tiny_args
 
 NAME = "deepnorm_own_module"
-CORE = ["kernels", "keys", "model", "mup", "retractions"]
+CORE = ["chunked_loss", "kernels", "keys", "model", "mup", "retractions"]
 SHIPPED = {"configuration_spheretnorm.py", "modeling_spheretnorm.py", "connection_spheretnorm.py", *(f"{m}.py" for m in CORE)}
 
 
@@ -149,7 +149,7 @@ def test_imports_of_the_core_become_relative_and_the_rest_stays() -> None:
 # -----------------------------------------------------------------------------
 # Refused, with nothing written
 
-ALLOWED = "a connection's module may import spheretnorm.kernels, spheretnorm.keys, spheretnorm.model, spheretnorm.mup, spheretnorm.retractions " \
+ALLOWED = "a connection's module may import spheretnorm.chunked_loss, spheretnorm.kernels, spheretnorm.keys, spheretnorm.model, spheretnorm.mup, spheretnorm.retractions " \
           r"\(the folder ships them beside it\) and packages other than spheretnorm\.$"
 REFUSED = {
     "runtime": ("from spheretnorm.runtime.config import config_from_dict", r"imports spheretnorm\.runtime\.config \(line 2\); " + ALLOWED),
@@ -210,7 +210,7 @@ def test_a_module_named_like_a_shipped_file_is_refused(tmp_path: Path, monkeypat
     path = tmp_path / "mine" / "model.py"
     path.write_text(MODULE_TEXT.format(line=""))
     error = refused_export(import_file(path, "users_model", monkeypatch).Mine, tmp_path)
-    assert "its module's file name model.py is taken in the folder by one of __init__, configuration_spheretnorm, connection_spheretnorm, " in str(error)
+    assert "its module's file name model.py is taken in the folder by one of __init__, chunked_loss, configuration_spheretnorm, connection_spheretnorm, " in str(error)
 
 
 def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
