@@ -18,6 +18,7 @@ import torch
 
 import train
 from markov_data import write_markov_data
+from resume_pairs import resumed_pairs
 from spheretnorm.model import MethodParam
 from spheretnorm.runtime.config import RESUME_FIXED_KEYS
 from spheretnorm.runtime.loss_terms import LOSS_TERMS, register_loss_term
@@ -239,18 +240,7 @@ RESUME_CASES = collected_cases()
 @pytest.fixture(scope="module")
 def two_steps(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
     """Per term, once: a folder trained 2 steps with the term on, and a copy resumed for a 3rd step unchanged."""
-    made: dict[str, tuple[Path, Path]] = {}
-
-    def folders(term: str) -> tuple[Path, Path]:
-        if term not in made:
-            root = tmp_path_factory.mktemp(f"two_steps_{term}")
-            run(data_dir, root / "2", *on_args(term), "--max_iters=2")
-            shutil.copytree(root / "2", root / "3")
-            run(data_dir, root / "3", *on_args(term), "--max_iters=3", "--init_from=resume")
-            made[term] = (root / "2", root / "3")
-        return made[term]
-
-    return folders
+    return resumed_pairs(run, data_dir, tmp_path_factory, on_args)
 
 
 @pytest.mark.parametrize("term,key,value", RESUME_CASES, ids=[f"{t}-{k}={v}" for t, k, v in RESUME_CASES])

@@ -23,6 +23,7 @@ import torch
 import lion_optimizer  # noqa: F401 (registers fixture_lion, with its own rate key fixture_lion_lr)
 import train
 from markov_data import write_markov_data
+from resume_pairs import resumed_pairs
 from spheretnorm.cluster import grid_plan, grid_runs
 from spheretnorm.model import CONNECTIONS, GPT, GPTConfig
 from spheretnorm.mup import lr_scale, param_kind
@@ -254,18 +255,7 @@ RESUME_CASES = [(name, key) for name in OPTIMIZERS for key in resume_keys(name)]
 @pytest.fixture(scope="module")
 def two_steps(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
     """Per optimizer, once: a folder trained 2 steps, and a copy resumed for a 3rd step unchanged."""
-    made: dict[str, tuple[Path, Path]] = {}
-
-    def folders(optimizer: str) -> tuple[Path, Path]:
-        if optimizer not in made:
-            root = tmp_path_factory.mktemp(f"two_steps_{optimizer}")
-            run(data_dir, root / "2", *contract_args(optimizer), "--max_iters=2")
-            shutil.copytree(root / "2", root / "3")
-            run(data_dir, root / "3", *contract_args(optimizer), "--max_iters=3", "--init_from=resume")
-            made[optimizer] = (root / "2", root / "3")
-        return made[optimizer]
-
-    return folders
+    return resumed_pairs(run, data_dir, tmp_path_factory, contract_args)
 
 
 def step_tensors(ckpt: dict[str, Any]) -> list[torch.Tensor]:

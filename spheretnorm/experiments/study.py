@@ -199,7 +199,7 @@ def sweep_main(sweep: Sweep | Callable[[argparse.Namespace, list[str]], Sweep], 
     `dry_run` prints what a dry run adds after the runs it listed (fair_sweep: the most runs the
     plan can grow to, and their time). `instead` is a mode of the command that runs no sweep
     (fair_sweep's --compare, which draws finished sweeps): its exit status, or None to run the sweep."""
-    p = study_parser(doc or f"The {sweep.name} sweep.")
+    p = study_parser(doc or f"The {getattr(sweep, 'name', 'study')} sweep.")  # a design function has no name: its doc says
     if options:
         options(p)
     else:
