@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,7 @@ STUDY_EVALS = 6  # at 0, 120, ..., 600
 # path -> (compile, compile_scope): the three ways a run's model can execute (kernels.compile_mode_text)
 PATHS = {"eager": (False, "blocks"), "compiled": (True, "model"), "compiled_blocks": (True, "blocks")}
 BLOCK_NAMES = ("llama", "gpt2")
+WRITES_LINE = re.compile(r"checkpoint write\(s\) this session, ([0-9.]+) s in all")  # train.py's last line
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ def train_args(case: Case, iters: int, out_dir: Path, data_dir: Path) -> list[st
 def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path) -> tuple[float, list[dict[str, Any]] | str]:
     """(CPU seconds of the train.py process, its metrics rows or an error line): one case trained
     for `iters` iterations, torch.compile's caches in `cache`. CPU time, not wall time: less moved
-    by other work on the machine."""
+    by other work on the machine. The rows end with a row of kind "checkpoint_writes" holding the
+    seconds train.py's last line gives its checkpoint writes (wall time; on one thread about CPU time)."""
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
         out = Path(tmp) / "run"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
@@ -87,11 +90,14 @@ def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path
             child = subprocess.Popen(train_args(case, iters, out, data_dir), env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(child.pid, 0)
             child.returncode = os.waitstatus_to_exitcode(status)
-            if child.returncode != 0:
-                log.seek(0)
-                tail = log.read().strip().splitlines()[-1:] or ["no output"]
-                return 0.0, f"train.py exited {child.returncode}: {tail[0]}"
-        return usage.ru_utime + usage.ru_stime, read_metrics(out / METRICS_NAME)
+            log.seek(0)
+            text = log.read()
+        if child.returncode != 0:
+            tail = text.strip().splitlines()[-1:] or ["no output"]
+            return 0.0, f"train.py exited {child.returncode}: {tail[0]}"
+        writes = WRITES_LINE.search(text)
+        rows = read_metrics(out / METRICS_NAME) + [{"kind": "checkpoint_writes", "seconds": float(writes.group(1)) if writes else None}]
+        return usage.ru_utime + usage.ru_stime, rows
 
 
 def measure(case: Case, short: int, long: int, data_dir: Path, threads: int = 1) -> dict[str, Any]:
@@ -125,9 +131,10 @@ def costs(case: Case, short_rows: list[dict[str, Any]], short_cpu: float, long_c
     one_eval = (final.get("eval_s") or 0.0) + (final.get("diag_s") or 0.0)
     full = final.get("full_eval_s") or 0.0
     fixed = short_cpu - step * short - one_eval - full  # start-up, compile, checkpoint writes
+    writes = [r["seconds"] for r in short_rows if r.get("kind") == "checkpoint_writes"]
     return {
         "case": case.name, "n_layer": case.n_layer, "n_embd": case.n_embd, "block": case.block, "arm": case.arm, "path": case.path,
-        "dtype": case.dtype, "fixed_s": round(fixed, 1), "cold_extra_s": round(first_cpu - long_cpu, 1),
+        "dtype": case.dtype, "fixed_s": round(fixed, 1), "ckpt_s": writes[0] if writes else None, "cold_extra_s": round(first_cpu - long_cpu, 1),
         "cold_start_s": round(fixed + first_cpu - long_cpu, 1), "step_ms": round(1000 * step, 1),
         "eval_s": round(one_eval, 2), "full_eval_s": round(full, 2),
         "study_run_s": round(fixed + STUDY_ITERS * step + STUDY_EVALS * one_eval + full, 0),
@@ -170,11 +177,11 @@ def progress_text(row: dict[str, Any]) -> str:
     """A finished case in one line, with every part, so that a long measurement cut short keeps
     what it measured (the table and the JSON come at the end)."""
     return (f"{row['study_run_s']:.0f} s a study run ({row['step_ms']} ms a step; cold start {row['cold_start_s']} s, "
-            f"fixed {row['fixed_s']} s, an evaluation {row['eval_s']} s, the whole split {row['full_eval_s']} s)")
+            f"fixed {row['fixed_s']} s, of which checkpoint writes {row['ckpt_s']} s, an evaluation {row['eval_s']} s, the whole split {row['full_eval_s']} s)")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    keys = ("case", "fixed_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
+    keys = ("case", "fixed_s", "ckpt_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     return "\n".join(lines + ["| " + " | ".join(str(r.get(k, r.get("error", ""))) for k in keys) + " |" for r in rows])
 
