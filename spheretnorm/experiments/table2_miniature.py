@@ -369,8 +369,7 @@ class Tabulation:
 
     def ended(self, scale: str, methods: Iterable[str] = METHODS) -> bool:
         """Whether every seed of these rows (less the cut ones) has ended at the scale's shared rate."""
-        cells = [self.shared(scale, m) for m in methods if not is_cut(scale, "shared", m, self.cuts)]
-        return all(c is not None and not c.missing for c in cells)
+        return all((c := self.shared(scale, m)) is not None and not c.missing for m in methods if not is_cut(scale, "shared", m, self.cuts))
 
 
 def tabulate(rows: list[dict[str, Any]], cuts: int = 0) -> Tabulation:
@@ -391,7 +390,7 @@ def ranking(t: Tabulation, scale: str, split: str) -> tuple[list[str], float | N
     ours = {m: v for m in METHODS if (v := rank_value(t.shared(scale, m, split))) is not None}
     theirs = {m: paper_value(m, scale, split) for m in ours}
     both = [m for m in ours if theirs[m] is not None]
-    tau = kendall_tau([ours[m] for m in both], [theirs[m] for m in both]) if len(both) >= 2 else None  # type: ignore[misc]
+    tau = kendall_tau([ours[m] for m in both], [theirs[m] for m in both])  # type: ignore[misc]
     return sorted(ours, key=lambda m: (ours[m], METHODS.index(m))), tau
 
 
