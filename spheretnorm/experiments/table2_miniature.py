@@ -40,6 +40,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -101,6 +102,9 @@ CUT_ORDER = (
     Cut("L", "doubled", DOUBLED, "the doubled rate at L"),
     Cut("L", "shared", ("keel", "pre_dyt"), "Keel and Pre-DyT at L"),
 )
+CUT_ORDER_TEXT = "; ".join(f"{i + 1}. {c.text}" for i, c in enumerate(CUT_ORDER))
+KINDS = {"shared": METHODS, "doubled": DOUBLED}  # each shared rate's rows
+FAMILY = (*SPHERET, GEONORM)  # p-SpheretNorm at p = 0.5, 1, 2 and its limit
 
 
 def rate(step: int) -> float:
@@ -109,7 +113,6 @@ def rate(step: int) -> float:
 
 
 def warmup_iters(max_iters: int) -> int:
-    """4% of the run, at least one iteration."""
     return max(1, round(WARMUP_SHARE * max_iters))
 
 
@@ -128,11 +131,10 @@ def is_cut(scale: str, kind: str, method: str, cuts: int) -> bool:
 
 @dataclass(frozen=True)
 class Selection:
-    """One arm's rate chosen on seed 1337 at one scale: the steps swept, whether all of them have
-    ended, the best (None until they have, or where none trained) and whether it lies inside them."""
+    """One arm's rate chosen on seed 1337 at one scale: the steps swept and the best (None until
+    all of them have ended, or where none trained)."""
 
     steps: tuple[int, ...]
-    finished: bool
     best: int | None
 
     @property
@@ -140,41 +142,30 @@ class Selection:
         return self.best is not None and self.steps[0] < self.best < self.steps[-1]
 
 
-def bracketed_steps(steps: Iterable[int], losses: dict[int, float]) -> tuple[list[int], bool]:
-    """The engine's bracketing (study.swept_rates: grow past the end where the best lies, EXTENSIONS
-    steps at most) on ladder steps. swept_rates grows a geometric grid by its own factor; on the
-    values 2**k that factor is exactly 2, so the step past k comes out as exactly 2**(k + 1)."""
-    rates, finished = swept_rates([2.0 ** k for k in steps], {2.0 ** k: v for k, v in losses.items()}, EXTENSIONS)
-    return [round(math.log2(r)) for r in rates], finished
-
-
 def run_point(scale: str, method: str, step: int, seed: int) -> Point:
     return point(scale=scale, method=method, lr=rate(step), seed=seed)
 
 
 def selection(method: str, scale: str, grid: tuple[int, ...], done: dict[Point, float]) -> Selection:
-    """`method`'s seed-1337 sweep over `grid` at `scale`, bracketed, as far as the finished runs go."""
+    """`method`'s seed-1337 sweep over `grid` at `scale`, as far as the finished runs go, bracketed
+    as the engine brackets (study.swept_rates, EXTENSIONS steps at most). swept_rates grows a
+    geometric grid by its own factor; on the values 2**k that factor is exactly 2, so the step past
+    k comes out as exactly 2**(k + 1)."""
     losses = {k: loss for k in range(grid[0] - EXTENSIONS, grid[-1] + EXTENSIONS + 1)
               if (loss := done.get(run_point(scale, method, k, SELECTION_SEED))) is not None}
-    steps, finished = bracketed_steps(grid, losses)
+    rates, finished = swept_rates([2.0 ** k for k in grid], {2.0 ** k: v for k, v in losses.items()}, EXTENSIONS)
+    steps = [round(math.log2(r)) for r in rates]
     trained = [k for k in steps if math.isfinite(losses.get(k, math.inf))]
-    best = min(trained, key=lambda k: losses[k]) if finished and trained else None
-    return Selection(tuple(steps), finished, best)
-
-
-def mean_if_trained(losses: list[float | None]) -> float | None:
-    """The mean of a cell's losses where every seed ended and trained, else None."""
-    return statistics.fmean(losses) if all(v is not None and math.isfinite(v) for v in losses) else None  # type: ignore[arg-type]
+    return Selection(tuple(steps), min(trained, key=lambda k: losses[k]) if finished and trained else None)
 
 
 def best_other_row(scale: str, step: int, done: dict[Point, float]) -> tuple[bool, str | None]:
     """(decided, the row): the row beside Pre-LN and 1-SpheretNorm with the lowest mean val loss at
     the scale's shared rate, among rows whose three seeds trained; undecided until all have ended."""
-    others = [m for m in METHODS if m not in (BASELINE, TUNED_FIRST)]
-    cells = {m: [done.get(run_point(scale, m, step, s)) for s in HELD_OUT] for m in others}
+    cells = {m: [done.get(run_point(scale, m, step, s)) for s in HELD_OUT] for m in METHODS if m not in (BASELINE, TUNED_FIRST)}
     if any(v is None for losses in cells.values() for v in losses):
         return False, None
-    means = {m: mean for m, losses in cells.items() if (mean := mean_if_trained(losses)) is not None}
+    means = {m: statistics.fmean(losses) for m, losses in cells.items() if all(map(math.isfinite, losses))}  # type: ignore[arg-type]
     return True, (min(means, key=means.__getitem__) if means else None)
 
 
@@ -183,16 +174,10 @@ class ScaleState:
     """What one scale's plan holds given the finished runs."""
 
     scale: str
-    grid: tuple[int, ...]
     shared: Selection  # Pre-LN's, which sets the scale's rate for every row
     tuned: dict[str, Selection]  # at TUNED_SCALE: each tuned arm's own selection (Pre-LN's is `shared`)
-    best_other: str | None
     points: tuple[Point, ...]
     complete: bool  # every run of its plan has ended: the next scale may start
-
-    @property
-    def shared_step(self) -> int | None:
-        return self.shared.best
 
 
 def scale_state(scale: str, centre: int, done: dict[Point, float], cuts: int) -> ScaleState:
@@ -200,25 +185,21 @@ def scale_state(scale: str, centre: int, done: dict[Point, float], cuts: int) ->
     shared rate, seed-major; the doubled rate; at M the tuned arms' selections, then their held-out seeds."""
     grid = tuple(range(centre - GRID_HALF, centre + GRID_HALF + 1))
     shared = selection(BASELINE, scale, grid, done)
-    points = [run_point(scale, BASELINE, k, SELECTION_SEED) for k in shared.steps]
-    best_other: str | None = None
-    decided = False
-    if shared.best is not None:
-        k = shared.best
+    points = [run_point(scale, BASELINE, j, SELECTION_SEED) for j in shared.steps]
+    if (k := shared.best) is not None:
         points += [run_point(scale, m, k, s) for s in HELD_OUT for m in METHODS if not is_cut(scale, "shared", m, cuts)]
         if scale in DOUBLED_SCALES:
             points += [run_point(scale, m, k + DOUBLE, s) for s in HELD_OUT for m in DOUBLED if not is_cut(scale, "doubled", m, cuts)]
-        if scale == TUNED_SCALE:
-            decided, best_other = best_other_row(scale, k, done)
     tuned: dict[str, Selection] = {}
+    waiting = False  # at M, until the best other row is known
     if scale == TUNED_SCALE:
-        arms = [TUNED_FIRST, *([best_other] if best_other else [])]
-        tuned = {m: selection(m, scale, grid, done) for m in arms}
-        points += [run_point(scale, m, k, SELECTION_SEED) for m, sel in tuned.items() for k in sel.steps]
+        decided, best_other = best_other_row(scale, k, done) if k is not None else (False, None)
+        tuned = {m: selection(m, scale, grid, done) for m in [TUNED_FIRST, *([best_other] if best_other else [])]}
+        points += [run_point(scale, m, j, SELECTION_SEED) for m, sel in tuned.items() for j in sel.steps]
         points += [run_point(scale, m, sel.best, s) for m, sel in tuned.items() if sel.best is not None for s in HELD_OUT]
+        waiting = k is not None and not decided
     points = list(dict.fromkeys(points))
-    waiting = scale == TUNED_SCALE and shared.best is not None and not decided
-    return ScaleState(scale, grid, shared, tuned, best_other, tuple(points), all(p in done for p in points) and not waiting)
+    return ScaleState(scale, shared, tuned, tuple(points), all(p in done for p in points) and not waiting)
 
 
 def study_states(done: dict[Point, float], scales: Iterable[str], cuts: int) -> list[ScaleState]:
@@ -229,9 +210,9 @@ def study_states(done: dict[Point, float], scales: Iterable[str], cuts: int) -> 
     for scale in scales:
         state = scale_state(scale, centre, done, cuts)
         states.append(state)
-        if not state.complete or state.shared_step is None:
+        if not state.complete or state.shared.best is None:
             break
-        centre = state.shared_step
+        centre = state.shared.best
     return states
 
 
@@ -248,8 +229,7 @@ def most_runs(scale: str, cuts: int) -> int:
 def design(max_iters: int = DEFAULT_MAX_ITERS, scales: tuple[str, ...] = tuple(DEPTHS), cuts: int = 0) -> Sweep:
     """The study on the one engine: its plan is study_states', its runs' settings the protocol's."""
     if not 0 <= cuts <= len(CUT_ORDER):
-        raise UsageError(f"--cuts {cuts} is not valid; give 0 to {len(CUT_ORDER)} (the declared order: "
-                         f"{'; '.join(f'{i + 1}. {c.text}' for i, c in enumerate(CUT_ORDER))}).")
+        raise UsageError(f"--cuts {cuts} is not valid; give 0 to {len(CUT_ORDER)} (the declared order: {CUT_ORDER_TEXT}).")
     if max_iters < 1:
         raise UsageError(f"--max_iters {max_iters} is not valid; give a positive number of iterations, such as {DEFAULT_MAX_ITERS}.")
 
@@ -297,19 +277,15 @@ def finished_losses(rows: list[dict[str, Any]], metric: str) -> dict[Point, floa
     return {point(scale=r["scale"], method=r["method"], lr=r["lr"], seed=r["seed"]): final_loss(r, metric) for r in rows if has_ended(r)}
 
 
-def cell_of(rows: list[dict[str, Any]], scale: str, method: str, step: int | None, metric: str) -> SeedCell | None:
-    """A row's held-out seeds at one scale and rate (the engine's SeedCell), None where the rate is not known yet."""
-    if step is None:
-        return None
-    runs = {r["seed"]: r for r in rows if (r["scale"], r["method"], r["lr"]) == (scale, method, rate(step))}
-    return seed_cell(runs, HELD_OUT, metric)
+def mean_of(cell: SeedCell | None) -> float | None:
+    """A cell's mean where every seed trained, else None."""
+    s = cell.spread() if cell else None
+    return s.mean if s else None
 
 
 def cell_text(cell: SeedCell | None, fmt: str = ".3f") -> str:
     """'2.345 ± 0.014' (the mean and the half-width of its 95% t-interval), or the failures, or what is missing."""
-    if cell is None:
-        return "not run"
-    if not cell.losses and not cell.failed:
+    if cell is None or not (cell.losses or cell.failed):
         return "not run"
     s = cell.spread()
     if s is None or s.low is None or s.high is None:
@@ -320,16 +296,13 @@ def cell_text(cell: SeedCell | None, fmt: str = ".3f") -> str:
 def paper_value(method: str, scale: str, split: str) -> float | None:
     """Table 2's OpenWebText value of a row (reference/paper_results.json)."""
     table = load_reference()["table2_loss"]
-    column = f"openwebtext/{scale}/{split}"
-    return table["rows"][method][table["columns"].index(column)] if method in table["rows"] else None
+    return table["rows"][method][table["columns"].index(f"openwebtext/{scale}/{split}")] if method in table["rows"] else None
 
 
 def comparison(mine: SeedCell | None, theirs: SeedCell | None) -> str:
     """'ahead', 'behind', 'open' or 'missing': mine against theirs by the declared rules, seed by seed."""
-    if mine is None or theirs is None:
-        return "missing"
-    gaps = gap_values(mine, theirs)
-    if not gaps or any(g is None for g in gaps.values()):
+    gaps = {} if mine is None or theirs is None else gap_values(mine, theirs)
+    if not gaps or None in gaps.values():
         return "missing"
     if verdict(AHEAD, gaps) == HOLDS:
         return "ahead"
@@ -342,34 +315,20 @@ def gap_text(mine: SeedCell | None, theirs: SeedCell | None) -> str:
         return "not run"
     gaps = gap_values(mine, theirs)
     s = gap_spread(gaps)
-    if s is not None:
-        return f"{s.mean:+.3f} ({s.interval_text()})"
-    return study.gap_text(gaps) or "not run"
+    return f"{s.mean:+.3f} ({s.interval_text()})" if s is not None else study.gap_text(gaps) or "not run"
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     """Kendall's tau-b of two rankings of the same items (ties allowed; inf ranks last): the
     concordant minus the discordant pairs over the square root of the pairs untied in each. None
     for fewer than two items or where one side is all ties."""
-    n = len(xs)
-    if n != len(ys):
-        raise ValueError(f"kendall_tau needs two lists of one length, got {n} and {len(ys)}.")
-    concordant = discordant = tied_x = tied_y = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx, dy = _sign(xs[i], xs[j]), _sign(ys[i], ys[j])
-            tied_x += dx == 0
-            tied_y += dy == 0
-            concordant += dx * dy > 0
-            discordant += dx * dy < 0
-    pairs = n * (n - 1) // 2
-    if pairs == 0 or pairs == tied_x or pairs == tied_y:
+    if len(xs) != len(ys):
+        raise ValueError(f"kendall_tau needs two lists of one length, got {len(xs)} and {len(ys)}.")
+    signs = [((a > b) - (a < b), (c > d) - (c < d)) for (a, c), (b, d) in combinations(zip(xs, ys), 2)]
+    untied_x, untied_y = sum(dx != 0 for dx, _ in signs), sum(dy != 0 for _, dy in signs)
+    if not untied_x or not untied_y:
         return None
-    return (concordant - discordant) / math.sqrt((pairs - tied_x) * (pairs - tied_y))
-
-
-def _sign(a: float, b: float) -> int:
-    return (a < b) - (a > b)
+    return sum(dx * dy for dx, dy in signs) / math.sqrt(untied_x * untied_y)
 
 
 @dataclass
@@ -381,35 +340,36 @@ class Tabulation:
     states: dict[str, ScaleState]
     cuts: int
 
-    def shared(self, scale: str, method: str, split: str = "val") -> SeedCell | None:
-        state = self.states.get(scale)
-        if state is None or is_cut(scale, "shared", method, self.cuts):
+    def cell(self, scale: str, method: str, step: int | None, split: str) -> SeedCell | None:
+        """A row's held-out seeds at one scale and rate (the engine's SeedCell), None where the rate is not known yet."""
+        if step is None:
             return None
-        return cell_of(self.rows, scale, method, state.shared_step, self.key(split))
+        runs = {r["seed"]: r for r in self.rows if (r["scale"], r["method"], r["lr"]) == (scale, method, rate(step))}
+        return seed_cell(runs, HELD_OUT, self.metric if split == "val" else "train_loss_avg")
 
-    def doubled(self, scale: str, method: str, split: str = "val") -> SeedCell | None:
+    def at(self, kind: str, scale: str, method: str, split: str = "val") -> SeedCell | None:
+        """A row's cell at the scale's shared rate or at twice it (kind "doubled"), None where it is not run or cut."""
         state = self.states.get(scale)
-        if state is None or state.shared_step is None or scale not in DOUBLED_SCALES or method not in DOUBLED or is_cut(scale, "doubled", method, self.cuts):
+        if state is None or state.shared.best is None or method not in KINDS[kind] or is_cut(scale, kind, method, self.cuts):
             return None
-        return cell_of(self.rows, scale, method, state.shared_step + DOUBLE, self.key(split))
+        if kind == "shared":
+            return self.cell(scale, method, state.shared.best, split)
+        return self.cell(scale, method, state.shared.best + DOUBLE, split) if scale in DOUBLED_SCALES else None
+
+    def shared(self, scale: str, method: str, split: str = "val") -> SeedCell | None:
+        return self.at("shared", scale, method, split)
 
     def tuned(self, method: str, split: str = "val") -> SeedCell | None:
         """A tuned arm's held-out seeds at its own rate at M (Pre-LN's own rate is the shared one)."""
-        state = self.states.get(TUNED_SCALE)
-        if state is None:
-            return None
         if method == BASELINE:
             return self.shared(TUNED_SCALE, BASELINE, split)
-        sel = state.tuned.get(method)
-        return cell_of(self.rows, TUNED_SCALE, method, sel.best if sel else None, self.key(split))
-
-    def key(self, split: str) -> str:
-        return self.metric if split == "val" else "train_loss_avg"
+        state = self.states.get(TUNED_SCALE)
+        sel = state.tuned.get(method) if state else None
+        return self.cell(TUNED_SCALE, method, sel.best if sel else None, split)
 
     def ended(self, scale: str, methods: Iterable[str] = METHODS) -> bool:
         """Whether every seed of these rows (less the cut ones) has ended at the scale's shared rate."""
-        cells = [self.shared(scale, m) for m in methods if not is_cut(scale, "shared", m, self.cuts)]
-        return all(c is not None and not c.missing for c in cells)
+        return all((c := self.shared(scale, m)) is not None and not c.missing for m in methods if not is_cut(scale, "shared", m, self.cuts))
 
 
 def tabulate(rows: list[dict[str, Any]], cuts: int = 0) -> Tabulation:
@@ -422,10 +382,7 @@ def rank_value(cell: SeedCell | None) -> float | None:
     """A row's place in a ranking: its mean, inf (last) with a failed seed, None where runs are missing."""
     if cell is None or cell.missing:
         return None
-    if cell.failed:
-        return math.inf
-    s = cell.spread()
-    return s.mean if s else None
+    return math.inf if cell.failed else mean_of(cell)
 
 
 def ranking(t: Tabulation, scale: str, split: str) -> tuple[list[str], float | None]:
@@ -433,7 +390,7 @@ def ranking(t: Tabulation, scale: str, split: str) -> tuple[list[str], float | N
     ours = {m: v for m in METHODS if (v := rank_value(t.shared(scale, m, split))) is not None}
     theirs = {m: paper_value(m, scale, split) for m in ours}
     both = [m for m in ours if theirs[m] is not None]
-    tau = kendall_tau([ours[m] for m in both], [theirs[m] for m in both]) if len(both) >= 2 else None  # type: ignore[misc]
+    tau = kendall_tau([ours[m] for m in both], [theirs[m] for m in both])  # type: ignore[misc]
     return sorted(ours, key=lambda m: (ours[m], METHODS.index(m))), tau
 
 
@@ -450,20 +407,19 @@ OPEN = "not resolved at three seeds"
 
 def lowest_trained(t: Tabulation, scale: str, methods: Iterable[str]) -> str | None:
     """The row with the lowest mean val loss among `methods` whose seeds all trained."""
-    means = {m: s.mean for m in methods if (c := t.shared(scale, m)) and (s := c.spread()) is not None}
+    means = {m: v for m in methods if (v := mean_of(t.shared(scale, m))) is not None}
     return min(means, key=means.__getitem__) if means else None
 
 
-def by_scale(head: str, scales: Iterable[str], judge: Any, t: Tabulation) -> str:
-    """One claim's line: its verdict at each scale ('M: holds (...); L: not run yet')."""
-    return f"**{head}**: " + "; ".join(f"{s}: {judge(t, s)}" for s in scales) + "."
+def by_scale(head: str, scales: Iterable[str], judge: Any, t: Tabulation, methods: Iterable[str] = METHODS) -> str:
+    """One claim's line: its verdict at each scale ('M: holds (...); L: not run yet'), judged once
+    every seed of `methods` has ended there."""
+    return f"**{head}**: " + "; ".join(f"{s}: {judge(t, s) if t.ended(s, methods) else NOT_RUN}" for s in scales) + "."
 
 
 def lowest_is_spheret(t: Tabulation, scale: str) -> str:
     """Holds where a SpheretNorm row has the lowest mean and is ahead of every other kind of row;
     does not hold where another row is ahead of every SpheretNorm row; else open."""
-    if not t.ended(scale):
-        return NOT_RUN
     best = lowest_trained(t, scale, METHODS)
     others = [m for m in METHODS if m not in SPHERET and not is_cut(scale, "shared", m, t.cuts)]
     if best in SPHERET:
@@ -479,11 +435,7 @@ def lowest_is_spheret(t: Tabulation, scale: str) -> str:
 
 def failed_cells(t: Tabulation) -> list[tuple[str, str, str]]:
     """(scale, rate kind, method) of every cell that has a failed seed."""
-    out = []
-    for scale in DEPTHS:
-        for kind, cell in (("shared", t.shared), ("doubled", t.doubled)):
-            out += [(scale, kind, m) for m in METHODS if (c := cell(scale, m)) is not None and c.failed]
-    return out
+    return [(s, kind, m) for s in DEPTHS for kind in KINDS for m in METHODS if (c := t.at(kind, s, m)) is not None and c.failed]
 
 
 def converges_where_others_fail(t: Tabulation) -> str:
@@ -496,8 +448,7 @@ def converges_where_others_fail(t: Tabulation) -> str:
         return f"{head}: {NOT_RUN}."
     failed = failed_cells(t)
     where = sorted({(s, k) for s, k, m in failed if m in (BASELINE, "keel")})
-    cell = {"shared": t.shared, "doubled": t.doubled}
-    also_failed = [(s, k, m) for s, k in where for m in SPHERET if (c := cell[k](s, m)) is not None and c.failed]
+    also_failed = [(s, k, m) for s, k in where for m in SPHERET if (c := t.at(k, s, m)) is not None and c.failed]
     alone = [(s, k, m) for s, k, m in failed if m in SPHERET and (s, k) not in where]
     scope = f"(scales run: {', '.join(scales)})"
     tail = ("; SpheretNorm failed where Pre-LN and Keel trained: " + ", ".join(f"{title(m)} at {s} {k}" for s, k, m in alone)) if alone else ""
@@ -513,10 +464,7 @@ def converges_where_others_fail(t: Tabulation) -> str:
 def finite_p_best(t: Tabulation, scale: str) -> str:
     """Of 0.5-, 1-, 2-SpheretNorm and GeoNorm (p -> infinity): holds where the lowest is a finite p
     ahead of GeoNorm; does not hold where GeoNorm is ahead of every finite p; else open."""
-    family = (*SPHERET, GEONORM)
-    if not t.ended(scale, family):
-        return NOT_RUN
-    best = lowest_trained(t, scale, family)
+    best = lowest_trained(t, scale, FAMILY)
     geo = t.shared(scale, GEONORM)
     if best in SPHERET:
         word = "holds" if comparison(t.shared(scale, best), geo) == "ahead" else OPEN
@@ -529,8 +477,6 @@ def finite_p_best(t: Tabulation, scale: str) -> str:
 def retraction_ahead_of_geonorm(t: Tabulation, scale: str) -> str:
     """Each SpheretNorm row against GeoNorm: holds where all three are ahead, does not hold where
     one is behind, else 'holds for k of 3' or open."""
-    if not t.ended(scale, (*SPHERET, GEONORM)):
-        return NOT_RUN
     geo = t.shared(scale, GEONORM)
     results = {m: comparison(t.shared(scale, m), geo) for m in SPHERET}
     ahead = sum(r == "ahead" for r in results.values())
@@ -545,8 +491,6 @@ def retraction_ahead_of_geonorm(t: Tabulation, scale: str) -> str:
 
 def pre_ln_best(t: Tabulation, scale: str) -> str:
     """Holds where every other row is behind Pre-LN; does not hold where one is ahead of it; else open."""
-    if not t.ended(scale):
-        return NOT_RUN
     base = t.shared(scale, BASELINE)
     results = {m: comparison(t.shared(scale, m), base) for m in METHODS if m != BASELINE and not is_cut(scale, "shared", m, t.cuts)}
     ahead = [m for m, r in results.items() if r == "ahead"]
@@ -585,8 +529,8 @@ def claims(t: Tabulation) -> list[str]:
     return [
         by_scale("The lowest losses at 24 and 36 layers (a SpheretNorm row lowest)", ("M", "L"), lowest_is_spheret, t),
         converges_where_others_fail(t),
-        by_scale("A finite p best (of 0.5-, 1-, 2-SpheretNorm and GeoNorm, p -> infinity)", DEPTHS, finite_p_best, t),
-        by_scale("The retraction ahead of GeoNorm", DEPTHS, retraction_ahead_of_geonorm, t),
+        by_scale("A finite p best (of 0.5-, 1-, 2-SpheretNorm and GeoNorm, p -> infinity)", DEPTHS, finite_p_best, t, FAMILY),
+        by_scale("The retraction ahead of GeoNorm", DEPTHS, retraction_ahead_of_geonorm, t, FAMILY),
         by_scale("Pre-LN best at 12 layers", ("S",), pre_ln_best, t),
         shared_rate_does_not_decide(t),
     ]
@@ -599,27 +543,19 @@ def claims(t: Tabulation) -> list[str]:
 def table2_text(t: Tabulation, kind: str = "shared") -> str:
     """Table 2's layout: a line per row, S/M/L train and val, each cell ours and the paper's; the
     lowest mean of each column in bold."""
-    scales = list(DEPTHS)
-    get = t.shared if kind == "shared" else t.doubled
-    methods = METHODS if kind == "shared" else DOUBLED
-    header = "| method | " + " | ".join(f"{s} ({DEPTHS[s]} x {WIDTH}) {split}" for s in scales for split in ("train", "val")) + " |"
-    lines = [header, "|:--|" + "--:|" * (2 * len(scales))]
-    lowest = {}
-    for s in scales:
-        for split in ("train", "val"):
-            means = {m: sp.mean for m in methods if (c := get(s, m, split)) and (sp := c.spread()) is not None}
-            lowest[(s, split)] = min(means.values()) if means else None
-    for m in methods:
+    columns = [(s, split) for s in DEPTHS for split in ("train", "val")]
+    lines = ["| method | " + " | ".join(f"{s} ({DEPTHS[s]} x {WIDTH}) {split}" for s, split in columns) + " |", "|:--|" + "--:|" * len(columns)]
+    lowest = {(s, split): min([v for m in KINDS[kind] if (v := mean_of(t.at(kind, s, m, split))) is not None], default=None)
+              for s, split in columns}
+    for m in KINDS[kind]:
         cells = []
-        for s in scales:
-            for split in ("train", "val"):
-                c = get(s, m, split)
-                text = "cut" if is_cut(s, kind, m, t.cuts) else ("-" if kind == "doubled" and s not in DOUBLED_SCALES else cell_text(c))
-                sp = c.spread() if c else None
-                if sp is not None and sp.mean == lowest[(s, split)]:
-                    text = f"**{text}**"
-                paper = paper_value(m, s, split) if kind == "shared" else None
-                cells.append(f"{text} ({paper:.3f})" if paper is not None else text)
+        for s, split in columns:
+            c = t.at(kind, s, m, split)
+            text = "cut" if is_cut(s, kind, m, t.cuts) else ("-" if kind == "doubled" and s not in DOUBLED_SCALES else cell_text(c))
+            if (v := mean_of(c)) is not None and v == lowest[(s, split)]:
+                text = f"**{text}**"
+            paper = paper_value(m, s, split) if kind == "shared" else None
+            cells.append(f"{text} ({paper:.3f})" if paper is not None else text)
         lines.append(f"| {title(m)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -634,7 +570,7 @@ def selection_text(t: Tabulation) -> str:
             continue
         runs = {r["lr"]: r for r in t.rows if (r["scale"], r["method"], r["seed"]) == (s, BASELINE, SELECTION_SEED)}
         swept = ", ".join(f"{rate(k):g} {selection_loss(runs.get(rate(k)), t.metric)}" for k in state.shared.steps)
-        k = state.shared_step
+        k = state.shared.best
         chosen = "-" if k is None else f"{rate(k):g}" + ("" if state.shared.bracketed else " (at the grid's edge after its extensions)")
         doubled = f"{rate(k + DOUBLE):g}" if k is not None and s in DOUBLED_SCALES else "-"
         lines.append(f"| {s} | {swept} | {chosen} | {doubled} |")
@@ -651,14 +587,10 @@ def selection_loss(row: dict[str, Any] | None, metric: str) -> str:
 def gaps_text(t: Tabulation) -> str:
     """Each row's paired val gap to Pre-LN at each scale and shared rate, with its interval and the rule's reading."""
     lines = ["| method | rate | " + " | ".join(f"{s} minus Pre-LN" for s in DEPTHS) + " |", "|:--|:--|" + ":--|" * len(DEPTHS)]
-    for kind, methods, get in (("shared", METHODS, t.shared), ("doubled", DOUBLED, t.doubled)):
-        for m in methods:
-            if m == BASELINE:
-                continue
-            cells = []
-            for s in DEPTHS:
-                mine, base = get(s, m), get(s, BASELINE)
-                cells.append("-" if mine is None or base is None else f"{gap_text(mine, base)}, {comparison(mine, base)}")
+    for kind, methods in KINDS.items():
+        for m in [x for x in methods if x != BASELINE]:
+            pairs = [(t.at(kind, s, m), t.at(kind, s, BASELINE)) for s in DEPTHS]
+            cells = ["-" if mine is None or base is None else f"{gap_text(mine, base)}, {comparison(mine, base)}" for mine, base in pairs]
             lines.append(f"| {title(m)} | {kind} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -698,9 +630,8 @@ def failures_text(t: Tabulation) -> str:
     cells = failed_cells(t)
     if not cells:
         return "Failures: none in the runs there."
-    get = {"shared": t.shared, "doubled": t.doubled}
     return "Failures (counted, never averaged): " + "; ".join(
-        f"{title(m)} {s} {k} rate: {get[k](s, m).text()}" for s, k, m in cells) + "."  # type: ignore[union-attr]
+        f"{title(m)} {s} {k} rate: {t.at(k, s, m).text()}" for s, k, m in cells) + "."  # type: ignore[union-attr]
 
 
 def page_text(t: Tabulation, max_iters: int, corpus: str, kernel_line: str, failures: str) -> str:
@@ -725,18 +656,11 @@ def page_text(t: Tabulation, max_iters: int, corpus: str, kernel_line: str, fail
 
 def gap_points_of(t: Tabulation) -> list[GapPoint]:
     """Each row's held-out val gaps to Pre-LN at each depth, a panel per rate: gap_figure's points."""
-    panels = {"shared": ("AdamW, one shared rate per scale", t.shared), "doubled": ("AdamW, twice the shared rate", t.doubled)}
-    out = []
-    for kind, (panel, get) in panels.items():
-        for s in DEPTHS:
-            base = get(s, BASELINE)
-            for m in METHODS:
-                mine = get(s, m)
-                if m == BASELINE or mine is None or base is None:
-                    continue
-                out += [GapPoint("gpt2", panel, method_dirname(m), title(m), float(DEPTHS[s]), seed, gap)
-                        for seed, gap in gap_values(mine, base).items() if gap is not None and not math.isnan(gap)]
-    return out
+    panels = {"shared": "AdamW, one shared rate per scale", "doubled": "AdamW, twice the shared rate"}
+    cells = [(panel, s, m, mine, base) for kind, panel in panels.items() for s in DEPTHS for m in METHODS
+             if m != BASELINE and (mine := t.at(kind, s, m)) is not None and (base := t.at(kind, s, BASELINE)) is not None]
+    return [GapPoint("gpt2", panel, method_dirname(m), title(m), float(DEPTHS[s]), seed, gap)
+            for panel, s, m, mine, base in cells for seed, gap in gap_values(mine, base).items() if gap is not None and not math.isnan(gap)]
 
 
 ARM_DODGE = 0.04  # seven rows at each depth, side by side: at 12 layers six rows' crosses fell on one spot
@@ -783,15 +707,10 @@ COST_SOURCE = ("low: run_cost.py's measured parts per depth, on the sphere or of
                "work) to run_cost.py's step; runs of a depth and kind that have finished count at their own mean time in both")
 
 
-def estimated_seconds(scale: str, method: str, max_iters: int) -> float:
-    """One run's seconds on one thread, from run_cost.py's measured parts (MEASURED_COST)."""
-    c = MEASURED_COST[(DEPTHS[scale], method in ON_SPHERE)]
-    return c["fixed_s"] + max_iters * c["step_ms"] / 1000 + (EVALS + 1) * c["eval_s"] + c["full_eval_s"] * VAL_SCALE
-
-
 def run_seconds(rows: list[dict[str, Any]], max_iters: int) -> dict[tuple[str, str], tuple[float, float]]:
     """Each (scale, method)'s seconds a run, low and high: the mean of its depth and kind's finished
-    runs where there are some (their whole time: both), else the estimate and SLOWDOWN times it."""
+    runs where there are some (their whole time: both), else run_cost.py's measured parts (one
+    thread) and SLOWDOWN times them."""
     finished: dict[tuple[str, bool], list[float]] = {}
     for r in rows:
         if r.get("reused") and r.get("seconds") and r["status"] == "ok":
@@ -799,18 +718,16 @@ def run_seconds(rows: list[dict[str, Any]], max_iters: int) -> dict[tuple[str, s
     out = {}
     for s in DEPTHS:
         for m in METHODS:
+            c = MEASURED_COST[(DEPTHS[s], m in ON_SPHERE)]
+            guess = c["fixed_s"] + max_iters * c["step_ms"] / 1000 + (EVALS + 1) * c["eval_s"] + c["full_eval_s"] * VAL_SCALE
             mine = finished.get((s, m in ON_SPHERE))
-            guess = estimated_seconds(s, m, max_iters)
             out[(s, m)] = (statistics.fmean(mine),) * 2 if mine else (guess, SLOWDOWN * guess)
     return out
 
 
-def hours(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
-
-
 def span(low: float, high: float, jobs: int) -> str:
-    return f"{hours(low / jobs)} to {hours(high / jobs)}"
+    """'40 min to 1.5 h': the seconds of runs from low to high, `jobs` at a time."""
+    return " to ".join(f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h" for s in (low / jobs, high / jobs))
 
 
 def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max_iters: int, cuts: int) -> str:
@@ -827,11 +744,9 @@ def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max
         states_now = [place.listed.get(f, RUN_STATES[3]) for f in mine]
         counts = ", ".join(f"{states_now.count(s)} {s}" for s in RUN_STATES if states_now.count(s))
         most = most_runs(scale, cuts)
-        left = [0.0, 0.0]
-        for i in range(2):
-            left[i] = sum(seconds[(scale, method_of[f])][i] for f, st in zip(mine, states_now) if st in RUN_STATES[2:])
-            left[i] += max(most - len(mine), 0) * statistics.fmean(seconds[(scale, m)][i] for m in METHODS)
-            total[i] += left[i]
+        left = [sum(seconds[(scale, method_of[f])][i] for f, st in zip(mine, states_now) if st in RUN_STATES[2:])
+                + max(most - len(mine), 0) * statistics.fmean(seconds[(scale, m)][i] for m in METHODS) for i in range(2)]
+        total = [a + b for a, b in zip(total, left)]
         off, on = seconds[(scale, BASELINE)], seconds[(scale, SPHERET[0])]
         lines.append(f"  {scale} ({DEPTHS[scale]} x {WIDTH}): {len(mine)} runs in the plan now ({counts or 'none yet: the scale before ends first'}), "
                      f"at most {most}; {span(*left, place.jobs)} for what is left (a run: {off[0]:.0f} to {off[1]:.0f} s off the sphere, "
@@ -848,8 +763,7 @@ def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = study_parser(__doc__)
     add_length_options(p, DEFAULT_MAX_ITERS)
-    cut_order = "; ".join(f"{i + 1}. {c.text}" for i, c in enumerate(CUT_ORDER))
-    p.add_argument("--cuts", type=int, default=0, help=f"apply the first N cuts of the declared order ({cut_order}) (default 0)")
+    p.add_argument("--cuts", type=int, default=0, help=f"apply the first N cuts of the declared order ({CUT_ORDER_TEXT}) (default 0)")
     p.add_argument("--tables_dir", default=None, help=f"where {TABLE_STEM}.md and .png go (default: --out_dir; docs to publish them)")
     p.add_argument("--mix_kernel_paths", action="store_true", help="tabulate runs of several kernel paths together (default: refuse)")
     add_place_options(p, f"out/{NAME}", dry_run=True, data_dir=DATA_DIR, corpus=str(CORPUS))
