@@ -73,19 +73,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from spheretnorm.experiments.figures import (
-    LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
+    LossRange, draw_rate_curve, figure_legend, loss_range, plt, rate_axis, rate_curve, save_figure, titled_grid, trained,
 )
-from spheretnorm.experiments.gap_figure import AXES as GAP_AXES
-from spheretnorm.experiments.gap_figure import GAP_Y_RANGES, gap_figure, gap_points, run_file
-from spheretnorm.experiments.grid import (
-    BLOCK_TITLES, CONFIG_NAME, STALLED, bigram_loss, check_overrides, is_stalled, parse_choices, stall_reason,
-)
+from spheretnorm.experiments.gap_figure import AXES as GAP_AXES, GAP_Y_RANGES, gap_figure, gap_points, run_file
+from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, STALLED, bigram_loss, check_overrides, is_stalled, parse_choices, stall_reason
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
     CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Done, Point, Report, Seeds, Sweep, add_length_options,
@@ -324,8 +316,8 @@ def summary_columns(several: bool, seeds: Seeds, given: str = "") -> tuple[Colum
     in --wide's table (best_columns)."""
     same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
     return (
-        *lead_columns(several, seeds, given), Column("held-out mean", "headline"), Column(f"{same}, mean", "gap_text"), Column("95% interval", "gap_interval"),
-        Column("held-out failed at", "held_out_failed_at", align=":--"),
+        *lead_columns(several, seeds, given), Column("held-out mean", "headline"), Column(f"{same}, mean", "gap_text"),
+        Column("95% interval", "gap_interval"), Column("held-out failed at", "held_out_failed_at", align=":--"),
     )
 
 
@@ -633,13 +625,12 @@ def report(done: Done) -> Report:
     blocks, slugs = list(design.values("block")), design.values("arm")
     seeds, metric = Seeds.of(design.values("seed")), table_metric(rows)
     summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], seeds, metric, optimizers)
-    rules = declared_rules(place)
     given = given_rates(design)
     columns = best_columns(several, seeds, ADAMW in optimizers, given) if args.wide else summary_columns(several, seeds, given)
     rest = "" if args.wide else f"\n\n{wide_note(several and ADAMW in optimizers)}"
     text = (f"{f.shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given)} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\n{summary_title(several, given)}\n\n"
-            f"{markdown_table(summary, columns)}{rest}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
+            f"{markdown_table(summary, columns)}{rest}\n\n{rule_lines(declared_rules(place), rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
     record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": f.corpus, "shape": f.shape, **done.yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),

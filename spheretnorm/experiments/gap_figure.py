@@ -135,7 +135,6 @@ GAP_Y_RANGES = ("row", "panel")
 # Without --gap_y: the final gaps (a point per sweep) share a row's range; the evaluations' gaps, whose first points reach
 # +0.7 under AdamW on web text while MuonH's stay within 0.02 of zero, take a range per panel.
 DEFAULT_Y_RANGE = {"depth": "row", "width": "row", "tokens": "panel"}
-PANEL_RANGE_NOTE = "; each panel on its own y-range"
 
 
 def series_style(index: int) -> tuple[str, str]:
@@ -165,7 +164,7 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
         raise UsageError("--gap_against: the sweeps hold no held-out gap yet (no arm beside Pre-LN has a held-out seed at its rate).")
     corpora = list(dict.fromkeys(p.corpus for p in points))
     own = y_range == "panel" and len(panels) > 1  # said in the title: heights do not compare across panels
-    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title + (PANEL_RANGE_NOTE if own else ""),
+    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title + ("; each panel on its own y-range" if own else ""),
                             sharey="row" if y_range == "row" else False)
     xs = sorted({p.x for p in points})
     width = (xs[-1] - xs[0]) or xs[0] or 1.0
