@@ -73,19 +73,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from spheretnorm.experiments.figures import (
-    LossRange, draw_rate_curve, figure_legend, loss_range, rate_axis, rate_curve, save_figure, titled_grid, trained,
+    LossRange, draw_rate_curve, figure_legend, loss_range, plt, rate_axis, rate_curve, save_figure, titled_grid, trained,
 )
-from spheretnorm.experiments.gap_figure import AXES as GAP_AXES
-from spheretnorm.experiments.gap_figure import GAP_Y_RANGES, gap_figure, gap_points, run_file
-from spheretnorm.experiments.grid import (
-    BLOCK_TITLES, CONFIG_NAME, STALLED, bigram_loss, check_overrides, is_stalled, parse_choices, stall_reason,
-)
+from spheretnorm.experiments.gap_figure import AXES as GAP_AXES, GAP_Y_RANGES, gap_figure, gap_points, run_file
+from spheretnorm.experiments.grid import BLOCK_TITLES, CONFIG_NAME, STALLED, bigram_loss, check_overrides, is_stalled, parse_choices, stall_reason
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.study import (
     CPU_MODEL, METRIC_TEXT, RESERVED, UNSTABLE, UNVERIFIED, Axis, Column, Done, Point, Report, Seeds, Sweep, add_length_options,
@@ -114,29 +106,23 @@ DEFAULT_BASE_LR = 2e-3  # the AdamW part's peak rate beside another optimizer: t
 # Every Hyperball optimizer (AdamH, MuonH) runs every arm at this radius: at the initial norm
 # (hyperball_radius=0) MuonH barely trains a sphere connection (docs/OPTIMIZERS.md).
 HYPERBALL_RADIUS = 1.0
-# Seconds an iteration of SHAPE takes on one thread on the eager path, its evaluations included:
-# the default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores
-# (docs/LOG.md, 2026-12-01). The compiled path's step measured 1.5x faster (bench.py round-robin,
-# 12 x 128, docs/LOG.md 2026-12-04). The dry run's estimate until finished runs give their own times.
+# The dry run's seconds an iteration of SHAPE takes on one thread, its evaluations included, until finished runs give their
+# own: eager, the default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores (docs/LOG.md,
+# 2026-12-01); the compiled path's step measured 1.5x faster (bench.py round-robin, 12 x 128, docs/LOG.md 2026-12-04).
 SECONDS_PER_ITER = {False: 0.145, True: 0.145 / 1.5}
-# What a run costs besides its steps, by its compile mode (kernels.compile_mode_text): start-up
-# (imports, data, model) and, compiled, torch.compile's trace and its kernels from the cache a sweep's
-# earlier runs filled. Compiled per block (compile_scope=blocks, the studies' since 2026-12-07) that is
-# about 6 to 9 s at 12 to 36 layers (run_cost.py, docs/LOG.md 2026-12-07) and the very first compile
-# of a shape about 20 s more at any depth; the whole model compiled as one graph (compile_scope=model)
-# costs about 40 s at 12 layers and grows with depth (scaled by n_layer / 12 here). Then the final
-# evaluation over the whole val split, about as much as FULL_EVAL_ITERS training steps (111k
-# characters: 109 forward-only batches of 16 x 64).
+# What a run costs besides its steps, by compile mode (kernels.compile_mode_text): start-up and, compiled, torch.compile's
+# trace from the cache a sweep's earlier runs filled: per block (compile_scope=blocks) about 6 to 9 s at 12 to 36 layers,
+# the whole model as one graph about 40 s at 12 layers, growing with depth (scaled by n_layer / 12 here; run_cost.py,
+# docs/LOG.md 2026-12-07). Then the final evaluation over the whole val split, about FULL_EVAL_ITERS training steps
+# (111k characters: 109 forward-only batches of 16 x 64).
 RUN_FIXED_SECONDS = {"eager": 10.0, "compiled_blocks": 10.0, "compiled": 40.0}
 FULL_EVAL_ITERS = 40
 
 
 def estimated_run_seconds(model: GPTConfig, max_iters: int, compiled: bool, scope: str = "blocks") -> float:
-    """A run's seconds before any has finished, on its path: the fixed part (RUN_FIXED_SECONDS by
-    compile mode; a whole-model compile grows with depth), then the steps and the final evaluation
-    at SECONDS_PER_ITER scaled by depth times width. At these small widths the per-token overheads
-    keep the cost about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took 76 to 88 s, 12 x
-    128 runs 142 to 234 s; docs/LOG.md)."""
+    """A run's seconds before any has finished: RUN_FIXED_SECONDS, then the steps and the final evaluation at
+    SECONDS_PER_ITER scaled by depth times width. At these small widths the per-token overheads keep the cost
+    about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took 76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
     mode = compile_mode_text(compiled, scope)
     fixed = RUN_FIXED_SECONDS[mode] * (model.n_layer / SHAPE["n_layer"] if mode == "compiled" else 1.0)
     scale = (model.n_layer * model.n_embd) / (SHAPE["n_layer"] * SHAPE["n_embd"])
@@ -174,11 +160,9 @@ ARM_BY_SLUG = {arm.slug: arm for arm in ARMS}
 
 
 def design_size(design: Sweep, refine: bool = False, neighbours: bool = True) -> int:
-    """The most runs the design can hold: per (block, arm, optimizer), every rate of its grid and
-    the extension with the selection seed, with refine the two midpoints beside its best, then the
-    best rate and (with neighbours) its two neighbours with every held-out seed (best_rate_follow_up);
-    a grid of one rate (a rate given) adds the held-out seeds there alone. The plan of no finished
-    runs is every group's grid."""
+    """The most runs the design can hold: per (block, arm, optimizer), its grid and the extension with the
+    selection seed, with refine the two midpoints beside its best, then every held-out seed at the best rate
+    and (with neighbours) its two neighbours (best_rate_follow_up); a grid of one rate, its held-out seeds alone."""
     first = plan_points(design, {})
     held_out = len(design.values("seed")) - 1
     sizes = Counter((p["block"], p["arm"], optimizer_of(p)) for p in first).values()
@@ -209,8 +193,7 @@ def is_hyperball(optimizer: str) -> bool:
 
 
 def optimizer_settings(arm: Arm, optimizer: str, rate: float, base_lr: float, warmup: int, max_iters: int) -> dict[str, Any]:
-    """An arm's recipe with the optimizer's rate key at `rate`; another optimizer than AdamW keeps
-    its AdamW part (embeddings, gains) at base_lr, which the schedule (min_lr) follows."""
+    """An arm's recipe with the optimizer's rate key at `rate`; beside another optimizer, AdamW's part at base_lr (min_lr follows)."""
     key = OPTIMIZERS[optimizer].rate_key
     recipe = arm.settings(rate if key == "learning_rate" else base_lr, warmup, max_iters)
     if optimizer == ADAMW:
@@ -220,8 +203,7 @@ def optimizer_settings(arm: Arm, optimizer: str, rate: float, base_lr: float, wa
 
 
 def keeps(p: Point) -> bool:
-    """nGPT runs with AdamW alone: the Hyperball optimizers refuse it (its row renormalisation
-    undoes their radius), and the question of the optimizer axis is about the other arms."""
+    """nGPT runs with AdamW alone (the module's docstring says why)."""
     return optimizer_of(p) == ADAMW or not ARM_BY_SLUG[p["arm"]].ngpt_recipe
 
 
@@ -229,15 +211,10 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
                  grids: dict[str, tuple[float, ...]] | None = None, base_lr: float = DEFAULT_BASE_LR, refine: bool = False,
                  rules: tuple[Rule, ...] = (), arm_grids: dict[tuple[str, str], tuple[float, ...]] | None = None,
                  neighbours: bool = True) -> Sweep:
-    """Each (block, arm, optimizer) at its own best rate of its optimizer's grid (grids; default
-    AdamW's lrs alone; arm_grids, keyed by (arm, optimizer), gives an arm a grid of its own):
-    study.best_rate_follow_up plans the runs from the finished ones alone (with refine, the
-    midpoints beside the selection seed's best too), so a re-run resumes the design. The first of
-    seeds is the selection seed; rules are judged on the held-out seeds' gaps, which run at each
-    selected rate and, with neighbours, at its two neighbours. A grid of one rate is
-    a rate given: every seed runs there, and nothing is chosen or extended. A design of AdamW alone
-    has no optimizer axis, so its points, and its runs' settings and folders, are those of the study
-    before the axis."""
+    """Each (block, arm, optimizer) at its own best rate of its optimizer's grid (grids; default AdamW's lrs
+    alone; arm_grids, keyed by (arm, optimizer), gives an arm a grid of its own), planned by
+    study.best_rate_follow_up from the finished runs alone, so a re-run resumes the design. A design of
+    AdamW alone has no optimizer axis, so its points, settings and folders are those of the study before the axis."""
     grids = grids or {ADAMW: tuple(lrs)}
     arm_grids = arm_grids or {}
 
@@ -246,8 +223,7 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
 
     used = [arm_grids.get((arm.slug, o), grids[o]) for arm in arms for o in grids]
     rates = tuple(sorted({r for grid in used for r in grid}))
-    several = list(grids) != [ADAMW]
-    optimizer_axis = (Axis("optimizer", tuple(grids)),) if several else ()
+    optimizer_axis = (Axis("optimizer", tuple(grids)),) if list(grids) != [ADAMW] else ()
 
     def settings(p: Point) -> dict[str, Any]:
         arm = ARM_BY_SLUG[p["arm"]]
@@ -263,26 +239,18 @@ def design_sweep(lrs: list[float], seeds: list[int], blocks: list[str], arms: li
         return f"{ARM_BY_SLUG[p['arm']].title} ({BLOCK_TITLES[p['block']]}), {rate} {p['lr']:g}"
 
     return Sweep(
-        name="fair_sweep",
-        base={**SHAPE, "eval_interval": max(1, max_iters // 5)},
+        name="fair_sweep", base={**SHAPE, "eval_interval": max(1, max_iters // 5)},
         axes=(Axis("block", tuple(blocks)), Axis("arm", tuple(a.slug for a in arms)), *optimizer_axis, Axis("lr", rates), Axis("seed", tuple(seeds))),
-        folder=folder,
-        settings=settings,
-        label=label,
-        keep=keeps,
+        folder=folder, settings=settings, label=label, keep=keeps, diagnostics=True, rules=rules,
         follow_up=best_rate_follow_up(EXTENSIONS, grid=grid_of, refine=refine, neighbours=neighbours),
         extra=lambda p, out_dir: {"optimizer": optimizer_of(p), **step_size_record(out_dir)},
-        diagnostics=True,
-        rules=rules,
     )
 
 
 def step_size_record(out_dir: Path) -> dict[str, Any]:
-    """What a run's eval rows say of its sphere step sizes: "below_cap", the share of sublayers
-    whose step is below its cap at each evaluation (1 minus the mean of step_pinned; under the
-    paper's clamp it stays 0), and "step_ratio", the smallest and largest alpha at the last
-    evaluation over alpha at the first (min(1, alpha_cap) * lambda_l: softplus(a) starts at 1).
-    Empty lists for a run without sphere step sizes."""
+    """A run's sphere step sizes (empty lists without them): "below_cap", the share of sublayers whose step is below
+    its cap at each evaluation (under the paper's clamp it stays 0), and "step_ratio", the smallest and largest alpha
+    at the last evaluation over alpha at the first (min(1, alpha_cap) * lambda_l: softplus(a) starts at 1)."""
     rows = read_metrics(out_dir / METRICS_NAME) if (out_dir / METRICS_NAME).is_file() else []
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("step_sizes")]
     below = [1.0 - statistics.fmean(r["step_pinned"]) for r in evals if r.get("step_pinned")]
@@ -290,34 +258,22 @@ def step_size_record(out_dir: Path) -> dict[str, Any]:
     return {"below_cap": below, "step_ratio": [min(ratios), max(ratios)] if ratios else []}
 
 
-def history_text(history: list[float] | None) -> str | None:
-    return " ".join(f"{x:.2f}" for x in history) if history else None
-
-
 # -----------------------------------------------------------------------------
 # The table and the plot
 
 
-def group_runs(rows: list[dict[str, Any]], block: str, arm: str, optimizer: str = ADAMW) -> list[dict[str, Any]]:
-    """The runs of one arm with one optimizer in one block, every rate and seed."""
-    return [r for r in rows if (r["block"], r["arm"], optimizer_of(r)) == (block, arm, optimizer)]
-
-
 def best_rows(rows: list[dict[str, Any]], blocks: list[str], arms: list[Arm], seeds: Seeds, metric: str = "val_loss",
               optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[dict[str, Any]]:
-    """One summary per (block, arm, optimizer) of the design, the engine's held-out statistics
-    (study.held_out_summary): its rate selected on the selection seed alone and that seed's loss
-    there; the held-out seeds there (each, and their mean: the headline); the gaps to Pre-LN of the
-    same block, each arm at its own selected rate, paired by held-out seed, with the same optimizer
-    ("gap") and with AdamW ("adamw_gap"), each with its mean, SD and 95% interval; the rates where a
-    held-out seed failed; then this study's own: the pinned fractions and the unstable rates."""
+    """One summary per (block, arm, optimizer): the engine's held-out statistics (study.held_out_summary), its
+    gaps to Pre-LN of the same block with the same optimizer ("gap") and with AdamW ("adamw_gap"), then this
+    study's own: the pinned fractions and the unstable rates."""
     groups = [(block, arm.slug, optimizer) for block in blocks for optimizer in optimizers for arm in arms
               if keeps({"arm": arm.slug, "optimizer": optimizer})]
     baselines = {"gap": lambda g: (g[0], BASELINE, g[2]), "adamw_gap": lambda g: (g[0], BASELINE, ADAMW)}
     held_out = held_out_summary(rows, groups, lambda r: (r["block"], r["arm"], optimizer_of(r)), baselines, seeds, metric)
     out = []
     for (block, slug, optimizer), s in zip(groups, held_out):
-        group = group_runs(rows, block, slug, optimizer)
+        group = [r for r in rows if (r["block"], r["arm"], optimizer_of(r)) == (block, slug, optimizer)]
         at_best = [r for r in group if r["lr"] == s["rate"] and r["seed"] in seeds.held_out]
         out.append({  # the keys in the order the record has always had them
             "block": block, "arm": slug, "title": ARM_BY_SLUG[slug].title, "optimizer": optimizer, "optimizer_title": OPTIMIZERS[optimizer].title,
@@ -356,29 +312,27 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summary_columns(several: bool, seeds: Seeds, given: str = "") -> tuple[Column, ...]:
-    """The summary's default columns, what a reader decides on: each arm's rate, the held-out mean
-    there (the headline), the mean paired gap to Pre-LN with its 95% interval, and the rates where a
-    held-out seed failed. Each seed, the SD, the gap to Pre-LN with AdamW, alpha and radius are in
-    fair_sweep.json's "best" and in --wide's table (best_columns)."""
+    """The summary's default columns, what a reader decides on; the others are in fair_sweep.json's "best" and
+    in --wide's table (best_columns)."""
     same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
     return (
-        Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
-        Column("optimizer", "optimizer_title", align=":--"), Column(rate_column_header(several, seeds, given), "best_lr", "g"),
-        Column("held-out mean", "headline"), Column(f"{same}, mean", "gap_text"), Column("95% interval", "gap_interval"),
-        Column("held-out failed at", "held_out_failed_at", align=":--"),
+        *lead_columns(several, seeds, given), Column("held-out mean", "headline"), Column(f"{same}, mean", "gap_text"),
+        Column("95% interval", "gap_interval"), Column("held-out failed at", "held_out_failed_at", align=":--"),
     )
 
 
-def rate_column_header(several: bool, seeds: Seeds, given: str = "") -> str:
-    """The rate column's header; given (given_rates): whether some or all arms' grids hold one rate,
-    which is a rate given, not the best of several."""
+def lead_columns(several: bool, seeds: Seeds, given: str = "") -> tuple[Column, ...]:
+    """The summary's first columns, the group and its rate; given (given_rates): whether some or all arms' grids hold
+    one rate, which is a rate given, not the best of several."""
     rate = rate_header(several)
-    return {"all": f"{rate} (the one its grid gives)",
-            "some": f"{rate} (seed {seeds.selection}'s best, or the one its grid gives)"}.get(given, f"best {rate} (seed {seeds.selection})")
+    header = {"all": f"{rate} (the one its grid gives)",
+              "some": f"{rate} (seed {seeds.selection}'s best, or the one its grid gives)"}.get(given, f"best {rate} (seed {seeds.selection})")
+    return (Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
+            Column("optimizer", "optimizer_title", align=":--"), Column(header, "best_lr", "g"))
 
 
 def summary_title(several: bool, given: str = "") -> str:
-    """The line above the summary; given as in rate_column_header."""
+    """The line above the summary; given as in lead_columns."""
     rate = "rate" if several else "learning rate"
     return {"all": f"Each arm at the one {rate} its grid gives:",
             "some": f"Each arm at its best {rate}, or at the one its grid gives:"}.get(given, f"Each arm at its best {rate}:")
@@ -392,21 +346,17 @@ def wide_note(to_adamw: bool) -> str:
 
 
 def best_columns(several: bool, seeds: Seeds, with_adamw: bool = True, given: str = "") -> tuple[Column, ...]:
-    """The summary's every column (--wide): the selection seed's rate and loss, the held-out seeds
-    (each, and the mean: the headline), and the paired gap to Pre-LN over the held-out seeds; with
-    several optimizers the rate is each one's rate key, and a second gap, to Pre-LN with AdamW, says
-    what the optimizer gains over the study's first design (where the design runs AdamW: with_adamw;
-    a sweep of MuonH alone would show "runs missing" in it); then alpha's and the radius's columns."""
+    """The summary's every column (--wide); with several optimizers a second gap, to Pre-LN with AdamW, says what the
+    optimizer gains over the study's first design (where the design runs AdamW, with_adamw: else it would read "runs missing")."""
     same = "minus Pre-LN, same optimizer (same seed)" if several else "minus Pre-LN (same seed)"
     to_adamw = (Column("minus Pre-LN AdamW (same seed), mean", "adamw_gap_text"), Column("95% interval", "adamw_gap_interval")) if several and with_adamw else ()
     return (
-        Column("block", lambda s: BLOCK_TITLES[s["block"]], align=":--"), Column("arm", "title", align=":--"),
-        Column("optimizer", "optimizer_title", align=":--"), Column(rate_column_header(several, seeds, given), "best_lr", "g"),
-        Column(f"seed {seeds.selection}", "selection_loss", ".3f"), Column("held-out seeds", "held_out_text", align=":--"),
-        Column("held-out mean", "headline"), Column(f"{same}, each", lambda s: gaps_text(s["gaps"]), align=":--"),
-        Column("mean", "gap_text"), Column("SD", "gap_sd", ".3f"), Column("95% interval", "gap_interval"), *to_adamw,
-        Column("held-out failed at", "held_out_failed_at", align=":--"),
-        Column("alpha pinned", "step_pinned", ".2f"), Column("alpha below cap, by evaluation", lambda s: history_text(s["below_cap"]), align=":--"),
+        *lead_columns(several, seeds, given), Column(f"seed {seeds.selection}", "selection_loss", ".3f"),
+        Column("held-out seeds", "held_out_text", align=":--"), Column("held-out mean", "headline"),
+        Column(f"{same}, each", lambda s: gaps_text(s["gaps"]), align=":--"), Column("mean", "gap_text"), Column("SD", "gap_sd", ".3f"),
+        Column("95% interval", "gap_interval"), *to_adamw, Column("held-out failed at", "held_out_failed_at", align=":--"),
+        Column("alpha pinned", "step_pinned", ".2f"),
+        Column("alpha below cap, by evaluation", lambda s: " ".join(f"{x:.2f}" for x in s["below_cap"]) or None, align=":--"),
         Column("alpha / its start, at the end", lambda s: f"{s['step_ratio'][0]:.2f} to {s['step_ratio'][1]:.2f}" if s["step_ratio"] else None),
         Column("radius/sqrt(d)", "radius", ".3f"), Column("radius pinned", "radius_pinned", ".0f"),
         Column("diverged or collapsed at", lambda s: ", ".join(f"{lr:g}" for lr in s["unstable"]) or "-", align=":--"),
@@ -431,21 +381,6 @@ Y_SPAN = 0.6  # nats above the figure's lowest loss that its panels show; a loss
 PANEL_INCHES = (5.2, 3.8)
 
 
-def plot_design(rows: list[dict[str, Any]], blocks: list[str], unigram: float, title: str, out: Path,
-                optimizers: list[str] | tuple[str, ...] = (ADAMW,)) -> list[Path]:
-    """Final val loss (table_metric's) against the rate: with AdamW alone one panel per block, with several
-    optimizers a row per block and a column per optimizer (x: its rate key), all on one y-range;
-    per arm each seed a point and a line through the seeds' means where every seed trained; a
-    diverged or collapsed run is an x of its arm's colour at the panel's top, a loss more than
-    Y_SPAN above the figure's best a triangle there."""
-    several = list(optimizers) != [ADAMW]
-    metric = table_metric(rows)  # the loss the table reads: the whole split where every run has it
-    rows = [{**r, "val_loss": r.get(metric)} for r in rows] if metric != "val_loss" else rows
-    panels = [[Panel(rows, block, o, unigram, f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[o].title}") for o in optimizers] for block in blocks] \
-        if several else [[Panel(rows, block, ADAMW, unigram, f"{BLOCK_TITLES[block]} block") for block in blocks]]
-    return panel_figure(panels, title, out)
-
-
 @dataclass(frozen=True)
 class Panel:
     """What one panel draws: a block's runs with one optimizer, under its title."""
@@ -466,8 +401,8 @@ def panel_figure(panels: list[list[Panel]], title: str, out: Path) -> list[Path]
 
 
 def panel_axes(panels: list[list[Panel]], title: str) -> plt.Figure:
-    """panel_figure's figure, drawn and not saved. Every panel shows one y-range, so a gap between
-    two panels' lines reads at its true size (a 0.014 gap looked large on ranges of their own)."""
+    """panel_figure's figure, drawn and not saved. Every panel shows one y-range, so a gap between two panels'
+    lines reads at its true size (a 0.014 gap looked large on ranges of their own)."""
     fig, axes = titled_grid(len(panels), len(panels[0]), PANEL_INCHES, title)
     flat = [p for line in panels for p in line]
     losses = [r["val_loss"] for p in flat for r in p.runs() if trained(r)]
@@ -621,9 +556,11 @@ def compare_mode(args: argparse.Namespace, overrides: list[str]) -> int | None:
         raise UsageError(f"--gap_y {args.gap_y} sets the gap figure's y-ranges; it needs --gap_against depth, width or tokens with --compare.")
     if args.compare is not None:  # --compare= too: it runs nothing, as any --compare
         blocks, optimizers = parse_choices(args.blocks, BLOCK_TITLES, "blocks"), parse_choices(args.optimizers, OPTIMIZERS, "optimizers")
-        if args.gap_against:
-            return compare_gaps(args.compare, Path(args.out_dir), blocks, optimizers, args.gap_against, args.band, args.gap_y)
-        return compare_sweeps(args.compare, Path(args.out_dir), blocks, optimizers)
+        folders = [Path(d.strip()) for d in args.compare.split(",") if d.strip()]
+        written = (compare_gaps(folders, Path(args.out_dir), blocks, optimizers, args.gap_against, args.band, args.gap_y) if args.gap_against
+                   else compare_sweeps(args.compare, folders, Path(args.out_dir), blocks, optimizers))
+        print("Written: " + ", ".join(map(str, written)))
+        return 0
     if args.gap_against:
         raise UsageError(f"--gap_against {args.gap_against} draws finished sweeps; give them with --compare DIR,DIR,...")
     return None
@@ -666,11 +603,19 @@ class Finished:
 
 
 def loss_figures(done: Done) -> list[Path]:
-    """OUT_DIR/fair_sweep.{png,pdf} (plot_design); none without a run."""
-    f = Finished.of(done)
+    """OUT_DIR/fair_sweep.{png,pdf}, none without a run: final val loss (table_metric's) against the rate, with AdamW alone
+    one panel per block, with several optimizers a row per block and a column per optimizer (x: its rate key), all on
+    one y-range (panel_axes)."""
+    f, unigram = Finished.of(done), done.yardsticks.unigram
+    if not f.rows:
+        return []
+    metric = table_metric(f.rows)  # the loss the table reads: the whole split where every run has it
+    rows = [{**r, "val_loss": r.get(metric)} for r in f.rows] if metric != "val_loss" else f.rows
+    blocks = done.sweep.values("block")
+    panels = [[Panel(rows, block, o, unigram, f"{BLOCK_TITLES[block]} block, {OPTIMIZERS[o].title}") for o in f.optimizers] for block in blocks] \
+        if f.several else [[Panel(rows, block, ADAMW, unigram, f"{BLOCK_TITLES[block]} block") for block in blocks]]
     against = "each optimizer's rate" if f.several else "the learning rate"
-    return plot_design(f.rows, list(done.sweep.values("block")), done.yardsticks.unigram, f"Final val loss against {against} ({f.shape}, {f.corpus})",
-                       done.place.out_dir / "fair_sweep", f.optimizers) if f.rows else []
+    return panel_figure(panels, f"Final val loss against {against} ({f.shape}, {f.corpus})", done.place.out_dir / "fair_sweep")
 
 
 def report(done: Done) -> Report:
@@ -680,13 +625,12 @@ def report(done: Done) -> Report:
     blocks, slugs = list(design.values("block")), design.values("arm")
     seeds, metric = Seeds.of(design.values("seed")), table_metric(rows)
     summary = best_rows(rows, blocks, [ARM_BY_SLUG[s] for s in slugs], seeds, metric, optimizers)
-    rules = declared_rules(place)
     given = given_rates(design)
     columns = best_columns(several, seeds, ADAMW in optimizers, given) if args.wide else summary_columns(several, seeds, given)
     rest = "" if args.wide else f"\n\n{wide_note(several and ADAMW in optimizers)}"
     text = (f"{f.shape}\n\n{optimizers_note(optimizers, base_lr_of(args), [ARM_BY_SLUG[a] for a in slugs])}{seeds_note(seeds, metric, args.refine, given)} "
             f"{kernel_paths_line(rows, args.mix_kernel_paths)}\n\n{summary_title(several, given)}\n\n"
-            f"{markdown_table(summary, columns)}{rest}\n\n{rule_lines(rules, rule_verdicts(summary, several), place.declared)}\n\n"
+            f"{markdown_table(summary, columns)}{rest}\n\n{rule_lines(declared_rules(place), rule_verdicts(summary, several), place.declared)}\n\n"
             f"Every run:\n\n{markdown_table(rows, run_columns(several, metric))}\n")
     grids = design_grids(design)
     record = {"arm_grids": arm_grids_of(design), "n_layer": model.n_layer, "n_embd": model.n_embd, "corpus": f.corpus, "shape": f.shape, **done.yardsticks.record(), "max_iters": args.max_iters, "warmup_iters": args.warmup_iters, "lrs": list(grids.get(ADAMW, ())),
@@ -695,11 +639,10 @@ def report(done: Done) -> Report:
     return "fair_sweep", text, record
 
 
-def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str]) -> int:
-    """--compare DIR,DIR,...: the runs of finished sweeps (their fair_sweep.json) in `blocks` with
-    `optimizers`, a row of panels per sweep (a width, say) and a column per block and optimizer
-    that some sweep ran, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
-    records = [(Path(d.strip()), judged_record(Path(d.strip()))) for d in spec.split(",") if d.strip()]
+def compare_sweeps(spec: str, folders: list[Path], out_dir: Path, blocks: list[str], optimizers: list[str]) -> list[Path]:
+    """--compare DIR,DIR,... (spec, naming folders): the runs of finished sweeps in `blocks` with `optimizers`, a row of
+    panels per sweep (a width, say) and a column per block and optimizer that some sweep ran, as OUT_DIR/fair_sweep_compare.{png,pdf}."""
+    records = [(folder, judged_record(folder)) for folder in folders]
     if len(records) < 2:
         raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
     columns = [(b, o) for b in blocks for o in optimizers
@@ -714,23 +657,19 @@ def compare_sweeps(spec: str, out_dir: Path, blocks: list[str], optimizers: list
     out_dir.mkdir(parents=True, exist_ok=True)
     against = "each optimizer's rate" if several else "the learning rate, AdamW"
     corpora = ", ".join(dict.fromkeys(record.get("corpus", "Tiny Shakespeare characters") for _, record in records))  # older records: Shakespeare's
-    written = panel_figure(panels, f"Final val loss against {against} ({corpora})", out_dir / "fair_sweep_compare")
-    print(f"Written: {', '.join(map(str, written))}")
-    return 0
+    return panel_figure(panels, f"Final val loss against {against} ({corpora})", out_dir / "fair_sweep_compare")
 
 
-def compare_gaps(spec: str, out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float, y_range: str | None = None) -> int:
+def compare_gaps(folders: list[Path], out_dir: Path, blocks: list[str], optimizers: list[str], against: str, band: float,
+                 y_range: str | None = None) -> list[Path]:
     """--compare DIR,... --gap_against AXIS: each arm's held-out gaps to Pre-LN in finished sweeps
     against their depth, width or tokens seen (gap_figure), as OUT_DIR/gap_vs_<axis>.{png,pdf}."""
-    folders = [Path(d.strip()) for d in spec.split(",") if d.strip()]
     points = [p for folder in folders for p in gap_points(judged_record(folder), against, str(folder))
               if p.block in blocks and p.optimizer in optimizers]
     loss = ", periodic evaluations" if against == "tokens" else ""
-    written = gap_figure(points, against, f"Held-out gap to Pre-LN against {GAP_AXES[against][1]}, each arm at its own rate "
-                         f"({len(folders)} sweep{'s' if len(folders) > 1 else ''}{loss})", out_dir / f"gap_vs_{against}",
-                         {a.slug: a.method for a in ARMS}, band or None, y_range)
-    print("Written: " + ", ".join(map(str, written)))
-    return 0
+    return gap_figure(points, against, f"Held-out gap to Pre-LN against {GAP_AXES[against][1]}, each arm at its own rate "
+                      f"({len(folders)} sweep{'s' if len(folders) > 1 else ''}{loss})", out_dir / f"gap_vs_{against}",
+                      {a.slug: a.method for a in ARMS}, band or None, y_range)
 
 
 def read_sweep_record(folder: Path) -> dict[str, Any]:
@@ -749,10 +688,9 @@ def read_sweep_record(folder: Path) -> dict[str, Any]:
 
 
 def judged_record(folder: Path) -> dict[str, Any]:
-    """A finished sweep's record (read_sweep_record) with its runs judged for a stall (grid.STALLED):
-    as written where it holds a bigram_loss (every record since the status); one from before has its
-    "ok" runs judged against the bigram loss of the data folder they trained on and its summary
-    rebuilt (rejudged); where that folder is not here, as written, and one line says so."""
+    """A finished sweep's record (read_sweep_record) with its runs judged for a stall (grid.STALLED): as written where it
+    holds a bigram_loss; one from before the status judged against the bigram loss of the data folder its runs trained
+    on (rejudged); where that folder is not here, as written, and one line says so."""
     record = checked_record(read_sweep_record(folder), folder)
     if "bigram_loss" in record or not record.get("runs"):
         return record
@@ -784,8 +722,7 @@ def checked_record(record: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def trained_data_dir(folder: Path, runs: list[dict[str, Any]]) -> Path | None:
-    """The prepared data folder a sweep's runs trained on (the first run's config.json that names one
-    holding a meta.json), or None."""
+    """The prepared data folder a sweep's runs trained on (the first run's config.json that names one holding a meta.json), or None."""
     for row in runs:
         config = run_file(folder, row, CONFIG_NAME)
         data_dir = json.loads(config.read_text(encoding="utf-8")).get("data_dir") if config else None

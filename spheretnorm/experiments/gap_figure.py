@@ -4,20 +4,14 @@ docs/gap_vs_depth.png and gap_vs_tokens.png):
     python scripts/fair_sweep.py --compare /work/runs/e2_12x128,/work/runs/e1_24x128 --gap_against depth --out_dir docs
     python scripts/fair_sweep.py --compare out/e3_600,out/e3_2400 --gap_against tokens --out_dir docs
 
-depth and width: each sweep's fair_sweep.json gives, per (block, optimizer, arm), the final gap
-to Pre-LN paired by held-out seed, each arm at its own selected rate (the "gaps" of its summary
-rows, on the table's loss), at the sweep's n_layer or n_embd; the means are joined across sweeps.
-tokens: the same pairs of runs, read from their metrics.jsonl, give the gap at each periodic
-evaluation (its val_loss on the sampled batches: the whole split is evaluated at the end only)
-against the tokens seen so far; each sweep is a line of its own (a 600- and a 2,400-iteration run
-have other schedules), in its arm's colour with a line style and marker of its own, which the
-legend names. A panel per (block, optimizer), a row of panels per corpus (the records'
-"corpus", each row on its own y-range: a gap of 0.3 on web text would flatten one of 0.01 on
-Tiny Shakespeare; on the tokens axis each panel has its own, as --gap_y panel gives, since
-AdamW's first evaluations reach +0.7 where MuonH's gaps stay near 0.01); per arm, each seed's
-gap a point and the mean where every seed has a finite one. A held-out seed that failed (+inf: the sphere collapsed, stalled or
-diverged; -inf: Pre-LN did) is a cross at the panel's edge: it counts against its arm, as the
-decision rules say, and is never averaged.
+depth and width: each sweep's fair_sweep.json gives, per (block, optimizer, arm), the final gap to Pre-LN paired by
+held-out seed, each arm at its own selected rate, at the sweep's n_layer or n_embd; the means are joined across sweeps.
+tokens: the same pairs of runs give the gap at each periodic evaluation (on the sampled batches: the whole split is
+evaluated at the end only); each sweep is a line of its own (a 600- and a 2,400-iteration run have other schedules).
+A panel per (block, optimizer), a row of panels per corpus, each row on its own y-range (a gap of 0.3 on web text
+would flatten one of 0.01 on Tiny Shakespeare); per arm, each seed's gap a point and the mean where every seed has a finite
+one. A held-out seed that failed (+inf: the arm collapsed, stalled or diverged; -inf: Pre-LN did) is a cross at the
+panel's edge: it counts against its side, as the decision rules say, and is never averaged.
 """
 
 from __future__ import annotations
@@ -63,9 +57,8 @@ class GapPoint:
 
 
 def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoint]:
-    """The gaps of one sweep's record; refused in one sentence where the record lacks the axis key
-    (written before fair_sweep recorded it). Seeds whose run is missing, or where both sides
-    failed (nan), are left out: neither says which side is ahead."""
+    """The gaps of one sweep's record (the "gaps" of its summary rows), refused where the record lacks the axis key.
+    Seeds whose run is missing, or where both sides failed (nan), are left out: neither says which side is ahead."""
     key = AXES[against][0]
     if against == "tokens":
         return eval_gap_points(record, Path(source))
@@ -79,9 +72,8 @@ def gap_points(record: dict[str, Any], against: str, source: str) -> list[GapPoi
 
 
 def eval_gap_points(record: dict[str, Any], folder: Path) -> list[GapPoint]:
-    """The gap at each periodic evaluation of every held-out pair of runs the record's summary
-    pairs (each arm and Pre-LN at their own selected rates, same seed), against the tokens seen;
-    where one side failed, a +-inf point at its last evaluation."""
+    """The gap at each periodic evaluation of every held-out pair of runs the record's summary pairs, against the
+    tokens seen; where one side failed, a +-inf point at its last evaluation."""
     runs = {(r["block"], r["arm"], r.get("optimizer", "adamw"), r["lr"], r["seed"]): r for r in record.get("runs", [])}
     best = {(s["block"], s["arm"], s.get("optimizer", "adamw")): s for s in record.get("best", [])}
     out = []
@@ -103,10 +95,9 @@ def eval_gap_points(record: dict[str, Any], folder: Path) -> list[GapPoint]:
 
 
 def run_file(folder: Path, row: dict[str, Any], name: str) -> Path | None:
-    """A file of a run of a sweep's record (its metrics.jsonl, config.json): found under the sweep's
-    folder by the run folder's last three parts (<block>/<arm>/lr<R>_s<S>), so that a sweep moved or
-    unpacked elsewhere (docs/run_records) still reads; in its recorded out_dir else; None where neither holds it
-    (or the row records no out_dir)."""
+    """A file of a run of a sweep's record (metrics.jsonl, config.json): under the sweep's folder by the run folder's
+    last three parts (<block>/<arm>/lr<R>_s<S>), so that a sweep unpacked elsewhere (docs/run_records) still reads;
+    else in its recorded out_dir; None where neither holds it (or the row records no out_dir)."""
     if not row.get("out_dir"):
         return None
     recorded = Path(row["out_dir"])
@@ -124,10 +115,9 @@ def eval_losses(folder: Path, row: dict[str, Any]) -> dict[int, float]:
 
 
 def mean_gaps(points: Iterable[GapPoint]) -> dict[float, float]:
-    """Per x, the mean of its seeds' gaps where every one is finite: a failed seed leaves no mean.
-    Along one sweep's evaluations (a series) every seed of the sweep must be there, so that after a
-    run stopped (collapsed) the survivors' mean is not drawn; across sweeps (depth, width) each x
-    has its own seeds."""
+    """Per x, the mean of its seeds' gaps where every one is finite. Along one sweep's evaluations (a series) every
+    seed of the sweep must be there, so that after a run stopped the survivors' mean is not drawn; across sweeps
+    (depth, width) each x has its own seeds."""
     points = list(points)
     every = {p.seed for p in points}
     by_x: dict[float, dict[int, float]] = {}
@@ -145,7 +135,6 @@ GAP_Y_RANGES = ("row", "panel")
 # Without --gap_y: the final gaps (a point per sweep) share a row's range; the evaluations' gaps, whose first points reach
 # +0.7 under AdamW on web text while MuonH's stay within 0.02 of zero, take a range per panel.
 DEFAULT_Y_RANGE = {"depth": "row", "width": "row", "tokens": "panel"}
-PANEL_RANGE_NOTE = "; each panel on its own y-range"
 
 
 def series_style(index: int) -> tuple[str, str]:
@@ -156,13 +145,11 @@ def series_style(index: int) -> tuple[str, str]:
 
 def gap_figure(points: list[GapPoint], against: str, title: str, out: Path, methods: dict[str, str], band: float | None = None,
                y_range: str | None = None, arm_dodge: float = 0.0) -> list[Path]:
-    """The figure, saved as out.{png,pdf}: a panel per (block, optimizer) that has points, a row
-    per corpus, each row (or, with y_range 'panel', each panel; None: the axis's DEFAULT_Y_RANGE) on one
-    y-range, each arm in its method's colour (methods: arm slug -> method key), on the tokens axis each
-    sweep in a line style and marker of its own, named in the legend; dotted lines at +-band (a decision rule's threshold) where given.
-    arm_dodge > 0 sets the arms of a panel side by side at each x, that share of the x range apart, and names
-    the failed seeds' crosses once in the legend: where many arms fail at one x, their crosses and labels
-    would otherwise cover each other (Table 2 in miniature: six of seven rows failed at 12 layers)."""
+    """The figure, saved as out.{png,pdf}: each row (or, with y_range 'panel', each panel; None: DEFAULT_Y_RANGE) on
+    one y-range, each arm in its method's colour (methods: arm slug -> method key), dotted lines at +-band where given.
+    arm_dodge > 0 sets the arms of a panel side by side at each x, that share of the x range apart, and names the
+    failed seeds' crosses once in the legend: where many arms fail at one x, their crosses and labels would otherwise
+    cover each other (Table 2 in miniature: six of seven rows failed at 12 layers)."""
     return save_figure(gap_axes(points, against, title, methods, band, y_range, arm_dodge), out)
 
 
@@ -177,7 +164,7 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
         raise UsageError("--gap_against: the sweeps hold no held-out gap yet (no arm beside Pre-LN has a held-out seed at its rate).")
     corpora = list(dict.fromkeys(p.corpus for p in points))
     own = y_range == "panel" and len(panels) > 1  # said in the title: heights do not compare across panels
-    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title + (PANEL_RANGE_NOTE if own else ""),
+    fig, axes = titled_grid(len(corpora), len(panels), PANEL_INCHES, title + ("; each panel on its own y-range" if own else ""),
                             sharey="row" if y_range == "row" else False)
     xs = sorted({p.x for p in points})
     width = (xs[-1] - xs[0]) or xs[0] or 1.0
@@ -196,8 +183,8 @@ def gap_axes(points: list[GapPoint], against: str, title: str, methods: dict[str
 
 
 def series_handles(points: list[GapPoint], methods: dict[str, str], series: list[str]) -> list[plt.Line2D]:
-    """The legend of a figure of sweeps (the tokens axis): an entry per arm in its colour, then one
-    per sweep in its line style and marker (series_style), in grey: arms times sweeps would repeat each name."""
+    """The legend of the tokens axis: an entry per arm in its colour, then one per sweep in its line style and marker,
+    in grey: arms times sweeps would repeat each name."""
     arms = dict.fromkeys((p.arm, p.title) for p in points)
     handles = [plt.Line2D([], [], color=method_style(methods.get(arm, arm))["color"], linewidth=1.4, label=f"{title}, mean of the held-out seeds")
                for arm, title in arms]
@@ -209,8 +196,7 @@ def series_handles(points: list[GapPoint], methods: dict[str, str], series: list
 
 def draw_row(row: Any, points: list[GapPoint], panels: list[tuple[str, str]], against: str, methods: dict[str, str], band: float | None,
              xs: list[float], width: float, series: list[str], corpus: str, own_range: bool = False, arm_dodge: float = 0.0) -> None:
-    """One corpus's panels (a panel it has no point in stays empty and unframed), on one y-range, or
-    each on its own (own_range); with arm_dodge, each arm at its own offset from the x it belongs to."""
+    """One corpus's panels (one without a point stays empty and unframed), on one y-range or each on its own (own_range)."""
     for ax, (block, optimizer) in zip(row, panels):
         mine = [p for p in points if (p.block, p.optimizer) == (block, optimizer)]
         if not mine:
@@ -248,12 +234,10 @@ def gap_range(points: list[GapPoint], band: float | None) -> tuple[float, float,
 
 def draw_arm(ax: plt.Axes, points: list[GapPoint], width: float, edges: tuple[float, float], color: Any, linestyle: str = "-",
              offset: float = 0.0, name_failures: bool = True, marker: str = "") -> None:
-    """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the
-    edge its sign points to, the failed seeds at one place named in one label), the means joined.
-    offset (arm_dodge's share for this arm, in x units) moves every mark of the arm; name_failures
-    False leaves the crosses unlabelled (the legend names them). marker: the sweep's (series_style), for
-    its seeds' points and its means, whose line the legend names by arm and by sweep (series_handles)
-    rather than itself (its gid says which it is); '' for a point per sweep (depth, width)."""
+    """One arm (of one sweep, on the tokens axis): each seed a point (a failed seed a cross at the edge its sign points
+    to, the failed seeds at one place named in one label), the means joined. offset (arm_dodge's, in x units) moves
+    every mark; name_failures False leaves the crosses unlabelled (the legend names them). marker: the sweep's
+    (series_style), whose means' line series_handles names rather than itself (its gid says which it is); '' for depth, width."""
     seeds = sorted({p.seed for p in points})
     failed: dict[tuple[float, float], list[tuple[float, int]]] = {}  # (x, edge) -> [(jittered x, seed)]
     for p in points:

@@ -84,8 +84,7 @@ def bisect(rising: Callable[[float], float], target: float, low: float, high: fl
 
 @dataclass(frozen=True)
 class Spread:
-    """Finite values over seeds: n, mean, SD (n - 1 in the denominator) and the 95% t-interval of
-    the mean (n - 1 degrees of freedom), None where there are too few values for one."""
+    """Finite values over seeds: n, mean, SD (n - 1 in the denominator) and the 95% t-interval of the mean, None where too few."""
 
     n: int
     mean: float | None
@@ -188,9 +187,8 @@ def sign_counts(gaps: list[float]) -> tuple[int, int]:
 
 
 def sign_test(wins: int, n: int) -> float:
-    """The exact two-sided sign test: the chance, if each of n pairs' signs were a fair coin, of a
-    split at least as lopsided as wins of n (twice the smaller binomial tail, at most 1). n counts
-    the pairs with a sign, ties left out (sign_counts). All n of n gives 2 * 0.5**n."""
+    """The exact two-sided sign test: the chance, if each of n pairs' signs were a fair coin, of a split at least as
+    lopsided as wins of n (twice the smaller binomial tail, at most 1; n without ties, sign_counts). n of n gives 2 * 0.5**n."""
     if n < 1 or not 0 <= wins <= n:
         raise ValueError(f"sign_test needs 0 <= wins <= n and n >= 1, got wins={wins} and n={n}.")
     fewer = min(wins, n - wins)
@@ -204,11 +202,9 @@ def binomial_tail(k: int, n: int, p: float) -> float:
 
 
 def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The exact two-sided interval for a binomial rate seen as k of n (failures among runs): the
-    lowest rate under which k or more of n is still as likely as (1 - confidence) / 2, and the
-    highest under which k or fewer is; 0 and 1 at the ends (k = 0, k = n). Each bound solves its
-    binomial tail by bisection (the tail is monotone in the rate), so it is exact to float resolution:
-    0 of 6 gives 0 to 1 - 0.025 ** (1 / 6) = 0.459."""
+    """The exact two-sided interval for a binomial rate seen as k of n (failures among runs): the lowest rate under
+    which k or more of n is still as likely as (1 - confidence) / 2, and the highest under which k or fewer is, each
+    by bisection on its tail (monotone in the rate): 0 of 6 gives 0 to 1 - 0.025 ** (1 / 6) = 0.459."""
     if n < 1 or not 0 <= k <= n:
         raise ValueError(f"clopper_pearson needs 0 <= k <= n and n >= 1, got k={k} and n={n}.")
     if not 0.0 < confidence < 1.0:
@@ -220,10 +216,9 @@ def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[flo
 
 
 def every_gap_power(rule: Rule, true_gap: float, sd: float, n: int) -> float:
-    """The chance that an every_gap rule ('every_gap>0.02') holds on n held-out seeds when each
-    seed's gap is an independent normal draw with mean true_gap and standard deviation sd (sd taken
-    as known; a seed that fails is outside this model): Phi((true_gap - t) / sd) ** n for '>' and
-    Phi((t - true_gap) / sd) ** n for '<'."""
+    """The chance that an every_gap rule ('every_gap>0.02') holds on n held-out seeds when each seed's gap is an
+    independent normal draw (mean true_gap, known sd; a seed that fails is outside this model): Phi((true_gap - t) / sd) ** n
+    for '>', Phi((t - true_gap) / sd) ** n for '<'."""
     if rule.quantity != "every_gap":
         raise ValueError(f"every_gap_power reads an every_gap rule, got {rule.text}.")
     if sd <= 0 or n < 1:
