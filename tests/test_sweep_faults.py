@@ -128,23 +128,30 @@ def test_a_dry_run_writes_nothing_and_says_how_many_runs_and_how_long(tmp_path: 
     assert sum(line.endswith("(to run)") for line in lines) == 2
     assert lines[-1].startswith("fair_sweep: 2 runs in the plan now (2 to run); the follow-ups may add up to 4 more (at most 6). Time: about ")
     # --max_iters 50, no finished run to time: the compiled path's fixed part (each block compiled, the
-    # default compile_scope), steps and final evaluation
-    per_run = fair_comparison.RUN_FIXED_SECONDS["compiled_blocks"] + (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[True]
+    # default compile_scope), 50 steps, six evaluations (at 0, 10, ..., 50: eval_interval is max_iters // 5)
+    # of about 6 steps each and the whole split of about 30.
+    fc = fair_comparison
+    assert (fc.EVAL_STEPS, fc.FULL_EVAL_STEPS) == (6, 30)
+    steps = (50 + 6 * 6 + 30) * fc.SECONDS_PER_STEP[True]
+    per_run = fc.RUN_FIXED_SECONDS["compiled_blocks"] + steps
     assert f"about {per_run:.0f} s for the 2 to run or resume" in lines[-1]
     assert lines[-1].endswith(f"at 2 at a time (about {per_run:.0f} s a run, estimated).")
     # Twice the width, about twice the time (12 x 128 runs took about 2.2x the 12 x 64 ones).
-    assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--n_embd=128"]) == 0
-    steps = (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[True]
+    assert fc.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--n_embd=128"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {per_run + steps:.0f} s a run, estimated).")
+    # Twice the iterations: twice the steps and evaluations (eval_interval doubles too), the same whole split.
+    assert fc.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--max_iters=100"]) == 0
+    longer = fc.RUN_FIXED_SECONDS["compiled_blocks"] + (100 + 6 * 6 + 30) * fc.SECONDS_PER_STEP[True]
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {longer:.0f} s a run, estimated).")
     # The eager path: no compile, a slower step.
-    assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--compile=false"]) == 0
-    eager = fair_comparison.RUN_FIXED_SECONDS["eager"] + (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[False]
+    assert fc.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--compile=false"]) == 0
+    eager = fc.RUN_FIXED_SECONDS["eager"] + (50 + 6 * 6 + 30) * fc.SECONDS_PER_STEP[False]
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {eager:.0f} s a run, estimated).")
     # The whole model compiled as one graph: a compile that grows with depth (SMALL is 12 layers: 1x; 36: 3x).
     for layers in (12, 36):
-        assert fair_comparison.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--compile_scope=model",
-                                     f"--n_layer={layers}"]) == 0
-        whole = 40.0 * layers / 12 + (50 + fair_comparison.FULL_EVAL_ITERS) * fair_comparison.SECONDS_PER_ITER[True] * layers / 12
+        assert fc.main(["--dry_run", "--out_dir", str(out), "--data_dir", str(data), *SMALL, "--compile_scope=model",
+                        f"--n_layer={layers}"]) == 0
+        whole = 40.0 * layers / 12 + (50 + 6 * 6 + 30) * fc.SECONDS_PER_STEP[True] * layers / 12
         assert capsys.readouterr().out.splitlines()[-1].endswith(f"(about {whole:.0f} s a run, estimated).")
 
 

@@ -106,27 +106,33 @@ DEFAULT_BASE_LR = 2e-3  # the AdamW part's peak rate beside another optimizer: t
 # Every Hyperball optimizer (AdamH, MuonH) runs every arm at this radius: at the initial norm
 # (hyperball_radius=0) MuonH barely trains a sphere connection (docs/OPTIMIZERS.md).
 HYPERBALL_RADIUS = 1.0
-# The dry run's seconds an iteration of SHAPE takes on one thread, its evaluations included, until finished runs give their
-# own: eager, the default design's 104 runs of 600 iterations took 75 minutes two at a time on 2 cores (docs/LOG.md,
-# 2026-12-01); the compiled path's step measured 1.5x faster (bench.py round-robin, 12 x 128, docs/LOG.md 2026-12-04).
-SECONDS_PER_ITER = {False: 0.145, True: 0.145 / 1.5}
-# What a run costs besides its steps, by compile mode (kernels.compile_mode_text): start-up and, compiled, torch.compile's
-# trace from the cache a sweep's earlier runs filled: per block (compile_scope=blocks) about 6 to 9 s at 12 to 36 layers,
-# the whole model as one graph about 40 s at 12 layers, growing with depth (scaled by n_layer / 12 here; run_cost.py,
-# docs/LOG.md 2026-12-07). Then the final evaluation over the whole val split, about FULL_EVAL_ITERS training steps
-# (111k characters: 109 forward-only batches of 16 x 64).
+# The dry run's estimate of a run until finished runs give their own times, from a run's parts (run_cost.py, idle, one
+# thread, docs/LOG.md 2026-12-07): at 12 x 64 and at 24 x 128 an evaluation (eval_iters batches of each split and the
+# diagnostics) cost about EVAL_STEPS training steps and the whole val split of Tiny Shakespeare (111k characters) about
+# FULL_EVAL_STEPS. The step of SHAPE on one thread, two runs at a time: eager, the default design's 104 runs of 600
+# iterations and six evaluations took 75 minutes two at a time on 2 cores (docs/LOG.md, 2026-12-01), 86.5 s a run, which
+# less RUN_FIXED_SECONDS over 600 + 6 * EVAL_STEPS + FULL_EVAL_STEPS steps is 0.115 s; the compiled step measured 1.5x
+# faster (bench.py round-robin, 12 x 128, docs/LOG.md 2026-12-04).
+SECONDS_PER_STEP = {False: 0.115, True: 0.115 / 1.5}
+EVAL_STEPS = 6
+FULL_EVAL_STEPS = 30
+# What a run costs besides its steps and evaluations, by compile mode (kernels.compile_mode_text): start-up and,
+# compiled, torch.compile's trace from the cache a sweep's earlier runs filled: per block (compile_scope=blocks) about
+# 5 to 10 s at 12 to 36 layers, the whole model as one graph about 40 s at 12 layers, growing with depth (scaled by
+# n_layer / 12 here; run_cost.py, docs/LOG.md 2026-12-07).
 RUN_FIXED_SECONDS = {"eager": 10.0, "compiled_blocks": 10.0, "compiled": 40.0}
-FULL_EVAL_ITERS = 40
 
 
-def estimated_run_seconds(model: GPTConfig, max_iters: int, compiled: bool, scope: str = "blocks") -> float:
-    """A run's seconds before any has finished: RUN_FIXED_SECONDS, then the steps and the final evaluation at
-    SECONDS_PER_ITER scaled by depth times width. At these small widths the per-token overheads keep the cost
-    about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took 76 to 88 s, 12 x 128 runs 142 to 234 s; docs/LOG.md)."""
+def estimated_run_seconds(model: GPTConfig, max_iters: int, eval_interval: int, compiled: bool, scope: str = "blocks") -> float:
+    """A run's seconds before any has finished: RUN_FIXED_SECONDS, then its steps, its evaluations (at 0, eval_interval,
+    ..., max_iters) and the whole split at SECONDS_PER_STEP scaled by depth times width. At these small widths the
+    per-token overheads keep the cost about linear in n_embd (LLaMA's block, AdamW: 12 x 64 runs took 76 to 88 s, 12 x
+    128 runs 142 to 234 s; docs/LOG.md)."""
     mode = compile_mode_text(compiled, scope)
     fixed = RUN_FIXED_SECONDS[mode] * (model.n_layer / SHAPE["n_layer"] if mode == "compiled" else 1.0)
     scale = (model.n_layer * model.n_embd) / (SHAPE["n_layer"] * SHAPE["n_embd"])
-    return fixed + (max_iters + FULL_EVAL_ITERS) * SECONDS_PER_ITER[compiled] * scale
+    evals = max_iters // eval_interval + 1
+    return fixed + (max_iters + EVAL_STEPS * evals + FULL_EVAL_STEPS) * SECONDS_PER_STEP[compiled] * scale
 
 
 @dataclass(frozen=True)
@@ -574,7 +580,8 @@ def first_run(done: Done) -> ParsedConfig:
 def dry_run_line(done: Done) -> None:
     """The dry run's last line (dry_run_summary): the most runs the design can hold, and their time."""
     parsed, args = first_run(done), done.args
-    estimate = estimated_run_seconds(parsed.model_config(), args.max_iters, parsed.train.compile, parsed.train.resolved_compile_scope())
+    estimate = estimated_run_seconds(parsed.model_config(), args.max_iters, parsed.train.eval_interval, parsed.train.compile,
+                                     parsed.train.resolved_compile_scope())
     print(dry_run_summary("fair_sweep", done.place, done.rows, design_size(done.sweep, args.refine, not args.no_neighbours), estimate))
 
 
