@@ -8,7 +8,6 @@ same batches as training (scripts/coord_check.py) draw them here too.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from spheretnorm.runtime.config import ConfigError, TrainConfig
-from spheretnorm.runtime.token_files import PrepareError, load_meta, open_split
-from spheretnorm.runtime.token_files import SPLITS
+from spheretnorm.runtime.config import ConfigError
+from spheretnorm.runtime.token_files import SPLITS, PrepareError, load_meta, open_split
 
 # Independent random streams of the data sampler: (seed, stream, index) seeds one draw.
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -69,5 +67,3 @@ def get_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int, device: 
     else:
         xy = xy.to(device)
     return xy[0], xy[1]
-
-

@@ -70,9 +70,8 @@ def backward_step(
     clip: torch.nn.Module | None = None,
     optimizer: Any = None,
 ) -> StepLosses:
-    """Accumulate one optimizer step's gradients in `model` (the module that runs the forward:
-    the model itself, compiled or DDP-wrapped) over `accum` micro-batches, batch(i) giving the
-    i-th; the next one is drawn while the current one's backward is queued (the GPU works).
+    """Accumulate one optimizer step's gradients in `model` (the module that runs the forward) over
+    `accum` micro-batches, batch(i) giving the i-th, drawn while the previous backward is queued.
 
     sync(last) wraps each micro-step (DDP reduces on the last only); scaler scales each backward
     (fp16) and is unscaled on `optimizer` before clipping. clip: the model whose gradients are
@@ -102,11 +101,10 @@ def backward_step(
 
 
 def check_terms_finite(losses: StepLosses, total: float, step: int, progress: Progress) -> None:
-    """Stop where the loss terms made step `step`'s total (all-reduced, read with the cross-entropy:
-    no sync of its own) not finite, the cross-entropy being finite (checked first). At a session's
-    first step the term itself is wrong (a log of 0, say): a LossTermError naming it, as for a
-    term that returns None. Later it is the run's divergence: NonFiniteLossError, naming it too.
-    Under fp16 this is the only stop: the grad scaler would skip every step of a non-finite term."""
+    """Stop where the loss terms made step `step`'s all-reduced total not finite, the cross-entropy
+    being finite (checked first): at a session's first step the term itself is wrong (a log of 0,
+    say), a LossTermError naming it; later it is the run's divergence, NonFiniteLossError. Under fp16
+    this is the only stop: the grad scaler would skip every step of a non-finite term."""
     if math.isfinite(total):
         return
     found = nonfinite_term(losses.terms)
