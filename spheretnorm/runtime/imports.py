@@ -100,16 +100,6 @@ def recorded_imports_trusted() -> bool:
     return _consent["given"]
 
 
-def consent_text(names: Sequence[str], source: str) -> str:
-    """The one sentence of a reader that needs modules a file records and has no consent to import them."""
-    listed = ",".join(str(name) for name in names)[:200]
-    return (
-        f"{source} records {KEY}={list(names)!r:.200}, code that is imported only with your consent; pass "
-        f"--{KEY}={listed} to import the modules you name, or --{TRUST_KEY}=true to import what the file records "
-        "(only for files you trust: importing a module runs it)."
-    )
-
-
 def import_recorded(record: Any, source: str, error: type[Exception] = ImportsError, needed: bool = True) -> None:
     """Import the modules a saved config records under the key (a checkpoint's train_config, a
     config.json), with the user's consent only. Without consent, a reader that `needed` them (the
@@ -125,7 +115,11 @@ def import_recorded(record: Any, source: str, error: type[Exception] = ImportsEr
     if recorded_imports_trusted():
         import_modules(names, f"{source} records {KEY}={names!r:.80}", error)
     elif any(name not in sys.modules for name in names):
-        raise error(consent_text(names, source))
+        raise error(
+            f"{source} records {KEY}={list(names)!r:.200}, code that is imported only with your consent; pass "
+            f"--{KEY}={','.join(str(name) for name in names)[:200]} to import the modules you name, or --{TRUST_KEY}=true "
+            "to import what the file records (only for files you trust: importing a module runs it)."
+        )
 
 
 def add_import_options(parser: Any) -> None:

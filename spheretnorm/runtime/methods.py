@@ -2,11 +2,9 @@
 folders and W&B names derived from them, as train.py, the launcher, tables and exports write them.
 
 A *method key* is a key of ``model.CONNECTIONS`` followed by the values of the parameters its
-class declares with ``in_key`` (``Connection.params``, ``method_params``), each after a ':':
-``p_spheret:0.5`` is p-SpheretNorm with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm
-(``dyt_alpha``, ``keel_alpha`` and ``peri_embed_ln`` are no part of it), and a choice the paper
-fixed, set otherwise, follows as ``+key=value``. A run's folder is its method key's
-(``method_dirname``) plus a suffix for every computing key set otherwise (``identity.run_suffix``); its W&B
+class declares with ``in_key`` (``method_params``), each after a ':' (``p_spheret:0.5``, the
+paper's 0.5-SpheretNorm), then each choice the paper fixed that is set otherwise as ``+key=value``.
+A run's folder is its method key's (``method_dirname``) plus ``identity.run_suffix``; its W&B
 name is ``<config_name>/<folder>`` (``resolve_wandb_names``).
 """
 

@@ -1,10 +1,7 @@
 """How the model is laid over the processes: DDP (a whole copy per rank) or FSDP2 (every block
 and the root sharded with torch.distributed.fsdp.fully_shard), activation checkpointing, and the
-meta-device start of a model too big to build whole.
-
-train.py asks here for its model (build_model, wrap_model), for the gradient sync of a micro-step
-(grad_sync) and for the global gradient norm (clip_grad_norm); the evaluator asks for the
-gathered parameters its diagnostics read (full_parameters).
+meta-device start of a model too big to build whole: train.py's model, gradient sync and global
+gradient norm, and the gathered parameters the evaluator's diagnostics read (full_parameters).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """One training step's gradients, shared by train.py, bench.py and the coordinate check.
 
-The forward under autocast, the loss (the model's cross-entropy plus the registered loss terms
-that are on, runtime/loss_terms.py), the backward of each micro-batch (through the grad scaler,
-divided by the number of micro-batches), then, where the caller clips, unscaling and clipping.
-The optimizer's step is the caller's: train.py agrees with the other ranks first, bench.py times
-it apart. With no loss term on, the operations are the ones each command ran before this module
+The forward under autocast, the loss (cross-entropy plus the loss terms that are on), the backward
+of each micro-batch, then, where the caller clips, unscaling and clipping; the optimizer's step is
+the caller's. With no loss term on, the operations are the ones each command ran before this module
 existed, so the same seed gives the same losses bit for bit.
 """
 

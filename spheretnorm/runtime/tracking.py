@@ -1,9 +1,8 @@
 """Where a training run stands and where its rows go: metrics.jsonl, W&B and the console.
 
-`Progress` holds the counters the training loop advances (most of them travel in the
-checkpoint); `RunLog` writes the train, eval and stop rows (rank 0 only), mirrors them to W&B
-when asked and prints their console lines. The W&B helpers here also check, before any
-training, that W&B logging can work at all.
+`Progress` holds the counters the training loop advances (most travel in the checkpoint);
+`RunLog` writes the train, eval and stop rows (rank 0 only), mirrors them to W&B when asked and
+prints their console lines; check_wandb checks before any training that W&B logging can work.
 """
 
 from __future__ import annotations
@@ -352,10 +351,8 @@ def rates_text(row: dict[str, Any]) -> str:
 
 
 class RunLog:
-    """The rows of a run: metrics.jsonl, W&B when asked, and their console lines.
-
-    Every rank calls it, so the callers need no rank checks; only rank 0 writes or prints.
-    """
+    """The rows of a run: metrics.jsonl, W&B when asked, and their console lines. Every rank calls
+    it, so the callers need no rank checks; only rank 0 writes or prints."""
 
     def __init__(self, cfg: TrainConfig, is_master: bool, progress: Progress, groups: Callable[[], list[dict[str, Any]]] | None = None):
         self.cfg = cfg

@@ -72,11 +72,9 @@ class EvalProgress:
 
 
 class Evaluator:
-    """Evaluates the model of a run at its current iteration, and watches for collapse.
-
-    model is what the training step calls (DDP-wrapped across ranks), fwd_model the same
-    module unwrapped (the evaluation needs no gradient sync), raw_model the plain GPT under both.
-    """
+    """Evaluates the model of a run at its current iteration, and watches for collapse. model is what
+    the training step calls (DDP-wrapped), fwd_model the same module unwrapped (the evaluation needs
+    no gradient sync), raw_model the plain GPT under both."""
 
     def __init__(self, cfg: TrainConfig, data: TokenData, dist: DistInfo, device: str, autocast: Any, progress: Progress, *,
                  model: torch.nn.Module, fwd_model: torch.nn.Module, raw_model: GPT):

@@ -282,11 +282,9 @@ _MODEL_CHOICES = {
 
 @dataclass
 class ParsedConfig:
-    """What the command line asked for, before any data or checkpoint is read.
-
-    model_keys holds only the model keys that a config file or the command line set: the rest
-    come from the dataset (vocab_size) or, when resuming, from the checkpoint.
-    """
+    """What the command line asked for, before any data or checkpoint is read. model_keys holds only
+    the model keys that a config file or the command line set: the rest come from the dataset
+    (vocab_size) or, when resuming, from the checkpoint."""
 
     train: TrainConfig
     model_keys: dict[str, Any]
@@ -330,11 +328,8 @@ WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 
 
 def wandb_mode(train: TrainConfig) -> str:
-    """The W&B mode a run uses: its key, else $WANDB_MODE (wandb's older names too), else online.
-
-    A $WANDB_MODE that is no mode is refused only when W&B logs: with wandb_log=false it is not
-    this run's setting.
-    """
+    """The W&B mode a run uses: its key, else $WANDB_MODE (wandb's older names too), else online; a
+    $WANDB_MODE that is no mode is refused only when W&B logs (else it is not this run's setting)."""
     mode = train.wandb_mode or os.environ.get("WANDB_MODE", "") or WANDB_DEFAULT_MODE
     mode = WANDB_MODE_ALIASES.get(mode, mode)
     if mode in WANDB_MODES:
