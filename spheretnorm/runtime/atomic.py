@@ -1,13 +1,9 @@
 """Writing a file whole or not at all: a temporary name beside it, then a rename.
 
 `replace_file` is the one mechanism behind every writer of a single file that a crash or a full
-disk must not leave half-written: checkpoints (checkpoint.atomic_torch_save, with fsync),
-metrics.jsonl's rewrite on resume and config.json (run_folder), the tables, figures and zero-shot
-results (write_atomically), a downloaded dataset (data.sources). It raises a failure as it came:
-each caller says in its own sentence which file it could not write. Folders that are renamed
-whole (a sharded checkpoint, a Hugging Face export) and data preparation's bins, renamed
-together with their meta.json, have their own two-step commits.
-
+disk must not leave half-written (checkpoints, metrics.jsonl, config.json, the tables, figures and
+zero-shot results, a downloaded dataset); each caller says in its own sentence which file it could
+not write; folders renamed whole (a sharded checkpoint, an export) have their own two-step commits.
 Standard library only, so that tables and plots can write without importing torch.
 """
 
@@ -29,11 +25,8 @@ def current_umask() -> int:
 
 
 def apply_umask(path: str | Path) -> None:
-    """Give `path` the permissions open() gives a new file: 0666 less the process's umask.
-
-    mkstemp and safetensors write into private temporary files (mode 0600) and rename them, so
-    without this their files would be unreadable to the group and to others, unlike every other output.
-    """
+    """Give `path` the permissions open() gives a new file, 0666 less the umask: mkstemp and
+    safetensors write private temporary files (0600), unreadable to the group and to others."""
     os.chmod(path, 0o666 & ~current_umask())
 
 
@@ -43,13 +36,11 @@ def folder_mode() -> int:
 
 
 def replace_file(path: str | Path, write: Callable[[Path], None], *, temp: Path | None = None, durable: bool = False) -> Path:
-    """Call write(tmp) on a temporary name in path's folder, then rename it onto path, so that
-    path holds the whole new file or what it held before. On any failure the temporary file is
-    removed and the error raised as it came (an OSError names no file: callers say which).
+    """Call write(tmp) on a temporary name in path's folder, then rename it onto path. On any failure
+    the temporary file is removed and the error raised as it came (an OSError names no file).
 
-    temp: a fixed temporary name (one a run folder's cleanup knows, RUN_FILES) instead of a
-    unique one. durable: the file is on disk before the rename (fsync), so that a node that
-    crashes just after cannot leave an empty file under path's name. path's folder must exist.
+    temp: a fixed temporary name (one a run folder's cleanup knows, RUN_FILES). durable: fsync
+    before the rename, so that a node that crashes just after leaves no empty file under path's name.
     """
     path = Path(path)
     if temp is None:

@@ -1,14 +1,10 @@
-"""The training data as train.py samples it, and the learning-rate schedule.
-
-Flat uint16 token files are sampled at random offsets. The offsets of a batch are a pure
+"""The training data as train.py samples it: flat uint16 token files at random offsets, a pure
 function of (seed, stream, index), so the batches of optimizer step k depend on the seed and k
-alone: neither the number of processes nor a resume changes them. Scripts that must see the
-same batches as training (scripts/coord_check.py) draw them here too.
+alone, neither on the number of processes nor on a resume. scripts/coord_check.py draws here too.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from spheretnorm.runtime.config import ConfigError, TrainConfig
-from spheretnorm.runtime.token_files import PrepareError, load_meta, open_split
-from spheretnorm.runtime.token_files import SPLITS
+from spheretnorm.runtime.config import ConfigError
+from spheretnorm.runtime.token_files import SPLITS, PrepareError, load_meta, open_split
 
 # Independent random streams of the data sampler: (seed, stream, index) seeds one draw.
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -49,12 +44,8 @@ def load_data(data_dir: str) -> TokenData:
 
 
 def batch_offsets(seed: int, stream: int, index: int, count: int, n_tokens: int, block_size: int) -> np.ndarray:
-    """`count` random start offsets, a pure function of (seed, stream, index).
-
-    Step k of training draws all its global_batch_size offsets here at once and each rank takes
-    its own slice: the batch of a step does not depend on the world size, and resuming at step k
-    needs no sampler state beyond k.
-    """
+    """`count` random start offsets, a pure function of (seed, stream, index): step k draws all its
+    global_batch_size offsets at once and each rank takes its own slice."""
     rng = np.random.default_rng([seed, stream, index])
     return rng.integers(0, n_tokens - block_size, size=count)
 
@@ -69,5 +60,3 @@ def get_batch(tokens: np.ndarray, offsets: np.ndarray, block_size: int, device: 
     else:
         xy = xy.to(device)
     return xy[0], xy[1]
-
-

@@ -16,11 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: config/, data/,
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The scripts' --help: the docstring as written, and every option's default.
-
-    The default is appended unless the option's help already states it or there is none to
-    state (a flag, an optional value left unset).
-    """
+    """The scripts' --help: the docstring as written, and every option's default unless its help
+    states it already or there is none to state (a flag, an optional value left unset)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -48,11 +45,9 @@ def missing_package_line(command_file: str, module: str) -> str:
 
 
 def explain_missing_packages(command_file: str) -> None:
-    """Make an uncaught ModuleNotFoundError of another package one line and exit status 2.
-
-    A command calls this before its first third-party import. The hook replaces the traceback
-    only where a package is absent: a module of this package that cannot be found is a bug, and
-    every other error, keeps its traceback."""
+    """Make an uncaught ModuleNotFoundError of another package one line and exit status 2 (a command
+    calls this before its first third-party import); a module of this package that cannot be found
+    is a bug, and keeps its traceback as every other error."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:

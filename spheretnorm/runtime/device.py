@@ -1,10 +1,7 @@
 """The machine a command runs on: device and dtype choice, autocast, seeding and RNG state, MFU's
-peak FLOP/s, and how many CPU threads torch runs. Commands (train.py, sample.py, bench.py, eval/,
-scripts/) import it instead of repeating this logic; distributed.py joins the process group.
-
-The thread count is chosen here for every command that computes on a CPU (train.py, sample.py,
-the export, the consolidation, the zero-shot evaluation, the tables): one per free core unless
-OMP_NUM_THREADS says, and one line that says which."""
+peak FLOP/s, and how many CPU threads torch runs (for every command that computes on a CPU: one
+per free core unless OMP_NUM_THREADS says, and one line that says which). Commands import it
+instead of repeating this logic; distributed.py joins the process group."""
 
 from __future__ import annotations
 
@@ -24,15 +21,8 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Dense bf16 tensor-core peak FLOP/s, for MFU. Keys are matched against the device name.
-GPU_PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10": 125e12,
-    "4090": 165e12,
-}
+# Dense bf16 tensor-core peak FLOP/s, for MFU. Keys are matched against the device name, in order (A100 before A10).
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
 
 
 class DeviceError(ValueError):
@@ -46,11 +36,8 @@ _warned_cpu_torch_on_gpu_machine = False
 
 
 def nvidia_gpus_present() -> bool:
-    """True when the NVIDIA driver sees a GPU on this machine, whatever torch was built for.
-
-    Checked without torch (a CPU-only torch cannot tell): the driver's /proc entries, the device
-    node, then `nvidia-smi -L`.
-    """
+    """True when the NVIDIA driver sees a GPU on this machine, whatever torch was built for: checked
+    without torch (a CPU-only torch cannot tell), by the driver's /proc entries, the device node, `nvidia-smi -L`."""
     try:
         if _NVIDIA_PROC_GPUS.is_dir() and any(_NVIDIA_PROC_GPUS.iterdir()):
             return True
@@ -73,10 +60,15 @@ def torch_is_cpu_only_build() -> bool:
     return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
 
 
-def cpu_torch_on_gpu_machine_warning() -> str:
-    """The multi-line warning for device=auto falling back to the CPU while GPUs sit idle."""
+def _warn_cpu_torch_on_gpu_machine() -> None:
+    """The loud warning for device=auto falling back to the CPU while GPUs sit idle, once per process
+    (get_device is called more than once per run)."""
+    global _warned_cpu_torch_on_gpu_machine
+    if _warned_cpu_torch_on_gpu_machine:
+        return
+    _warned_cpu_torch_on_gpu_machine = True
     build = f"torch {torch.__version__}" + (" (a CPU-only build)" if torch_is_cpu_only_build() else "")
-    return (
+    print(
         "\n"
         "WARNING ***********************************************************************\n"
         "WARNING: this machine has NVIDIA GPUs, but torch cannot use them, so device=auto\n"
@@ -85,16 +77,10 @@ def cpu_torch_on_gpu_machine_warning() -> str:
         "WARNING: version your driver supports (https://pytorch.org/get-started/locally/),\n"
         "WARNING: then `pip install -e .` again; or check CUDA_VISIBLE_DEVICES.\n"
         "WARNING: To run on the CPU on purpose, pass --device=cpu.\n"
-        "WARNING ***********************************************************************\n"
+        "WARNING ***********************************************************************\n",
+        file=sys.stderr,
+        flush=True,
     )
-
-
-def _warn_cpu_torch_on_gpu_machine() -> None:
-    global _warned_cpu_torch_on_gpu_machine
-    if _warned_cpu_torch_on_gpu_machine:  # get_device is called more than once per run
-        return
-    _warned_cpu_torch_on_gpu_machine = True
-    print(cpu_torch_on_gpu_machine_warning(), file=sys.stderr, flush=True)
 
 
 def _mps_available() -> bool:
@@ -121,11 +107,8 @@ def _check_cuda_device(device: str, index: str | None) -> None:
 
 
 def get_device(device: str = "auto") -> str:
-    """The torch device to run on: 'auto' picks cuda, then mps, then cpu.
-
-    An explicit device that this torch cannot use raises DeviceError. 'auto' that lands on the
-    CPU of a machine with NVIDIA GPUs (a CPU-only torch, say) prints a loud warning to stderr.
-    """
+    """The torch device to run on: 'auto' picks cuda, then mps, then cpu (with a loud warning on a
+    machine with NVIDIA GPUs); an explicit device that this torch cannot use raises DeviceError."""
     match = _DEVICE_RE.match(device)
     if match is None:
         raise DeviceError(f"device={device!r} is not valid; use auto, cpu, cuda, cuda:N or mps.")
@@ -212,11 +195,7 @@ def enable_tf32() -> None:
 
 def rng_state() -> dict:
     """Every random number generator a training step can touch (dropout, shuffling, ...)."""
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()  # the current device's generator
     return state

@@ -32,11 +32,8 @@ class DistInfo:
 
 
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
-    """Join the process group when launched by torchrun (RANK set), else single process.
-
-    timeout_s bounds every collective (and NCCL's watchdog): a peer that stopped or died ends
-    the job after that long instead of torch's default 30 minutes.
-    """
+    """Join the process group when launched by torchrun (RANK set), else single process; timeout_s
+    bounds every collective (and NCCL's watchdog) instead of torch's default 30 minutes."""
     if int(os.environ.get("RANK", -1)) == -1:
         return DistInfo()
     rank = int(os.environ["RANK"])
@@ -53,16 +50,13 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
 
 def leave_process_group(error: BaseException | None) -> None:
     """Leave the process group (if joined); after a run's end or a stop that every rank took
-    together, all at once.
+    together, all at once: at a barrier bounded by dist_timeout.
 
-    A launcher that sees one worker leave with an error ends the others (torchrun sends them
-    SIGTERM): rank 0 could then be killed while it writes the stop row or says why. So after a
-    shared stop (run_folder.RunStopped.shared) each rank waits at a barrier, bounded by
-    dist_timeout, and they all exit with the same status together. After a finished run too, so
-    that no rank tears its connections down while rank 0 still works: one 4-rank gloo run of the
-    tests, in about fifty, died in the teardown after "Done" (SIGABRT, "terminate called without
-    an active exception"; not reproduced in 44 repeats, so this narrows a window, it is not a
-    proven cure). A rank's own failure leaves at once: its peers may never reach the barrier.
+    A launcher that sees one worker leave with an error ends the others (torchrun's SIGTERM), so
+    rank 0 could be killed while it says why a shared stop (RunStopped.shared) happened. After a
+    finished run, so that no rank tears its connections down while rank 0 still works: one 4-rank
+    gloo run in about fifty died in the teardown after "Done" (SIGABRT; this narrows a window, it is
+    not a proven cure). A rank's own failure leaves at once: its peers may never reach the barrier.
     """
     if not torch_dist.is_initialized():
         return
@@ -74,11 +68,8 @@ def leave_process_group(error: BaseException | None) -> None:
 
 
 def report_stop(error: RunStopped, rank: int | None = None) -> int:
-    """Print a stopped run's one `error:` line and return its exit status.
-
-    A shared stop is said by rank 0 alone (under torchrun every rank raises it, and the other
-    ranks lack the diagnostics rank 0 words it with); a rank's own failure by that rank.
-    """
+    """Print a stopped run's one `error:` line and return its exit status: a shared stop by rank 0
+    alone (the others lack the diagnostics rank 0 words it with), a rank's own failure by that rank."""
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank  # set by torchrun
     if rank == 0 or not error.shared:
         print(f"error: {error}", file=sys.stderr, flush=True)

@@ -3,18 +3,10 @@
 A run is what it computes: every key of its configs but those that change nothing it computes
 (where it runs, writes and logs: config.RUN_NEUTRAL_KEYS) and the method's own keys, which its
 folder name holds already. train.py, the launcher, the studies and the tables all ask here, so
-a folder one of them takes for a run is the run the others take:
-
-- the settings of a run, flat: a command's (``run_settings``), a folder's config.json or a
-  checkpoint's (``saved_settings``: a key the file predates has its default), a training
-  config's (``train_values``); the keys that never tell runs apart (``run_neutral_keys``);
-- its folder suffix (``run_suffix``): ``+key=value`` for every computing key a command sets
-  otherwise, so another run never shares the paper run's folder (methods.default_out_dir);
-- the conflicts between a folder and a command (``run_conflicts``, ``config_conflicts``), for a
-  restart, a reuse and a study;
-- the keys a resume changes (``changed_train_keys``) or may not change (``check_resume_keys``);
-- the row labels of tables and figures (``run_identity``, ``settings_labels``): the settings that
-  tell runs of one method apart.
+a folder one of them takes for a run is the run the others take: the settings of a run, flat
+(``run_settings``, ``saved_settings``), its folder suffix (``run_suffix``), the conflicts between
+a folder and a command (``run_conflicts``), the keys a resume changes or may not change
+(``resume_changes``, ``check_resume_keys``) and the row labels of tables (``settings_labels``).
 
 It imports config.py and nothing that names methods or folders: methods.py and run_folder.py
 import it.
@@ -74,10 +66,9 @@ def train_values(train: TrainConfig | dict[str, Any]) -> dict[str, Any]:
 
 
 def run_settings(parsed: ParsedConfig) -> dict[str, Any]:
-    """What identifies the run a command asks for: every key that computes (neutral keys left
-    out), flat, the method's keys included. What run_conflicts compares with a folder's config.json.
-    A key the command leaves to follow another (parsed.derived: lr_decay_iters) is left out too: a
-    folder's run keeps the value it recorded (keep_recorded_keys), and a new run takes the other key's."""
+    """What identifies the run a command asks for (run_conflicts compares it with a config.json):
+    every key that computes, flat, but a key left to follow another (parsed.derived:
+    lr_decay_iters), whose recorded value a folder's run keeps (keep_recorded_keys)."""
     values = {**train_values(parsed.train), **model_values(asdict(parsed.model_config()))}
     return {k: v for k, v in values.items() if k not in RUN_NEUTRAL_KEYS and k not in parsed.derived}
 
@@ -100,23 +91,18 @@ def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
 # The folder suffix
 
 
-def _suffix_value(value: Any) -> str:
-    # 'None' as folder suffixes have always written it, so an earlier run's folder is found again.
-    return "None" if value is None else param_text(value)
-
-
 def run_suffix(overrides: dict[str, Any]) -> str:
     """'+max_iters=20+n_layer=2' for the setting-changing overrides, '' when there are none.
 
-    A suffix longer than 60 characters or with a path-unsafe character keeps its pairs readable, in
-    order, up to 60 characters (an unsafe pair, a path or a space, is left out), then
-    '+overrides-<8 hex digits>', a hash of all the settings, so that the same command always finds
-    the same folder again (for a resume): '+block_size=16+learning_rate=0.001+max_iters=20+overrides-1a2b3c4d'.
+    A suffix longer than 60 characters or with a path-unsafe character keeps its safe pairs, in
+    order, up to 60 characters, then '+overrides-<8 hex digits>', a hash of all the settings, so
+    that the same command always finds the same folder again (for a resume).
     """
     changed = _changed_settings(overrides)
     if not changed:
         return ""
-    pairs = [f"+{k}={_suffix_value(v)}" for k, v in changed.items()]
+    # None as 'None', as folder suffixes have always written it, so an earlier run's folder is found again.
+    pairs = [f"+{k}={'None' if v is None else param_text(v)}" for k, v in changed.items()]
     text = "".join(pairs)
     if len(text) <= _SUFFIX_MAX_CHARS and _SUFFIX_SAFE.fullmatch(text):
         return text
@@ -152,9 +138,7 @@ def _hashed_suffix(changed: dict[str, Any]) -> str:
 
 def run_conflicts(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """'key: the run has X, asked for Y' for every key where a run folder's config.json (saved)
-    is another run than the one wanted (run_settings): the one answer to "does this folder hold
-    the same run?" for train.py, the launcher and the studies. Keys a restart may change
-    (RESTART_FREE_KEYS) are not compared."""
+    is another run than the one wanted (run_settings), but keys a restart may change (RESTART_FREE_KEYS)."""
     have = saved_settings(saved)
     wanted = json.loads(json.dumps(wanted, default=str))  # as config.json holds them (tuples as lists)
     return [
@@ -164,17 +148,11 @@ def run_conflicts(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     ]
 
 
-def is_rate_key(key: str) -> bool:
-    """learning_rate, min_lr, muon_lr, ...: the keys a study's grid writes."""
-    return key == "learning_rate" or key.endswith("_lr")
-
-
 def same_setting(key: str, have: Any, wanted: Any) -> bool:
-    """Whether a recorded value is the one asked for. A rate is the same to 6 significant digits, the
-    precision of the folder names: a study's grid extension was written unrounded before 2026-12-07
-    (7.0711e-4 * sqrt(2) = 0.0010000091042, folder lr0.00100001) and is now written as given
-    (0.00100001); the run recorded either way is the one asked for."""
-    if is_rate_key(key) and all(isinstance(x, float) and not isinstance(x, bool) for x in (have, wanted)):
+    """Whether a recorded value is the one asked for. A rate (learning_rate, muon_lr, ...) is the same
+    to 6 significant digits, the precision of the folder names: a study's grid extension was written
+    unrounded before 2026-12-07 (0.0010000091042, folder lr0.00100001) and is now written as given."""
+    if (key == "learning_rate" or key.endswith("_lr")) and all(isinstance(x, float) and not isinstance(x, bool) for x in (have, wanted)):
         return f"{have:.6g}" == f"{wanted:.6g}"
     return have == wanted
 
@@ -207,9 +185,8 @@ def check_resume_keys(train: TrainConfig, saved_train: dict[str, Any]) -> None:
 
 
 def keep_recorded_keys(train: TrainConfig, derived: Sequence[str], saved_train: dict[str, Any] | None) -> TrainConfig:
-    """train with each derived key (one no file or option gave: ParsedConfig.derived) at the value a
-    resumed checkpoint's train_config records: a run cut short and resumed, or extended with a larger
-    max_iters, keeps the schedule it trained with. A new run (saved_train None) keeps train's."""
+    """train with each derived key (ParsedConfig.derived) at the value a resumed checkpoint's
+    train_config records, so a resumed or extended run keeps its schedule; saved_train None: train."""
     recorded = {k: saved_train[k] for k in derived if saved_train and saved_train.get(k) is not None}
     return replace(train, **recorded) if recorded else train
 
@@ -220,9 +197,8 @@ RESUME_COMMAND_KEYS = ("init_from", "eval_only", "overwrite", "fresh_optimizer",
 
 def resume_changes(train: TrainConfig, ckpt: Mapping[str, Any], cpu_threads: int | None) -> dict[str, list[Any]]:
     """What a resume changes, key -> [the checkpoint's value, this run's]: each training key the
-    command line changes (those a resume may not change are refused before, check_resume_keys),
-    and cpu_threads where the checkpoint records another count (one and two threads give other
-    losses from the next step on). The run's settings history keeps it (tracking.Progress)."""
+    command line changes, and cpu_threads where the checkpoint records another count (one and two
+    threads give other losses from the next step on). tracking.Progress keeps it in the history."""
     have, values = saved_settings(ckpt["train_config"]), train_values(train)
     changes = {k: [have[k], v] for k, v in values.items() if k in have and have[k] != v and k not in RESUME_COMMAND_KEYS}
     recorded = ckpt.get("cpu_threads")
@@ -244,8 +220,7 @@ UNLABELLED_CHANGES = (RUN_NEUTRAL_KEYS | RESTART_FREE_KEYS) - {"compile", "compi
 
 def history_label(config: Mapping[str, Any]) -> str:
     """A run folder's settings history in a row label: 'z_loss 0.0001 -> 0.01 at iter 10' per
-    change of a key that computes, '' for a run trained on one set of settings (or recorded before
-    histories were kept)."""
+    change of a key that computes, '' for a run trained on one set of settings."""
     history = config.get("settings_history")
     if not isinstance(history, list):
         return ""
@@ -285,11 +260,9 @@ def keys_differing_within(cells: Sequence[Hashable], identities: Sequence[Mappin
 def settings_labels(cells: Sequence[Hashable], configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The settings that tell runs of one method apart, one label per run ('optimizer=muon'; ''
     where nothing does): configs[i] is run i's config.json, cells[i] the (dataset, scale, row) it
-    belongs to. A key names rows when two runs of a cell that both have it differ in it
-    (optimizer, learning_rate, seed, ...); a key only some runs have (muon_lr beside an AdamW run)
-    so still tells the runs that have it apart, as their folders do. Each label lists the naming
-    keys its run has, sorted, so the rows of every cell read alike. Runs that share every setting
-    get the same label (grid.index_runs refuses them)."""
+    belongs to. A key names rows when two runs of a cell that both have it differ in it (a key only
+    some runs have, muon_lr beside an AdamW run, still tells those apart); each label lists its
+    run's naming keys, sorted. Runs that share every setting get the same label (grid.index_runs refuses them)."""
     identities = [run_identity(config) for config in configs]
     naming = keys_differing_within(cells, identities)
     labels = [", ".join(f"{k}={param_text(identity[k])}" for k in sorted(naming) if k in identity) for identity in identities]

@@ -1,19 +1,12 @@
 """The `imports` key: a user's own modules (a connection of their own), imported before any other key is read.
 
-A connection defined outside the package registers itself when its module is imported
-(docs/ARCHITECTURE.md, "Adding a deep connection"). So that its name means the same in every
-process, each command imports the modules a run was given (`--imports=my_ideas.deepnorm`,
-`imports = ["my_ideas.deepnorm"]` in a config file) before it reads a key, a model config or a
-method name that may need them. The modules a file records (a run folder's config.json, a
-checkpoint's train_config, an exported folder's config.json) are imported only with the user's
-consent, --trust_recorded_imports=true (import_recorded): a file from elsewhere must not choose
-code to run.
-
-A module is looked up on sys.path, then in the current folder: a user runs the commands from their
-project's folder, which `python train.py` does not put on sys.path. The folder of a module found
-there (not on sys.path) is also put on PYTHONPATH for the processes this one starts (torchrun's
-workers, the jobs of the launcher and of the studies, which run in the repository root), so that
-they find it too. sys.path itself is never edited (tests/test_layout.py).
+So that a connection of one's own means the same in every process, each command imports the
+modules a run was given (`--imports=my_ideas.deepnorm`) before it reads a key, a model config or a
+method name that may need them; the modules a file records are imported only with the user's
+consent (import_recorded): a file from elsewhere must not choose code to run. A module is looked up
+on sys.path, then in the current folder, whose folder then goes on PYTHONPATH for the processes
+this one starts; sys.path itself is never edited. docs/ARCHITECTURE.md ("Adding a deep
+connection") says the rest.
 """
 
 from __future__ import annotations
@@ -67,10 +60,9 @@ def check_names(names: Any, source: str = KEY) -> list[str]:
 
 
 def import_modules(names: Any, source: str = KEY, error: type[Exception] = ImportsError) -> None:
-    """Import each module of `names` (sys.path, then the current folder); the first that is
-    absent or fails as it runs is one `error` naming it (the caller's kind of user error, which its
-    command reports in one line). `source` says where the names come from ('imports', or a file
-    that records them)."""
+    """Import each module of `names` (sys.path, then the current folder); the first that is absent or
+    fails as it runs is one `error` naming it. `source` says where the names come from ('imports', or
+    a file that records them)."""
     try:
         names = check_names(names, source)
     except ImportsError as exc:
@@ -108,22 +100,11 @@ def recorded_imports_trusted() -> bool:
     return _consent["given"]
 
 
-def consent_text(names: Sequence[str], source: str) -> str:
-    """The one sentence of a reader that needs modules a file records and has no consent to import them."""
-    listed = ",".join(str(name) for name in names)[:200]
-    return (
-        f"{source} records {KEY}={list(names)!r:.200}, code that is imported only with your consent; pass "
-        f"--{KEY}={listed} to import the modules you name, or --{TRUST_KEY}=true to import what the file records "
-        "(only for files you trust: importing a module runs it)."
-    )
-
-
 def import_recorded(record: Any, source: str, error: type[Exception] = ImportsError, needed: bool = True) -> None:
     """Import the modules a saved config records under the key (a checkpoint's train_config, a
-    run's or an exported folder's config.json), with the user's consent only; a record without
-    it imports nothing. Without consent, a reader that `needed` them (the model names a
-    connection no imported module registered) is one `error` naming them and both ways to
-    consent; one that does not imports nothing."""
+    config.json), with the user's consent only. Without consent, a reader that `needed` them (the
+    model names a connection no imported module registered) is one `error` naming them and both
+    ways to consent; one that does not imports nothing."""
     names = record.get(KEY) if isinstance(record, dict) else None
     if not names or not (needed or recorded_imports_trusted()):
         return
@@ -134,7 +115,11 @@ def import_recorded(record: Any, source: str, error: type[Exception] = ImportsEr
     if recorded_imports_trusted():
         import_modules(names, f"{source} records {KEY}={names!r:.80}", error)
     elif any(name not in sys.modules for name in names):
-        raise error(consent_text(names, source))
+        raise error(
+            f"{source} records {KEY}={list(names)!r:.200}, code that is imported only with your consent; pass "
+            f"--{KEY}={','.join(str(name) for name in names)[:200]} to import the modules you name, or --{TRUST_KEY}=true "
+            "to import what the file records (only for files you trust: importing a module runs it)."
+        )
 
 
 def add_import_options(parser: Any) -> None:
@@ -165,18 +150,18 @@ def imports_of_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def keep_recorded_imports(train: T, record: dict[str, Any] | None) -> T:
-    """The training config of a run that continues a model (a resume: its checkpoint's
-    train_config; --init_from=hf:DIR: the folder's config.json), with the modules `record` holds
-    added to its own, so that a run given no --imports keeps recording what its model needs."""
+    """The training config of a run that continues a model, with the modules `record` (its
+    checkpoint's train_config, a folder's config.json) holds added to its own, so that a run
+    given no --imports keeps recording what its model needs."""
     recorded = record.get(KEY) if isinstance(record, dict) else None
     names = list(dict.fromkeys([*getattr(train, KEY), *(recorded or [])]))
     return dataclasses.replace(train, **{KEY: names}) if names != getattr(train, KEY) else train
 
 
 def folders_off_sys_path(names: Sequence[str]) -> list[str]:
-    """The folders that the imported modules `names` came from and sys.path lacks (the current
-    folder, for a package found there): a command run elsewhere needs them on PYTHONPATH. A
-    relative entry of sys.path ('' under python -m) does not count: elsewhere it means another folder."""
+    """The folders that the imported modules `names` came from and sys.path lacks: a command run
+    elsewhere needs them on PYTHONPATH. A relative entry of sys.path ('' under python -m) does not
+    count: elsewhere it means another folder."""
     on_path = {p for p in sys.path if os.path.isabs(p)}
     folders: list[str] = []
     for top in dict.fromkeys(name.partition(".")[0] for name in names):

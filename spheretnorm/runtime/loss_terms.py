@@ -10,20 +10,11 @@
 
 A term takes the step's logits (B, T, V), its targets (B, T) and the run's TrainConfig (its keys
 read as attributes, train.z_loss) and returns a scalar tensor (shape (), a floating dtype) added to
-the cross-entropy. One that raises, or returns anything else (None, a (B, T) tensor), stops the
-step in one line that names it (loss_term_values); so does a value that is not finite at a session's
-first step (runtime/step.py, check_terms_finite; later, it is a run's non-finite loss). Its keys are
-training keys like an optimizer's (`--z_loss=1e-4`, `--help`, config.json and checkpoints under
-`loss_params`, the run folder's suffix); the first is its switch: the term is on only where that
-key is not at its default, so a run that does not set it computes exactly what it computed before
-the term existed. The one training step (runtime/step.py) adds the terms that are on, for
-train.py, bench.py and the coordinate check alike. A term of one's own module is registered when
-the module is imported (`--imports=MODULE`, as a connection of one's own). A checkpoint that
-records a term's keys records code: a resume imports the module it records with the user's
-consent only, as for a connection, and applies and says a changed key (with_recorded_loss_terms).
-tests/test_loss_term_contract.py checks every registered term, one of a user's module too
-(`pytest --imports=MODULE`): off bit for bit, on it trains otherwise, it resumes bit-exact, and a
-changed key on resume is applied and said.
+the cross-entropy. Its keys are training keys like an optimizer's; the first is its switch: the term
+is on only where that key is not at its default, so a run that does not set it computes exactly
+what it computed before the term existed. docs/ARCHITECTURE.md ("Adding a loss term") says the
+rest: the checks of a term's value, its keys in checkpoints, and its tests
+(tests/test_loss_term_contract.py).
 """
 
 from __future__ import annotations
@@ -49,10 +40,9 @@ KEYED_REGISTRIES["loss term"] = LOSS_TERMS  # its names and keys checked with th
 
 def register_loss_term(name: str, *params: MethodParam, contract_value: Any = None) -> Callable[[LossTerm], LossTerm]:
     """Function decorator: add the function to every training step as loss term `name` where its
-    first key (params[0], the switch) is set to other than its default. A built-in's name, or a
-    key of the model, of training, of an optimizer or of another term, is refused (model.check_registration).
-    contract_value: the switch's value that the contract tests train with (tests/test_loss_term_contract.py);
-    None: one they derive from the default, which a text switch without must='one of: ...' has none of."""
+    first key (params[0], the switch) is not at its default; a name or key another entry has is
+    refused (model.check_registration). contract_value: the switch's value that the contract tests
+    train with; None: one they derive from the default (a text switch has none without must='one of: ...')."""
     if not params:
         raise TypeError(f"@register_loss_term({name!r}) needs at least one MethodParam: the key that switches the term on.")
     if contract_value is not None:
@@ -108,15 +98,15 @@ def active_loss_terms(train: Any) -> list[str]:
 
 def loss_term_values(logits: torch.Tensor, targets: torch.Tensor, train: Any, error: type[Exception]) -> dict[str, torch.Tensor]:
     """The value of each term that is on, by name ({} when none is: the loss is the cross-entropy
-    alone, untouched). A term that raises, or returns anything but a scalar tensor of a floating
-    dtype, is one `error` naming it: without this, an exception is a traceback through the step,
-    a (B, T) tensor torch's "grad can be implicitly created only for scalar outputs", and None no
-    term at all. The checks read the tensor's shape and dtype only, so they cost no GPU sync."""
+    alone, untouched), checked (called_term)."""
     return {name: called_term(name, logits, targets, train, error) for name in active_loss_terms(train)}
 
 
 def called_term(name: str, logits: torch.Tensor, targets: torch.Tensor, train: Any, error: type[Exception]) -> torch.Tensor:
-    """Loss term `name`'s value on one micro-batch, checked (loss_term_values)."""
+    """Loss term `name`'s value on one micro-batch. A term that raises, or returns anything but a
+    scalar tensor of a floating dtype, is one `error` naming it: without this, an exception is a
+    traceback through the step, a (B, T) tensor torch's "grad can be implicitly created only for
+    scalar outputs", and None no term at all. The checks read the shape and dtype only: no GPU sync."""
     fn = LOSS_TERMS[name]
     try:
         value = fn(logits, targets, train)
@@ -167,12 +157,11 @@ def unregistered_loss_keys(saved_train: Any) -> list[str]:
 
 def with_recorded_loss_terms(train: Config, saved_train: dict[str, Any], source: str, error: type[Exception]) -> Config:
     """The training config of a resume (`train`), knowing every loss term its checkpoint records
-    (saved_train: the checkpoint's train_config; `source` names the file). A recorded term is
-    recorded code, as a connection is: the modules the checkpoint records are imported with the
-    user's consent only (imports.import_recorded, whose refusal names both ways to give it). The
-    terms' keys then join train's loss_params at the values the command line gives, their defaults
-    where it gives none, so that a resume applies and says a changed key as it does any other
-    (identity.resume_changes). A recorded key that no module declares even then is one `error`."""
+    (saved_train: its train_config; `source` names the file). A recorded term is recorded code: its
+    modules are imported with the user's consent only (imports.import_recorded). The terms' keys
+    then join train's loss_params at the command line's values, else their defaults, so that a
+    resume applies and says a changed key as any other (identity.resume_changes). A recorded key
+    that no module declares even then is one `error`."""
     keys = unregistered_loss_keys(saved_train)
     if keys:
         import_recorded(saved_train, f"{source} (its loss_params {', '.join(keys)})", error, needed=True)

@@ -2,11 +2,9 @@
 folders and W&B names derived from them, as train.py, the launcher, tables and exports write them.
 
 A *method key* is a key of ``model.CONNECTIONS`` followed by the values of the parameters its
-class declares with ``in_key`` (``Connection.params``, ``method_params``), each after a ':':
-``p_spheret:0.5`` is p-SpheretNorm with ``spheret_p = 0.5``, the paper's 0.5-SpheretNorm
-(``dyt_alpha``, ``keel_alpha`` and ``peri_embed_ln`` are no part of it), and a choice the paper
-fixed, set otherwise, follows as ``+key=value``. A run's folder is its method key's
-(``method_dirname``) plus a suffix for every computing key set otherwise (``identity.run_suffix``); its W&B
+class declares with ``in_key`` (``method_params``), each after a ':' (``p_spheret:0.5``, the
+paper's 0.5-SpheretNorm), then each choice the paper fixed that is set otherwise as ``+key=value``.
+A run's folder is its method key's (``method_dirname``) plus ``identity.run_suffix``; its W&B
 name is ``<config_name>/<folder>`` (``resolve_wandb_names``).
 """
 
@@ -35,11 +33,8 @@ PAPER_METHODS = ("pre_ln", "pre_dyt", "peri_ln", "keel", "geonorm", "p_spheret:0
 
 
 def method_key(cfg: GPTConfig) -> str:
-    """The paper's method name: the connection, then the values of the parameters its class
-    declares with in_key (method_params), each after a ':'. 'p_spheret:0.5' means connection
-    p_spheret with spheret_p 0.5; a connection without such parameters is its name alone. A
-    choice the paper fixed (model.OPENED_DEFAULTS) set otherwise follows as '+key=value':
-    'p_spheret:0.5+alpha_cap=none'."""
+    """The paper's method name of a model config (the module's docstring says its form):
+    'p_spheret:0.5', 'pre_ln', 'p_spheret:0.5+alpha_cap=none'."""
     base = ":".join([cfg.connection, *(param_text(getattr(cfg, p.key)) for p in method_params(cfg.connection))])
     return base + "".join(f"+{k}={param_text(v)}" for k, v in opened_settings(cfg).items())
 
@@ -117,10 +112,8 @@ def valid_methods_text() -> str:
 
 
 def method_model_keys(key: str) -> dict[str, Any]:
-    """The model keys of a method key: the connection, then one value per parameter its class
-    declares with in_key (method_params): 'p_spheret:0.5' -> connection p_spheret, spheret_p 0.5.
-    A parameter left out takes its default. '+key=value' parts set choices the paper fixed
-    (model.OPENED_DEFAULTS): 'p_spheret:0.5+alpha_cap=none'."""
+    """The model keys of a method key ('p_spheret:0.5' -> connection p_spheret, spheret_p 0.5); a
+    parameter left out takes its default."""
     base, *settings = key.strip().split("+")
     connection, *values = base.split(":")
     if connection not in CONNECTIONS:

@@ -1,10 +1,7 @@
 """How the model is laid over the processes: DDP (a whole copy per rank) or FSDP2 (every block
 and the root sharded with torch.distributed.fsdp.fully_shard), activation checkpointing, and the
-meta-device start of a model too big to build whole.
-
-train.py asks here for its model (build_model, wrap_model), for the gradient sync of a micro-step
-(grad_sync) and for the global gradient norm (clip_grad_norm); the evaluator asks for the
-gathered parameters its diagnostics read (full_parameters).
+meta-device start of a model too big to build whole: train.py's model, gradient sync and global
+gradient norm, and the gathered parameters the evaluator's diagnostics read (full_parameters).
 """
 
 from __future__ import annotations
@@ -138,35 +135,27 @@ def shard(model: GPT, dist: DistInfo, device: str, dtype: str, compile_blocks: b
 def compile_blocks_of(model: GPT) -> None:
     """torch.compile each block in place (Module.compile: parameter names and checkpoints unchanged).
 
-    The blocks share one forward, and torch.compile inlines built-in modules, taking their
-    parameters as inputs, so the first block's graph serves every layer: the compile costs about
-    one block's at any depth, where tracing the whole model grows with it (docs/LOG.md, 2026-12-07).
-    A per-layer number (a sphere connection's depth decay) fails one guard at the second layer,
-    which compiles once more with that number as an input; no layer after it compiles.
+    The blocks share one forward, and torch.compile takes their parameters as inputs, so the first
+    block's graph serves every layer (a per-layer number, a sphere connection's depth decay, compiles
+    once more at the second): the compile costs about one block's at any depth (docs/LOG.md, 2026-12-07).
     """
     for block in model.transformer.h:
         block.compile()
 
 
-def compile_ends_of(model: GPT) -> None:
-    """torch.compile the modules around the blocks: the embedding's norm, the final norm and the LM
-    head. Left eager beside compiled blocks they cost about 12% of a 12 x 128 step on a CPU core in
-    one comparison (docs/LOG.md, 2026-12-07); each is one small graph. An nn.Identity is left as it is."""
-    for module in (model.transformer.embed_norm, model.transformer.ln_f, model.lm_head):
-        if not isinstance(module, torch.nn.Identity):
-            module.compile()
-
-
 def compile_model(model: GPT, scope: str) -> torch.nn.Module:
-    """The model as the training step calls it under compile=true: its blocks and the modules
-    around them compiled in place (scope 'blocks', returning the model itself), or one
-    torch.compile of the whole ('model')."""
+    """The model as the training step calls it under compile=true: its blocks and the modules around
+    them compiled in place (scope 'blocks', the model itself), or one torch.compile of the whole ('model')."""
     if scope == "model":
         return torch.compile(model)
     if scope != "blocks":
         raise ValueError(f"compile_scope={scope!r} is not valid here; choose blocks or model (auto is resolved first: TrainConfig.resolved_compile_scope).")
     compile_blocks_of(model)
-    compile_ends_of(model)
+    # The modules around the blocks, one small graph each: left eager beside compiled blocks they cost
+    # about 12% of a 12 x 128 step on a CPU core in one comparison (docs/LOG.md, 2026-12-07).
+    for module in (model.transformer.embed_norm, model.transformer.ln_f, model.lm_head):
+        if not isinstance(module, torch.nn.Identity):
+            module.compile()
     return model
 
 
@@ -184,9 +173,8 @@ def build_model(
     seed cfg.seed on every rank, then each rank seeds its own dropout stream (seed + rank).
 
     prepare (e.g. loading a Hugging Face folder) runs on the whole model before it moves. FSDP's
-    meta start (choose_start) builds no whole model: the shards are allocated on the device and
-    GPT.init_weights draws them there (seed + rank, so that no two ranks draw the same numbers;
-    every parameter keeps its init rule, but not the whole build's values).
+    meta start (choose_start) builds no whole model: GPT.init_weights draws the shards on the
+    device (seed + rank: every parameter keeps its init rule, but not the whole build's values).
     """
     start = "full"
     if cfg.parallel == "fsdp":
@@ -246,10 +234,7 @@ def grad_sync(model: torch.nn.Module, last: bool, dist: DistInfo) -> contextlib.
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     """Clip to max_norm and return the global gradient norm (of the whole model, on every rank).
-
-    Under FSDP the gradients of the whole (scalar) parameters are averaged over the ranks first,
-    as DDP averages every gradient; the norm joins the shards' (reduced over the mesh) and theirs.
-    """
+    Under FSDP the whole (scalar) parameters' gradients are averaged over the ranks first, as DDP's."""
     if not is_sharded(model):
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     from torch.distributed.tensor import DTensor  # imported here: 0.85 s at every start of a DDP run

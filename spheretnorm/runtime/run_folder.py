@@ -1,13 +1,13 @@
 """What a training run leaves in its out_dir, and the ways a run can end.
 
 train.py writes a run folder; the experiment scripts (spheretnorm/experiments/, the export)
-read it. Both sides take the file names, the exit statuses and the stop reasons from here, so
-this module imports nothing of the project's heavy parts (no torch, no model).
+read it. Both sides take the file names, the exit statuses and the stop reasons from here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -134,11 +134,10 @@ def holds_any_checkpoint(out_dir: Path) -> bool:
 def missing_resume_text(path: Path) -> str:
     """The one line for init_from=resume with no checkpoint at `path`: the folder it looked in, the
     runs beside it that could be meant (a key changed on the command line names another default
-    folder, out/<config>/<method>+key=value), and the form that resumes one of them with the change;
-    --init_from=auto would start a new run there, so it is not offered."""
+    folder, out/<config>/<method>+key=value), and how to resume one of them with the change."""
     folder = path.parent
     method = folder.name.split("+")[0]
-    beside = sorted(p for p in folder.parent.glob(f"{glob_escape(method)}*")
+    beside = sorted(p for p in folder.parent.glob(f"{glob.escape(method)}*")
                     if p != folder and p.name.split("+")[0] == method and holds_any_checkpoint(p)) if folder.parent.is_dir() else []
     text = f"init_from=resume but {folder} holds no checkpoint to resume (looked for {path.name})"
     if not beside:
@@ -146,11 +145,6 @@ def missing_resume_text(path: Path) -> str:
     named = ", ".join(str(p) for p in beside[:3]) + (f" and {len(beside) - 3} more" if len(beside) > 3 else "")
     return (f"{text}: a key given on the command line names this folder, and runs of the same method with a checkpoint are in "
             f"{named}; to resume one with the keys you give changed, name it: --out_dir={beside[0]} --init_from=resume.")
-
-
-def glob_escape(name: str) -> str:
-    """name with glob's special characters taken literally (a folder name may hold '[')."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def remove_stop_checkpoint(train: TrainConfig) -> None:
@@ -182,9 +176,8 @@ def check_checkpoint_kind(train: TrainConfig) -> None:
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed at once so a crash loses nothing.
 
-    A resumed run first drops the rows past the checkpoint's iteration (they belong to the
-    abandoned tail of the previous attempt), so every iteration appears once, and every stop row
-    (the previous attempt's ending, which the resume abandons).
+    A resumed run first drops the previous attempt's rows past the checkpoint's iteration, so every
+    iteration appears once, and its stop rows (the ending the resume abandons).
     """
 
     def __init__(self, path: Path, resume_iter: int | None):
@@ -201,14 +194,8 @@ class MetricsLog:
         self._file = open(path, "ab", buffering=0)
 
     def _rows_up_to(self, last_iter: int) -> list[dict[str, Any]]:
-        if not self.path.is_file():
-            return []
         rows = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a crash
-                continue
+        for row in read_metrics(self.path) if self.path.is_file() else []:
             if row.get("iter", 0) <= last_iter and row.get("kind") != "stop":
                 rows.append(row)
             else:
@@ -270,14 +257,10 @@ ZERO_SHOT_GLOB = "ckpt_zero_shot*.json"
 
 
 def earlier_run(out_dir: str | Path, wanted: dict[str, Any] | None = None) -> str | None:
-    """What a new run started in out_dir, which has no ckpt.pt, would replace: None when nothing,
-    or when out_dir holds only the start of this same run (see below); else a phrase naming the files.
-
-    The same run starting again (a job that crashed or was pre-empted before its first
-    checkpoint, and is restarted with the same command): its config.json has the settings in
-    `wanted` (the new run's, identity.run_settings; None: not compared), its metrics.jsonl no
-    eval row past iter 0, and there are no zero-shot results. Losing its rows loses nothing that
-    the new run does not write again.
+    """What a new run started in out_dir, which has no ckpt.pt, would replace: a phrase naming the
+    files; None when nothing, or only the start of this same run (restarted before its first
+    checkpoint): its config.json has the settings in `wanted` (identity.run_settings; None: not
+    compared), no eval row past iter 0 and no zero-shot results, nothing the new run does not write again.
     """
     out = Path(out_dir)
     found = [name for name in (METRICS_NAME, CONFIG_NAME) if (out / name).is_file()]
@@ -335,15 +318,13 @@ def write_json_atomic(path: Path, value: Any) -> None:
 
 
 def check_out_dir(train: TrainConfig) -> None:
-    """out_dir must be a folder this process can write to: found before any work, in one line.
-
-    The probe leaves nothing behind: folders it had to create are removed again.
-    """
+    """out_dir must be a folder this process can write to: found before any work, in one line."""
     check_folder(Path(train.out_dir), "out_dir")
 
 
 def check_folder(out: Path, what: str) -> None:
-    """`out` is, or can be made, a folder this process can write to (OutDirError, naming it as `what`)."""
+    """`out` is, or can be made, a folder this process can write to (OutDirError, naming it as `what`);
+    the probe leaves nothing behind: folders it had to create are removed again."""
     if out.exists() and not out.is_dir():
         raise OutDirError(f"{what} {str(out)!r} is a file; give a folder (it is created if missing).")
     if out.is_symlink() and not out.exists():  # mkdir would say only "File exists"
@@ -395,12 +376,10 @@ def lost_rank_text(rank: int, world_size: int, error: BaseException) -> str:
 
 
 def machine_failure(error: BaseException, dist_timeout: float, kept: str, rank: int = 0, world_size: int = 1) -> RunStopped | None:
-    """The one-line stop for a failure of the machine around a run, None for anything else.
-
-    A file that could not be written (a full disk, a quota, a read-only file system) is
-    WriteFailed; a collective that gave up waiting for a stopped or dead peer is PeerTimeout;
-    one that found its peer gone is PeerLost. kept says which checkpoint a resume would start
-    from; rank and world_size are this process's, to name the rank that was lost.
+    """The one-line stop for a failure of the machine around a run, None for anything else: a file
+    that could not be written is WriteFailed, a collective that gave up waiting for a peer
+    PeerTimeout, one that found its peer gone PeerLost. kept says which checkpoint a resume would
+    start from; rank and world_size are this process's, to name the rank that was lost.
     """
     if isinstance(error, RunStopped):
         return None

@@ -47,23 +47,16 @@ def announce_start(train: TrainConfig, model: GPTConfig, device: str) -> None:
             print0(line)
 
 
-def derived_note(train: TrainConfig, derived: Sequence[str], resumed: bool) -> str | None:
-    """One line naming the value each key not given took (ParsedConfig.derived): the key it follows',
-    or on a resume the checkpoint's; None for an evaluation, which follows no schedule."""
+def settle_derived_keys(train: TrainConfig, derived: Sequence[str], saved_train: dict[str, Any] | None) -> TrainConfig:
+    """train with its derived keys (ParsedConfig.derived) at a resumed checkpoint's values
+    (identity.keep_recorded_keys), and the line (rank 0) naming the value each took: the key it
+    follows', or the checkpoint's; none for an evaluation, which follows no schedule."""
+    train = keep_recorded_keys(train, derived, saved_train)
     if train.eval_only or not derived:
-        return None
-    if resumed:
+        return train
+    if saved_train is not None:
         told = [f"{k}={getattr(train, k)}, as the checkpoint records (a resume keeps its schedule)" for k in derived]
     else:
         told = [f"{k}={getattr(train, k)}, following {FOLLOWS[k]}" for k in derived]
-    return f"NOTE: not given, so {'; '.join(told)}; set {', '.join(f'--{k}' for k in derived)} to choose."
-
-
-def settle_derived_keys(train: TrainConfig, derived: Sequence[str], saved_train: dict[str, Any] | None) -> TrainConfig:
-    """train with its derived keys at a resumed checkpoint's values (identity.keep_recorded_keys),
-    and the line (rank 0) that says which value each took."""
-    train = keep_recorded_keys(train, derived, saved_train)
-    line = derived_note(train, derived, saved_train is not None)
-    if line:
-        print0(line)
+    print0(f"NOTE: not given, so {'; '.join(told)}; set {', '.join(f'--{k}' for k in derived)} to choose.")
     return train

@@ -1,10 +1,8 @@
 """One training step's gradients, shared by train.py, bench.py and the coordinate check.
 
-The forward under autocast, the loss (the model's cross-entropy plus the registered loss terms
-that are on, runtime/loss_terms.py), the backward of each micro-batch (through the grad scaler,
-divided by the number of micro-batches), then, where the caller clips, unscaling and clipping.
-The optimizer's step is the caller's: train.py agrees with the other ranks first, bench.py times
-it apart. With no loss term on, the operations are the ones each command ran before this module
+The forward under autocast, the loss (cross-entropy plus the loss terms that are on), the backward
+of each micro-batch, then, where the caller clips, unscaling and clipping; the optimizer's step is
+the caller's. With no loss term on, the operations are the ones each command ran before this module
 existed, so the same seed gives the same losses bit for bit.
 """
 
@@ -70,9 +68,8 @@ def backward_step(
     clip: torch.nn.Module | None = None,
     optimizer: Any = None,
 ) -> StepLosses:
-    """Accumulate one optimizer step's gradients in `model` (the module that runs the forward:
-    the model itself, compiled or DDP-wrapped) over `accum` micro-batches, batch(i) giving the
-    i-th; the next one is drawn while the current one's backward is queued (the GPU works).
+    """Accumulate one optimizer step's gradients in `model` (the module that runs the forward) over
+    `accum` micro-batches, batch(i) giving the i-th, drawn while the previous backward is queued.
 
     sync(last) wraps each micro-step (DDP reduces on the last only); scaler scales each backward
     (fp16) and is unscaled on `optimizer` before clipping. clip: the model whose gradients are
@@ -102,11 +99,10 @@ def backward_step(
 
 
 def check_terms_finite(losses: StepLosses, total: float, step: int, progress: Progress) -> None:
-    """Stop where the loss terms made step `step`'s total (all-reduced, read with the cross-entropy:
-    no sync of its own) not finite, the cross-entropy being finite (checked first). At a session's
-    first step the term itself is wrong (a log of 0, say): a LossTermError naming it, as for a
-    term that returns None. Later it is the run's divergence: NonFiniteLossError, naming it too.
-    Under fp16 this is the only stop: the grad scaler would skip every step of a non-finite term."""
+    """Stop where the loss terms made step `step`'s all-reduced total not finite, the cross-entropy
+    being finite (checked first): at a session's first step the term itself is wrong (a log of 0,
+    say), a LossTermError naming it; later it is the run's divergence, NonFiniteLossError. Under fp16
+    this is the only stop: the grad scaler would skip every step of a non-finite term."""
     if math.isfinite(total):
         return
     found = nonfinite_term(losses.terms)

@@ -24,13 +24,10 @@ class StartupStopped(Exception):
 class StopSignal:
     """Records SIGTERM, SIGUSR1 and SIGINT (pre-emption, Ctrl-C); the loop checks it between steps.
 
-    During start-up (loading data, building and compiling the model) a signal interrupts at once:
-    nothing has been written, and a stop must not wait for a compile. Once training runs, it only
-    sets a flag: the loop finishes its step, writes a checkpoint and exits 0.
-
-    A worker of torchrun also stops when its launcher dies (torchrun killed, or its default action
-    for SIGUSR1): the kernel sends SIGTERM on the parent's death (Linux), and the parent's pid is
-    checked as well, so no worker trains on as an orphan holding its GPU.
+    During start-up a signal interrupts at once: nothing has been written, and a stop must not wait
+    for a compile. Once training runs, it only sets a flag: the loop finishes its step, writes a
+    checkpoint and exits 0. A torchrun worker whose launcher dies gets SIGTERM from the kernel
+    (Linux), and the parent's pid is checked as well: no orphan trains on holding its GPU.
     """
 
     def __init__(self) -> None:
@@ -83,11 +80,9 @@ class StopSignal:
 
 
 def clean_stop_line(stopped: str, exit_status: int, under_torchrun: bool) -> str:
-    """The last line a run stopped by a signal prints (rank 0): `stopped` (where it stopped and
-    which checkpoint a resume starts from), that the stop was clean, and its exit status. torchrun,
-    signalled too, prints its own report after its workers exit (a SignalException traceback of
-    some 30 lines, and exits 1): said here, so that a reader of the log's tail knows it for the
-    launcher's, not the run's failure."""
+    """The last line a run stopped by a signal prints (rank 0): `stopped` (where, and which checkpoint
+    a resume starts from), that the stop was clean, and its exit status; under torchrun, that the
+    launcher's own report after it (a SignalException traceback, exit 1) is no failure of the run."""
     line = f"{stopped} A clean stop: this process exits with status {exit_status}; resume with --init_from=auto."
     if under_torchrun:
         line += " A torchrun report after this line (a SignalException traceback, torchrun's exit status 1) is expected: the launcher got the signal too."

@@ -15,22 +15,12 @@ import numpy as np
 
 TOKEN_DTYPE = np.uint16
 MAX_VOCAB_SIZE = int(np.iinfo(TOKEN_DTYPE).max) + 1  # every id a token file can hold
-
-
 SPLITS = ("train", "val")
-
-
 META_FILE = "meta.json"
-
-
 MAX_TOKEN_KEY = "max_token"  # meta.json's train_max_token / val_max_token: the largest id in each bin
 MTIME_KEY = "mtime_ns"  # meta.json's train_mtime_ns / val_mtime_ns: each bin's st_mtime_ns when prepare.py wrote it
-
-
 # meta.json keys that are counts: an integer >= 0 wherever present.
 META_COUNTS = ("vocab_size", "train_tokens", "val_tokens", f"train_{MAX_TOKEN_KEY}", f"val_{MAX_TOKEN_KEY}")
-
-
 SCAN_CHUNK = 1 << 24  # tokens per step of check_token_ids' scan: 32 MB of uint16
 
 
@@ -65,11 +55,8 @@ def read_json_object(path: str | os.PathLike, error: type[Exception], fix: str) 
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """A meta.json file: a JSON object whose counts (META_COUNTS) are integers >= 0.
-
-    A file that is not one is a PrepareError that names it, never a JSONDecodeError or a
-    TypeError later in a reader.
-    """
+    """A meta.json file: a JSON object whose counts (META_COUNTS) are integers >= 0; else a
+    PrepareError that names it, never a JSONDecodeError or a TypeError later in a reader."""
     meta = read_json_object(path, PrepareError, "re-run data/prepare.py to write it again.")
     for key in META_COUNTS:
         value = meta.get(key)
@@ -141,19 +128,14 @@ _SCANNED_MAX: dict[tuple[str, int, int], int] = {}
 
 
 def check_token_ids(path: Path, tokens: np.ndarray, meta: dict[str, Any], split: str, stat: os.stat_result | None = None) -> None:
-    """A PrepareError naming `path` if a token id in it is not below meta.json's vocab_size.
+    """A PrepareError naming `path` if a token id in it is not below meta.json's vocab_size (it would
+    stop training mid-run: an IndexError on a CPU, a device-side assert on CUDA).
 
-    An id beyond the vocabulary would stop training mid-run: an IndexError in the embedding on a
-    CPU, a device-side assert on CUDA. Every dataset prepare.py writes records the largest id of
-    each split (train_max_token, val_max_token; AtomicSplitWriter.commit), so the check costs
-    nothing while the file is the one prepare.py wrote. prepare.py also records each bin's mtime
-    ({split}_mtime_ns, bin_stamps), and the size is checked by open_split: a bin whose mtime
-    differs from the recorded one (rewritten after prepare.py, even with the same length; or
-    copied without its times) is scanned instead. So is a bin whose meta.json has no maximum (a
-    hand-made dataset): one vectorised scan of the file, in SCAN_CHUNK steps, once per process.
-    A meta.json with a maximum but no mtimes (prepared before they were recorded) is trusted as
-    it was, and so is a bin edited with its mtime put back. A meta.json without a vocab_size
-    (never written by prepare.py) gives nothing to check against.
+    prepare.py records each split's largest id and each bin's mtime (bin_stamps), so the check costs
+    nothing while the bin is the one prepare.py wrote. A bin whose mtime differs (rewritten, or
+    copied without its times), or whose meta.json has no maximum (a hand-made dataset), is scanned
+    instead, in SCAN_CHUNK steps, once per process. A maximum without mtimes (prepared before they
+    were recorded) is trusted; a meta.json without a vocab_size gives nothing to check against.
     """
     vocab_size = meta.get("vocab_size")
     if vocab_size is None or not len(tokens):

@@ -1,9 +1,8 @@
 """Where a training run stands and where its rows go: metrics.jsonl, W&B and the console.
 
-`Progress` holds the counters the training loop advances (most of them travel in the
-checkpoint); `RunLog` writes the train, eval and stop rows (rank 0 only), mirrors them to W&B
-when asked and prints their console lines. The W&B helpers here also check, before any
-training, that W&B logging can work at all.
+`Progress` holds the counters the training loop advances (most travel in the checkpoint);
+`RunLog` writes the train, eval and stop rows (rank 0 only), mirrors them to W&B when asked and
+prints their console lines; check_wandb checks before any training that W&B logging can work.
 """
 
 from __future__ import annotations
@@ -70,11 +69,8 @@ def wandb_payload(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def console_diagnostics(row: dict[str, Any]) -> list[str]:
-    """The console parts of a row's diagnostics ('final cosine 0.123', 'rms 1.00 -> 2.31'), in table order.
-
-    A series shows its first and last entry (for a layer series: the embedding output and the
-    last block's output); a diagnostic the row lacks, or an empty one, is left out.
-    """
+    """The console parts of a row's diagnostics ('final cosine 0.123', 'rms 1.00 -> 2.31'), in table
+    order: a series shows its first and last entry; one the row lacks, or an empty one, is left out."""
     parts = []
     for entry in DIAGNOSTICS:
         value = row.get(entry.name)
@@ -106,7 +102,9 @@ def start_wandb(train: TrainConfig, run_config: dict[str, Any], run_id: str | No
         return None
 
 
-WANDB_DEFAULT_URL = "https://api.wandb.ai"
+def _wandb_host() -> str:
+    """The W&B host: $WANDB_BASE_URL's, default api.wandb.ai."""
+    return urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
 
 
 def _netrc_path() -> Path:
@@ -119,15 +117,12 @@ def _netrc_path() -> Path:
 
 
 def wandb_key_source() -> str | None:
-    """Where a W&B API key is configured, None if nowhere; reads no network.
-
-    wandb looks in the same places, in this order: WANDB_API_KEY (or an identity token file),
-    then the netrc entry of the W&B host ($WANDB_BASE_URL, default api.wandb.ai).
-    """
+    """Where a W&B API key is configured, None if nowhere; reads no network. wandb looks in the same
+    places, in this order: WANDB_API_KEY (or an identity token file), the netrc entry of its host."""
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
         if os.environ.get(name):
             return name
-    host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
+    host = _wandb_host()
     path = _netrc_path()
     try:
         entry = netrc.netrc(str(path)).authenticators(host)
@@ -146,10 +141,9 @@ def check_wandb(train: TrainConfig) -> None:
     if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=true but the wandb package is not installed; pip install wandb, or pass --wandb_log=false.")
     if mode == "online" and wandb_key_source() is None:
-        host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_URL).netloc
         raise ConfigError(
             f"wandb_log=true with wandb_mode=online needs a W&B API key, and none is configured "
-            f"(no WANDB_API_KEY, no netrc entry for {host} in {_netrc_path()}); run `wandb login` "
+            f"(no WANDB_API_KEY, no netrc entry for {_wandb_host()} in {_netrc_path()}); run `wandb login` "
             "or set WANDB_API_KEY, or pass --wandb_mode=offline (upload later with `wandb sync`) "
             "or --wandb_log=false."
         )
@@ -261,12 +255,8 @@ class Progress:
         return f"{self.checkpoint_writes} checkpoint write(s) this session, {self.checkpoint_write_seconds:.2f} s in all"
 
     def note_steps(self, seconds_per_step: float) -> None:
-        """The train steps since the last note (up to iter_num) took seconds_per_step each.
-
-        The time is the loop's own timer of its steps, evaluations and checkpoints left out. A
-        window that starts within the session's first ETA_WARMUP_ITERS iterations (compiling)
-        does not count towards the pace.
-        """
+        """The train steps since the last note took seconds_per_step each (the loop's timer, evaluations
+        and checkpoints left out); a window that starts within ETA_WARMUP_ITERS is no steady pace."""
         steps = self.iter_num - self.noted_iter
         if steps > 0:
             self.noted_steps += steps
@@ -284,10 +274,9 @@ class Progress:
             self.steady_eval_seconds += seconds
 
     def eta(self, max_iters: int, eval_interval: int = 0) -> str:
-        """Time left at the session's steady pace: the iterations left at the mean steady step,
-        plus the evaluations left (every eval_interval) at the mean steady evaluation, once one
-        has been measured. Until a steady step is known (the first logging window) the pace is
-        that of the steps so far, compile included; '?' before any."""
+        """Time left at the session's steady pace: the iterations left at the mean steady step, plus
+        the evaluations left at the mean steady evaluation once one is measured. Until a steady step
+        is known, the pace of the steps so far, compile included; '?' before any."""
         left = max(0, max_iters - self.iter_num)
         if left == 0:
             return format_duration(0)
@@ -300,9 +289,9 @@ class Progress:
         return format_duration(seconds)
 
     def kept_checkpoint_text(self) -> str:
-        """How a stop message names the checkpoint a resume would start from: as it is on disk, its
-        iteration read back (a rank whose writer died believes in a save that never finished), and
-        the temporary file of a write cut short, when one is left beside it."""
+        """How a stop message names the checkpoint a resume would start from, its iteration read back
+        from disk (a rank whose writer died believes in a save that never finished), and a temporary
+        file a write cut short left beside it."""
         cut = cut_write_text(self.checkpoint) + (cut_write_text(self.latest) if self.latest is not None else "")
         if self.latest is not None and self.latest.exists():
             return f"the latest checkpoint {self.latest}{iter_on_disk_text(self.latest)} is untouched, beside the last healthy one{cut}"
@@ -346,9 +335,8 @@ MAX_RATES_SHOWN = 3
 
 def group_rates_field(groups: list[dict[str, Any]], lr: float) -> dict[str, list[float]]:
     """{"group_lrs": each distinct rate of the optimizer's groups at the step just done, in group
-    order} where one differs from lr (learning_rate's schedule): under Muon the matrices step at
-    muon_lr's, under one's own Lion at its own key's, under μP each width at its own. {} where
-    every group steps at lr, so an AdamW run's rows stay as they were."""
+    order} where one differs from lr (Muon's matrices, μP's widths); {} where every group steps at
+    lr, so an AdamW run's rows stay as they were."""
     rates = list(dict.fromkeys(float(g["lr"]) for g in groups if "lr" in g))
     return {"group_lrs": rates} if any(r != lr for r in rates) else {}
 
@@ -363,10 +351,8 @@ def rates_text(row: dict[str, Any]) -> str:
 
 
 class RunLog:
-    """The rows of a run: metrics.jsonl, W&B when asked, and their console lines.
-
-    Every rank calls it, so the callers need no rank checks; only rank 0 writes or prints.
-    """
+    """The rows of a run: metrics.jsonl, W&B when asked, and their console lines. Every rank calls
+    it, so the callers need no rank checks; only rank 0 writes or prints."""
 
     def __init__(self, cfg: TrainConfig, is_master: bool, progress: Progress, groups: Callable[[], list[dict[str, Any]]] | None = None):
         self.cfg = cfg
@@ -421,8 +407,8 @@ class RunLog:
             self.wandb.log(wandb_payload(row), step=row["iter"])
 
     def write_failure(self) -> WriteFailed:
-        """The stop of a run whose metrics.jsonl could not take a row: one line naming the file and
-        the checkpoint a resume starts from (on ranks other than 0, which writes the file, a pointer to its line)."""
+        """The stop of a run whose metrics.jsonl could not take a row: one line naming the file and the
+        checkpoint a resume starts from (on other ranks than 0, a pointer to its line)."""
         error, progress = self.write_error, self.progress
         if error is None:
             return WriteFailed("rank 0 could not write its metrics rows (a full disk); its line says which checkpoint a resume starts from.")
@@ -452,15 +438,13 @@ class RunLog:
         self.log(row)
 
     def show_first_step(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> None:
-        """The console line of a session's first step, at once rather than after log_interval
-        steps; no metrics row (the file keeps its rows every log_interval) and no pace for the ETA."""
+        """The console line of a session's first step, at once; no metrics row and no pace for the ETA."""
         self.print_train(self.train_row(loss, grad_norm, lr, step_time, mfu), step_time)
 
     def train_row(self, loss: float, grad_norm: float, lr: float, step_time: float, mfu: float | None) -> dict[str, Any]:
         """The metrics row of the step just done."""
         progress = self.progress
-        tokens_per_s = progress.tokens_per_step / step_time
-        row = {
+        return {
             "kind": "train",
             "iter": progress.iter_num,
             "tokens": progress.tokens,
@@ -469,11 +453,10 @@ class RunLog:
             "lr": lr,
             **group_rates_field(self.groups() if self.groups else [], lr),
             "grad_norm": grad_norm,
-            "tokens_per_s": tokens_per_s,
+            "tokens_per_s": progress.tokens_per_step / step_time,
             "mfu": mfu,
             "elapsed_s": round(progress.elapsed(), 3),
         }
-        return row
 
     def print_train(self, row: dict[str, Any], step_time: float) -> None:
         """The console line of a train row (rank 0)."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 import torch.nn.functional as F
 
 from spheretnorm.runtime.batches import EVAL_STREAM, TokenData, batch_offsets, get_batch
@@ -39,12 +38,9 @@ class EvalAbandoned(Exception):
 
 
 class EvalProgress:
-    """The console progress of an evaluation, one split at a time.
-
-    On a terminal one line updates in place ("eval val 3/20 batches"); either way each split
-    ends with one line that gives its time. Cluster logs are files, where an updating line
-    would pile up, so there a split that takes longer than EVAL_PROGRESS_EVERY_S adds a line
-    at most that often, and the per-split lines.
+    """The console progress of an evaluation, one split at a time: on a terminal one line updates in
+    place ("eval val 3/20 batches"); in a log file, where it would pile up, a line at most every
+    EVAL_PROGRESS_EVERY_S. Either way each split ends with one line that gives its time.
     """
 
     def __init__(self, enabled: bool, stream: TextIO | None = None):
@@ -76,25 +72,12 @@ class EvalProgress:
 
 
 class Evaluator:
-    """Evaluates the model of a run at its current iteration, and watches for collapse.
+    """Evaluates the model of a run at its current iteration, and watches for collapse. model is what
+    the training step calls (DDP-wrapped), fwd_model the same module unwrapped (the evaluation needs
+    no gradient sync), raw_model the plain GPT under both."""
 
-    model is what the training step calls (DDP-wrapped across ranks), fwd_model the same
-    module unwrapped (the evaluation needs no gradient sync), raw_model the plain GPT under both.
-    """
-
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        data: TokenData,
-        dist: DistInfo,
-        device: str,
-        autocast: Any,
-        progress: Progress,
-        *,
-        model: torch.nn.Module,
-        fwd_model: torch.nn.Module,
-        raw_model: GPT,
-    ):
+    def __init__(self, cfg: TrainConfig, data: TokenData, dist: DistInfo, device: str, autocast: Any, progress: Progress, *,
+                 model: torch.nn.Module, fwd_model: torch.nn.Module, raw_model: GPT):
         self.cfg = cfg
         self.data = data
         self.dist = dist
@@ -113,32 +96,17 @@ class Evaluator:
 
     @torch.no_grad()
     def estimate_loss(self) -> dict[str, float]:
-        """Mean loss over eval_iters fixed batches per split, shared among the ranks.
-
-        The batches come from their own stream, so they are the same at every evaluation and
-        never move the training sampler or the dropout generators. Rank r takes batches r,
-        r + world_size, ...; every rank checks for a stop at the start of a round, the same number
-        of times (every STOP_CHECK_ROUNDS rounds), so that a stop abandons the evaluation on all of
-        them together.
-        """
+        """Mean loss over eval_iters fixed batches per split, shared among the ranks. The batches come
+        from their own stream, so they are the same at every evaluation and never move the training
+        sampler or the dropout generators."""
         self.model.eval()
         out = {}
         progress = EvalProgress(enabled=self.dist.is_master)
-        rounds = math.ceil(self.cfg.eval_iters / self.dist.world_size)
         try:
             for split_id, split in enumerate(SPLITS):
                 tokens = self.data.split(split)
                 total = torch.zeros((), device=self.device)
-                progress.start(split, len(range(self.dist.rank, self.cfg.eval_iters, self.dist.world_size)))
-                for done in range(rounds):
-                    # Every few rounds: across ranks the check is an all-reduce that waits for the GPU.
-                    if done % STOP_CHECK_ROUNDS == 0 and self.stop_requested():
-                        raise EvalAbandoned(split)
-                    i = done * self.dist.world_size + self.dist.rank
-                    # A sharded model's forward is a collective: a rank past the last batch runs one
-                    # all the same (on the last batch) and does not count it.
-                    if i >= self.cfg.eval_iters and not self.sharded:
-                        continue
+                for done, i in self._my_batches(split, self.cfg.eval_iters, progress, split):
                     x, y = get_batch(tokens, self._eval_offsets(split_id, min(i, self.cfg.eval_iters - 1)), self.block_size, self.device)
                     with self.autocast:
                         _, loss = self.fwd_model(x, y)
@@ -154,27 +122,18 @@ class Evaluator:
     @torch.no_grad()
     def full_split_loss(self, split: str = "val") -> tuple[float, int]:
         """(mean token loss over the whole split, tokens scored): every full window of block_size
-        tokens from the start, none overlapping, batch_size windows a forward, the batches shared
-        among the ranks. Unlike estimate_loss it depends on no seed, so every run of a study is
-        scored on the same text; a tail shorter than a window is left out."""
+        tokens from the start, none overlapping, batch_size windows a forward. Unlike estimate_loss it
+        depends on no seed, so every run of a study is scored on the same text."""
         tokens = self.data.split(split)
         starts = np.arange((len(tokens) - 1) // self.block_size) * self.block_size
         batches = [starts[i : i + self.cfg.batch_size] for i in range(0, len(starts), self.cfg.batch_size)]
-        world, rank = self.dist.world_size, self.dist.rank
-        rounds = math.ceil(len(batches) / world)
         # On the device, so that no batch waits for the host; float64: thousands of batch sums add up.
         wide = torch.float32 if self.device.startswith("mps") else torch.float64  # MPS has no float64
         total = torch.zeros((), device=self.device, dtype=wide)
         progress = EvalProgress(enabled=self.dist.is_master)
-        progress.start(f"{split} (whole split)", len(range(rank, len(batches), world)))
         self.model.eval()
         try:
-            for done in range(rounds):
-                if done % STOP_CHECK_ROUNDS == 0 and self.stop_requested():
-                    raise EvalAbandoned(split)
-                i = done * world + rank
-                if i >= len(batches) and not self.sharded:  # as in estimate_loss: FSDP's forward is collective
-                    continue
+            for done, i in self._my_batches(split, len(batches), progress, f"{split} (whole split)"):
                 offsets = batches[min(i, len(batches) - 1)]
                 # The last batch is padded to batch_size with its own last window, and only its own
                 # windows count: one shape throughout, so a compiled model compiles nothing new.
@@ -192,6 +151,22 @@ class Evaluator:
         finally:
             self.model.train()
         return loss, windows * self.block_size
+
+    def _my_batches(self, split: str, count: int, progress: EvalProgress, label: str) -> Iterator[tuple[int, int]]:
+        """(round, batch index) of this rank's share of `count` batches: rank r takes r, r + world_size, ...
+
+        Every rank checks for a stop at the start of a round, the same number of times (every
+        STOP_CHECK_ROUNDS rounds: across ranks the check is an all-reduce that waits for the GPU), so
+        that a stop abandons the evaluation on all of them together. A sharded model's forward is a
+        collective: a rank past the last batch runs one all the same (index >= count: not counted).
+        """
+        world, rank = self.dist.world_size, self.dist.rank
+        progress.start(label, len(range(rank, count, world)))
+        for done in range(math.ceil(count / world)):
+            if done % STOP_CHECK_ROUNDS == 0 and self.stop_requested():
+                raise EvalAbandoned(split)
+            if done * world + rank < count or self.sharded:
+                yield done, done * world + rank
 
     def _eval_offsets(self, split_id: int, index: int) -> np.ndarray:
         n_tokens = self.data.num_tokens(SPLITS[split_id])
@@ -239,16 +214,13 @@ class Evaluator:
         return row
 
     def collapse_suspect(self, row: dict[str, Any]) -> bool:
-        """Whether this evaluation counts towards a collapse stop; updates the streak on every rank.
+        """Whether this evaluation counts towards a collapse stop; updates the streak on every rank
+        (rank 0's final_cosine is shared first, so every rank takes the same decisions).
 
-        Only rank 0 computes the diagnostics, so its final_cosine is shared first: every rank
-        must take the same save and stop decisions. No evaluation during the warm-up counts (iter
-        <= warmup_iters, iter 0's untrained model too): a sphere model's final states start out
-        nearly parallel and only part as it learns, so an alarm then would stop healthy runs.
-        A suspect state is not saved mid-run, but the final one (max_iters) always is: when the
-        alarm fires at the final evaluation, train.py saves first and then calls
-        stop_if_collapsed, so the alarm decides whether a run stops, never whether a run that
-        reached its end has a checkpoint.
+        No evaluation during the warm-up counts (iter <= warmup_iters): a sphere model's final
+        states start out nearly parallel and only part as it learns. A suspect state is not saved
+        mid-run, but the final one always is: when the alarm fires at max_iters, train.py saves
+        first and then calls stop_if_collapsed.
         """
         cfg, progress = self.cfg, self.progress
         if not cfg.collapse_evals or progress.iter_num <= cfg.warmup_iters:

@@ -1,18 +1,7 @@
-"""Checkpoints, in one package with one front: this module. Every caller (train.py, sample.py,
-the exports, zero-shot, consolidation, the tests) imports from here; the modules beside it hold
-the parts along their seams:
-
-- single_file.py: ckpt.pt (format spheretnorm-ckpt-v1) and its .safetensors export, and what both
-  formats share: the errors, atomic writes, safe reads, the check that a checkpoint's config
-  describes its weights (check_checkpoint), RNG state in plain values;
-- sharded.py: ckpt.dcp (train.py --parallel=fsdp, format spheretnorm-dcp-v1), a folder that
-  torch.distributed.checkpoint writes (by parameter name, one file per rank) plus meta.pt, the rest
-  of a checkpoint's dict: written by every rank, read back on any number, each save's files tied
-  to it, an interrupted save settled;
-- run_choice.py: which checkpoint of a run folder a resume and every reader takes;
-- resume.py: what train.py writes at a checkpoint and restores on a resume;
-- consolidation.py: scripts/consolidate.py, a sharded folder as one ckpt.pt (it imports this
-  front; nothing here imports it).
+"""Checkpoints, in one package with one front: this module, which every caller imports from.
+docs/ARCHITECTURE.md ("The runtime") says what each module beside it holds: single_file.py
+(ckpt.pt and what both formats share), sharded.py (ckpt.dcp), run_choice.py, resume.py and
+consolidation.py (which imports this front; nothing here imports it).
 
 Here: reading a checkpoint of either format by its form (load_checkpoint, load_model).
 """
@@ -64,12 +53,9 @@ __all__ = [
 def load_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu", require: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Load a checkpoint file (ckpt.pt, or a .safetensors export) and check that it is one of
-    this project's whose model can be built (check_checkpoint).
-
-    A missing file is a FileNotFoundError; every other failure is a CheckpointError naming the
-    file. require lists further keys the caller needs (a resume needs the optimizer state).
-    """
+    """Load a checkpoint (ckpt.pt, a .safetensors export or a sharded folder, read whole) and check
+    that its model can be built (check_checkpoint). A missing file is a FileNotFoundError, every
+    other failure a CheckpointError naming it; require: further keys the caller needs."""
     path = Path(path)
     if path.is_dir():  # a sharded checkpoint (train.py --parallel=fsdp), read whole
         ckpt = read_sharded_meta(path, require)
@@ -92,11 +78,8 @@ def load_checkpoint(
 
 
 def load_model(ckpt: str | Path | dict[str, Any], map_location: str | torch.device = "cpu") -> GPT:
-    """The GPT of a checkpoint file (or of its loaded dict).
-
-    A file or dict whose model cannot be built (see check_checkpoint) is a CheckpointError,
-    raised before the model the config describes is allocated.
-    """
+    """The GPT of a checkpoint file (or of its loaded dict); one whose model cannot be built is a
+    CheckpointError, raised before the model the config describes is allocated."""
     if isinstance(ckpt, dict):
         config = check_checkpoint(ckpt)
     else:

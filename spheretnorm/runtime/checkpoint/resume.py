@@ -54,13 +54,10 @@ def settle_at_start(train: TrainConfig) -> None:
 
 def read_resume_meta(path: Path, require: tuple[str, ...]) -> dict[str, Any]:
     """meta.pt of the sharded folder a resume reads (read_sharded_meta), decided by every rank
-    together: rank 0 reads every byte of the folder once (its digests), the others check sizes only,
-    and before any rank goes on (to build the model, to read a tensor) they gather their verdicts.
-    A folder any rank refuses is then refused by every rank with the same sentence, the lowest
-    refusing rank's (a damaged or foreign shard of its save's size is seen by rank 0 alone): train.py
-    says it once, by rank 0, which exits with EXIT_CONFIG (2: refused before any training), the
-    other ranks with it (or ended by torchrun first), none with a traceback. Alone (no process
-    group, or one rank) it is read_sharded_meta."""
+    together: rank 0 reads every byte once (its digests), the others check sizes only, and they
+    gather their verdicts before any goes on. A folder any rank refuses is refused by every rank
+    with the lowest refusing rank's sentence (a foreign shard of its save's size is seen by rank 0
+    alone), which train.py says once, by rank 0, with exit status 2 and no traceback."""
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", "0"))
     meta: dict[str, Any] = {}
     error: CheckpointError | None = None
@@ -80,35 +77,26 @@ def read_resume_meta(path: Path, require: tuple[str, ...]) -> dict[str, Any]:
 
 
 def restore_training_state(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
-    """The checkpoint's weights and optimizer state, trained on under the current settings: the
-    saved param groups that load_state_dict restores give way to those cfg built (rates, betas,
-    weight decay, every optimizer key), and a changed key the state fixes is refused."""
+    """The checkpoint's weights and optimizer state (read from `path`), trained on under the current
+    settings: the saved param groups give way to those cfg built (rates, betas, weight decay, every
+    optimizer key), and a changed key the state fixes is refused. With fresh_optimizer the weights
+    only: the optimizer, perhaps another one, starts anew."""
     refusal = None if cfg.fresh_optimizer else refused_resume_change(cfg, ckpt["train_config"].get("optimizer_params") or {})
     if refusal:
         raise ConfigError(refusal)
     fresh = group_settings(optimizer)
-    restore_weights(cfg, ckpt, model, optimizer, path)
-    apply_group_settings(optimizer, fresh)
-
-
-def restore_weights(cfg: TrainConfig, ckpt: dict[str, Any], model: torch.nn.Module, optimizer: Optimizers, path: Path) -> None:
-    """The weights and optimizer state of the checkpoint read from `path`; with fresh_optimizer the
-    weights only (the optimizer, perhaps another one, starts anew)."""
     keep = None if cfg.fresh_optimizer else optimizer
     if cfg.parallel == "fsdp":  # each rank reads its own shards, from any number of ranks' files
         load_sharded(path, model, keep)
     else:
         model.load_state_dict(ckpt["model"])
         if keep is not None:
-            load_optimizer_state(keep, ckpt["optimizer"], path)
+            saved = ckpt["optimizer"]
+            try:
+                keep.load_state_dict(saved)
+            except (ValueError, KeyError, TypeError, RuntimeError) as e:
+                raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
     if keep is None:
         was = ckpt["train_config"].get("optimizer", "adamw")
         print0(f"NOTE: fresh_optimizer=true: the checkpoint's {was} state is dropped; {cfg.optimizer} starts a new one at iteration {ckpt['iter_num']}.")
-
-
-def load_optimizer_state(optimizer: Optimizers, state: dict[str, Any], path: Path) -> None:
-    """The checkpoint's optimizer state, or one line when it does not fit the model (damaged)."""
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise ConfigError(f"The optimizer state in {path} does not fit the model ({e}); the checkpoint is damaged.") from None
+    apply_group_settings(optimizer, fresh)

@@ -34,21 +34,16 @@ def checkpoint_iter(path: str | Path) -> int:
 
 
 HEALTHY_NAMES = (CKPT_NAME, SHARDED_CKPT_NAME)
-
-
 STOP_NAMES = (STOP_CKPT_NAME, SHARDED_STOP_CKPT_NAME)
 
 
 def newest_run_checkpoint(run_dir: str | Path, prefer: str = CKPT_NAME, max_iters: int | None = None) -> tuple[Path | None, str]:
-    """The one rule, by iteration, for which checkpoint of a run folder a resume and every reader
-    takes: of its ckpt.pt and ckpt.dcp (and a stop's ckpt.stop.pt or ckpt.stop.dcp, the state a
-    signal saved during a collapse-alarm streak), the one holding the latest iteration; on equal
-    iterations a healthy one before a stop's, then `prefer`. A stop's file that cannot be read, or
-    that claims an iteration past `max_iters` (the run could never reach it), is not taken, and
-    said. Returns the file taken and a phrase on why ('' when it is the folder's only one; None
-    and the phrase when none can be taken). A run consolidated and then resumed under the other
-    parallel mode leaves both healthy ones, the older one stale: taking the newer keeps every
-    reader on the run's last state."""
+    """The one rule for which checkpoint of a run folder a resume and every reader takes: of its
+    ckpt.pt and ckpt.dcp (and a stop's ckpt.stop.pt or ckpt.stop.dcp), the one holding the latest
+    iteration; on a tie a healthy one before a stop's, then `prefer`. A stop's file that cannot be
+    read, or claims an iteration past `max_iters`, is not taken, and said. Returns the file taken
+    (None when none can be) and a phrase on why ('' when it is the folder's only one). A run
+    consolidated and resumed under the other parallel mode leaves both healthy ones: the newer wins."""
     run_dir = Path(run_dir)
     found = [run_dir / name for name in (*HEALTHY_NAMES, *STOP_NAMES) if (run_dir / name).exists()]
     if len(found) == 1 and found[0].name in HEALTHY_NAMES:
@@ -113,10 +108,8 @@ def check_newest_is_own(train: TrainConfig) -> None:
 
 def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
     """The checkpoint a resume (or --eval_only) starts from, by the rule every reader follows
-    (newest_run_checkpoint: the latest iteration; on a tie the healthy one; a stop's file
-    that is damaged or past max_iters not taken), and the one line that names it when out_dir holds
-    more than one, or when it is a stop's. With both ckpt.pt and ckpt.dcp (a run consolidated, then
-    resumed under the other mode), the other mode's newer state is refused, saying how on."""
+    (newest_run_checkpoint), and the line that names it when out_dir holds more than one, or when
+    it is a stop's. The other parallel mode's newer state is refused, saying how on."""
     own = checkpoint_path(train)
     if train.init_from != "resume":
         return own, None
@@ -147,11 +140,9 @@ def resume_checkpoint(train: TrainConfig) -> tuple[Path, str | None]:
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
     """The checkpoint that `path` names for a reader (sample.py, zero-shot, the exports): a checkpoint
-    file or sharded folder itself; in a run folder the newer of ckpt.pt and ckpt.dcp
-    (newest_run_checkpoint), else its ckpt.safetensors export. The second value is '' or a phrase on
-    why that one, for the caller to print after the folder's name (another checkpoint is beside it,
-    or it is an export). Nothing there is a FileNotFoundError naming `path`, worded to follow
-"No checkpoint: " or the like."""
+    file or sharded folder itself; in a run folder newest_run_checkpoint's, else its ckpt.safetensors
+    export; and '' or a phrase on why that one, for the caller to print after the folder's name.
+    Nothing there is a FileNotFoundError naming `path`, worded to follow "No checkpoint: "."""
     path = Path(path)
     if not path.is_dir() or is_sharded_checkpoint(path):
         if not path.exists():
@@ -172,10 +163,9 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
 
 
 def checkpoint_for(path: str | Path, program: str, purpose: str, doing: str, error: type[Exception]) -> Path:
-    """resolve_checkpoint for a command that reads one (sample.py, zero-shot, the export): why that
-    one, when there is a why, is a line on stderr ('sample.py: 'out/RUN' holds ...; sampling from
-    out/RUN/ckpt.dcp'), and no checkpoint, or one whose iteration cannot be read, is `error` of
-    one sentence ('No checkpoint to sample from: ...')."""
+    """resolve_checkpoint for a command that reads one: why that one, when there is a why, is a line
+    on stderr ("sample.py: 'out/RUN' holds ...; sampling from out/RUN/ckpt.dcp"), and no checkpoint,
+    or one whose iteration cannot be read, is `error` of one sentence ('No checkpoint to sample from: ...')."""
     try:
         chosen, why = resolve_checkpoint(path)
     except FileNotFoundError as e:

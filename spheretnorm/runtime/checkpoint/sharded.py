@@ -2,15 +2,11 @@
 written by every rank at once, read back on any number.
 
 The folder (out_dir/ckpt.dcp) is a torch.distributed.checkpoint folder of the model's and the
-optimizer's state by parameter name (model.* and optimizer.*, one file per rank, so a resume on
-another number of ranks reshards it), plus meta.pt (SHARDED_META: the rest of a checkpoint's dict,
-config, progress, RNG, and the save's id with the size and digest of each of its files, so that a
-file of another save is refused). It is written as ckpt.dcp.tmp and renamed when whole, so a crash
-or a full disk mid-write leaves the previous checkpoint as it was; between the two renames of a
-replacement the previous one is ckpt.dcp.old. The next start settles whatever an interrupted save
-left (settle_interrupted_save: the newest whole checkpoint is kept), and a save removes a leftover
-ckpt.dcp.old that would block its renames. scripts/consolidate.py turns a folder into one ckpt.pt
-(checkpoint/consolidation.py).
+optimizer's state by parameter name (one file per rank, resharded on another number of ranks),
+plus meta.pt (SHARDED_META: the rest of a checkpoint's dict, with the save's id and the size and
+digest of each of its files). It is written as ckpt.dcp.tmp and renamed when whole (ckpt.dcp.old
+between the two renames); settle_interrupted_save settles what an interrupted save left. README.md
+("Past one GPU's memory: --parallel=fsdp") says the rest.
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ TMP_SUFFIX, OLD_SUFFIX = ".tmp", ".old"
 
 def _state(model: torch.nn.Module, optimizer: Optimizers | None) -> dict[str, Any]:
     """Model and optimizer state by parameter name (DTensor shards under FSDP, whole tensors else);
-    every optimizer of the container in one state, each parameter's under its own name. Without an
-    optimizer, the model's alone (a resume with a fresh optimizer reads no optimizer state)."""
+    without an optimizer the model's alone (a resume with a fresh optimizer reads none)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if optimizer is None:
@@ -66,15 +61,14 @@ def _state(model: torch.nn.Module, optimizer: Optimizers | None) -> dict[str, An
 def save_sharded(
     path: str | Path, model: torch.nn.Module, optimizer: Optimizers, extra: dict[str, Any], dist: DistInfo, device: str
 ) -> None:
-    """Every rank writes its shards into path.tmp and digests them, rank 0 adds meta.pt (`extra`,
-    less the tensors, with the save's id and every file's size and digest: save_record), then the
-    folder replaces `path`. A write or a replacement that fails on any rank fails on all of them,
-    with an OSError naming the folder, and leaves `path` as it was (a failed write's temporary
-    folder removed; a failed replacement's whole one kept for the next start, settle_interrupted_save)."""
+    """Every rank writes its shards into path.tmp and digests them, rank 0 adds meta.pt (`extra`
+    with save_record's), then the folder replaces `path`. A failure on any rank fails on all of
+    them, with an OSError naming the folder, and leaves `path` as it was (a failed replacement's
+    whole folder is kept for the next start, settle_interrupted_save)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
-    tmp, old = Path(str(path) + TMP_SUFFIX), Path(str(path) + OLD_SUFFIX)
+    tmp, old = _leftovers(path)
     if dist.is_master and (tmp.exists() or tmp.is_symlink()):
         # A crashed earlier write (or a file of that name): dcp.save writes a folder there. Best
         # effort, as a failure here alone would leave the other ranks at the barrier: dcp.save's
@@ -112,9 +106,14 @@ def save_sharded(
     _barrier()
 
 
+def _leftovers(path: Path) -> tuple[Path, Path]:
+    """path.tmp and path.old: a save's whole folder before its rename, and the one it replaces."""
+    return Path(str(path) + TMP_SUFFIX), Path(str(path) + OLD_SUFFIX)
+
+
 def _remove_folder_or_file(path: Path) -> None:
-    """Remove what an interrupted save, or something else, left at a name a save writes: usually a
-    folder, but a file there (or a link) blocks a resume and a save just as well."""
+    """Remove what was left at a name a save writes: usually a folder, but a file there (or a
+    link) blocks a resume and a save just as well."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
@@ -122,10 +121,9 @@ def _remove_folder_or_file(path: Path) -> None:
 
 
 def _put_in_place(tmp: Path, path: Path, old: Path) -> OSError | None:
-    """Replace `path` by the whole folder `tmp`, the previous one moved to `old` in between (a
-    leftover `old` of an interrupted save is removed first: it would block the rename); the
-    OSError of a failure, None when done. Removing `old` last is best effort: the next save or
-    start removes what stays."""
+    """Replace `path` by `tmp`, the previous one moved to `old` in between (a leftover `old`, which
+    would block the rename, removed first); the OSError of a failure, None when done. Removing
+    `old` last is best effort: the next save or start removes what stays."""
     try:
         if old.exists() or old.is_symlink():
             _remove_folder_or_file(old)
@@ -147,14 +145,12 @@ def save_record(folder: Path, digests: dict[str, list]) -> dict[str, Any]:
 
 def settle_interrupted_save(folder: str | Path) -> str:
     """Resolve what an interrupted save_sharded left beside `folder` (ckpt.dcp.tmp, ckpt.dcp.old or
-    both: a kill between its renames, or during or instead of its last cleanup) by what each
-    holds: the newest whole checkpoint among them and `folder` becomes `folder`, the rest is
-    removed. Returns a line saying what was done ('' when nothing was left). A leftover holding a
-    newer whole checkpoint than a `folder` that cannot be read is not chosen for the user: a
-    CheckpointError names the folder to remove. Run by one process (rank 0, before any other
-    reads the folder: wait_for_settled)."""
+    both): the newest whole checkpoint among them and `folder` becomes `folder`, the rest is
+    removed; returns the line saying so ('' when nothing was left). A leftover newer than a
+    `folder` that cannot be read is not chosen for the user: a CheckpointError names the folder to
+    remove. Run by rank 0 alone, before any other reads the folder (wait_for_settled)."""
     folder = Path(folder)
-    leftovers = [p for p in (Path(str(folder) + TMP_SUFFIX), Path(str(folder) + OLD_SUFFIX)) if p.exists()]
+    leftovers = [p for p in _leftovers(folder) if p.exists()]
     if not leftovers:
         return ""
     held = {p: _whole_iter(p) for p in (folder, *leftovers) if p.exists()}
@@ -169,16 +165,19 @@ def settle_interrupted_save(folder: str | Path) -> str:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(folder)  # a whole but older state: the leftover's is newer
         os.replace(best, folder)
-    for path in leftovers:
-        if path.exists():
-            _remove_leftover(path)
+    for path in (p for p in leftovers if p.exists()):
+        try:
+            _remove_folder_or_file(path)
+        except OSError as e:
+            why = f"could not remove {path}, left by an interrupted save ({e.strerror or e}); remove it by hand"
+            raise OSError(e.errno or errno.EIO, why) from None
     kept = f"kept iter {held[best]} as {folder.name}" if best is not None else "none held a whole checkpoint"
     return f"NOTE: an interrupted save left {' and '.join(p.name for p in leftovers)} in {folder.parent}; {kept}, and removed the rest."
 
 
 def _whole_iter(path: Path) -> int | None:
-    """The iteration of a whole, readable sharded folder (read_sharded_meta's checks, the files'
-    digests included), None for one that is not: its writing never finished, or it is damaged."""
+    """The iteration of a whole, readable sharded folder (read_sharded_meta's checks, digests
+    included), None for one whose writing never finished or that is damaged."""
     try:
         return read_sharded_meta(path).get("iter_num")
     except RecordedImportsError:
@@ -187,17 +186,10 @@ def _whole_iter(path: Path) -> int | None:
         return None
 
 
-def _remove_leftover(path: Path) -> None:
-    try:
-        _remove_folder_or_file(path)
-    except OSError as e:
-        raise OSError(e.errno or errno.EIO, f"could not remove {path}, left by an interrupted save ({e.strerror or e}); remove it by hand") from None
-
-
 def wait_for_settled(folder: str | Path, timeout_s: float) -> None:
     """On a rank other than 0: wait until rank 0 has settled the folder's leftovers (settle_interrupted_save),
     before reading it; if rank 0 refuses them, torchrun ends this rank with it."""
-    leftovers = (Path(str(folder) + TMP_SUFFIX), Path(str(folder) + OLD_SUFFIX))
+    leftovers = _leftovers(Path(folder))
     deadline = time.monotonic() + timeout_s
     while any(p.exists() for p in leftovers) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -212,26 +204,37 @@ def _barrier() -> None:
 # Reading a folder: its index and files checked, its meta.pt, its state loaded on any number of ranks or whole in one process
 
 
-def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers | None) -> None:
-    """Fill the model and the optimizer (sharded or whole; None: the model alone) from a folder
-    written by any number of ranks; a damaged one is a CheckpointError (read_sharded_meta checks first)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+def _where(path: str | Path) -> str:
+    return f"Sharded checkpoint {str(path)!r}"
 
-    state = _state(model, optimizer)
-    where = f"Sharded checkpoint {str(path)!r}"
-    as_built = _set_aside_added_group_keys(state, set(_dcp_metadata(Path(path), where).state_dict_metadata))
+
+def _load_safely(state: dict[str, Any], path: str | Path, alone: bool, damaged: str) -> None:
+    """dcp.load of `state` from the folder, its pickles (the index, the optimizer's values) read
+    without code, as read_torch_file reads files; alone: this one process reads every rank's files."""
+    import torch.distributed.checkpoint as dcp
+
     try:
-        # The index and the optimizer's values are pickles: read as read_torch_file reads files, without code.
         safe = {"storage_reader": safe_dcp_reader(path), "planner": safe_dcp_planner()}
-        if torch_dist.is_initialized():
+        if not alone:
             dcp.load(state, **safe)
-        else:  # consolidate: this one process reads every rank's files
+        else:
             with one_process_dcp():
                 dcp.load(state, no_dist=True, **safe)
     except dcp_errors() as exc:
-        raise CheckpointError(f"{where} cannot be read: it is damaged or not of this model ({describe_error(dcp_cause(exc))}).") from None
-    _put_back_group_keys(state, as_built)
+        raise CheckpointError(f"{_where(path)} cannot be read: {damaged} ({describe_error(dcp_cause(exc))}).") from None
+
+
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: Optimizers | None) -> None:
+    """Fill the model and the optimizer (sharded or whole; None: the model alone) from a folder
+    written by any number of ranks; a damaged one is a CheckpointError (read_sharded_meta checks first)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    state = _state(model, optimizer)
+    as_built = _set_aside_added_group_keys(state, set(_dcp_metadata(Path(path), _where(path)).state_dict_metadata))
+    _load_safely(state, path, not torch_dist.is_initialized(), "it is damaged or not of this model")  # alone: consolidate
+    groups = state.get("optimizer", {}).get("param_groups", [])
+    for (i, key), value in as_built.items():  # back into the groups DCP filled
+        groups[i][key] = value
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
@@ -246,27 +249,17 @@ ADDED_GROUP_KEYS = (PEAK_LR,)
 
 def _set_aside_added_group_keys(state: dict[str, Any], held: set[str]) -> dict[tuple[int, str], Any]:
     """Take out of `state`'s optimizer groups the ADDED_GROUP_KEYS that the folder's index (`held`:
-    its flat keys, 'optimizer.param_groups.I.KEY') lacks, so that DCP does not ask the folder for
-    them; returns them, {(group, key): value as built}. Any other key the folder lacks stays in
-    `state`, and DCP refuses it."""
+    'optimizer.param_groups.I.KEY') lacks, so that DCP does not ask for them; returns them,
+    {(group, key): value as built}. Any other key the folder lacks stays, and DCP refuses it."""
     groups = state.get("optimizer", {}).get("param_groups", [])
     missing = [(i, key) for i, group in enumerate(groups) for key in ADDED_GROUP_KEYS
                if key in group and f"optimizer.param_groups.{i}.{key}" not in held]
     return {(i, key): groups[i].pop(key) for i, key in missing}
 
 
-def _put_back_group_keys(state: dict[str, Any], as_built: dict[tuple[int, str], Any]) -> None:
-    """The group keys _set_aside_added_group_keys took out, back into the groups DCP filled."""
-    groups = state.get("optimizer", {}).get("param_groups", [])
-    for (i, key), value in as_built.items():
-        groups[i][key] = value
-
-
 # What torch.distributed.checkpoint's index (.metadata, a pickle) is built of: its own metadata
 # classes, torch's Size, dtypes and layouts, and a path. Anything else is refused unrun.
 _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-
-
 _DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
 
 
@@ -354,12 +347,11 @@ def sharded_shapes(path: Path, where: str, prefix: str = "model.") -> dict[str, 
 
 def read_sharded_meta(path: str | Path, require: tuple[str, ...] = (), digests: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a sharded folder without its tensors (meta.pt), checked as
-    check_checkpoint checks a file: the format tag, the config, the weights' names and shapes (from
-    the folder's index) and the keys in `require` (the optimizer's tensors count when present); and
-    that its files are those of the save it records (check_save_files; digests=False: by their
+    check_checkpoint checks a file (the weights' shapes from the index; the optimizer's tensors count
+    for `require`), and its files as those of the save it records (check_save_files; digests=False:
     sizes only, for the ranks of a resume other than rank 0, which reads every byte once for all)."""
     path = Path(path)
-    where = f"Sharded checkpoint {str(path)!r}"
+    where = _where(path)
     if not (path / SHARDED_META).is_file():
         raise CheckpointError(
             f"{where} is not a spheretnorm sharded checkpoint: it has no {SHARDED_META} "
@@ -409,27 +401,19 @@ def say_unverifiable(path: Path, where: str) -> None:
 
 
 def check_unrecorded_save(path: Path, meta: dict[str, Any], where: str) -> None:
-    """Refuse a folder written before saves recorded their files when what torch.distributed.checkpoint
-    itself wrote shows files of another save in it. What it writes (torch 2.x, the torch_save format
-    that save_sharded has always used; torch/distributed/checkpoint/filesystem.py), and so what can be shown:
+    """Refuse a folder written before saves recorded their files where what torch.distributed.checkpoint
+    itself wrote (torch 2.x, its torch_save format; torch/distributed/checkpoint/filesystem.py) shows
+    files of another save:
 
-    - The index (.metadata) places each entry of the save (a torch.save archive) at an offset and a
-      length in a named shard file, and the writer puts a file's entries back to back with nothing
-      after them; each save wrote into a folder of its own (ckpt.dcp.tmp, emptied first). So a shard
-      file longer than its entries, or one with bytes in which the index names no entry, is not
-      this save's (one cut short is refused as damaged by _dcp_metadata).
-    - The index records the folder the save wrote into (storage_meta.checkpoint_id,
-      OUT_DIR/ckpt.dcp.tmp), and meta.pt the run's out_dir (train_config), both from the one out_dir
-      of the run that saved (a run folder moved or copied takes both along). An index and a meta.pt
-      of different run folders are of different saves: `cp other/ckpt.dcp/* ckpt.dcp/` copies the
-      other run's meta.pt and shards and leaves the index, a dot file, behind. A meta.pt without an
-      out_dir (none of train.py's) or an index without checkpoint_id (an older torch's) is not compared.
+    - the index places each entry at an offset and length in a named shard file, back to back with
+      nothing after them, and each save wrote into a folder of its own: a shard longer than its
+      entries, or one the index names no entry in, is another save's;
+    - the index records the folder the save wrote into (storage_meta.checkpoint_id), meta.pt the
+      run's out_dir: `cp other/ckpt.dcp/* ckpt.dcp/` leaves the index, a dot file, behind. Either
+      missing (an older torch's index) is not compared.
 
-    What cannot be shown: a shard of another save laid out alike (another run of the same shapes
-    and settings, or another save of this run). A shard holds nothing of the save that wrote it:
-    its entries are torch.save archives, the same bytes for the same values (no id, no path, no
-    time), and the index records where each entry lies but no digest; DCP's own save_id is in the
-    index alone. Such a shard loads unseen, which say_unverifiable says once.
+    A shard of another save laid out alike cannot be shown (its entries hold no id, path or time,
+    and the index no digest): it loads unseen, which say_unverifiable says once.
     """
     index = _dcp_metadata(path, where)  # every file it names there and long enough
     ends = _entry_ends(index)
@@ -456,11 +440,9 @@ def check_unrecorded_save(path: Path, meta: dict[str, Any], where: str) -> None:
 
 
 def check_save_files(path: Path, meta: dict[str, Any], where: str, digests: bool = True) -> None:
-    """Refuse a folder whose files are not all of the save its meta.pt records (save_id, files: a
-    shard copied in from another save of the same shape would load without a word otherwise): each
-    recorded file there with its size and digest, and no other shard. A folder written before saves
-    recorded them (no files key) is checked for what torch's own index can show (check_unrecorded_save),
-    and taken with one line that its shards cannot be verified."""
+    """Refuse a folder whose files are not all of the save its meta.pt records: each recorded file
+    there with its size and digest, and no other shard. A folder written before saves recorded them
+    is checked for what torch's own index can show (check_unrecorded_save), and said unverifiable."""
     recorded = meta.get("files")
     if recorded is None:
         check_unrecorded_save(path, meta, where)
@@ -511,14 +493,7 @@ def one_process_dcp() -> Iterator[None]:
 def read_sharded_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """The whole model's weights of a sharded folder, in this process on the CPU, whatever the
     number of ranks that wrote it (no process group needed)."""
-    import torch.distributed.checkpoint as dcp
-
     path = Path(path)
-    where = f"Sharded checkpoint {str(path)!r}"
-    state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in sharded_shapes(path, where).items()}
-    try:
-        with one_process_dcp():
-            dcp.load({"model": state}, storage_reader=safe_dcp_reader(path), planner=safe_dcp_planner(), no_dist=True)
-    except dcp_errors() as exc:
-        raise CheckpointError(f"{where} cannot be read: it is damaged ({describe_error(dcp_cause(exc))}).") from None
+    state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in sharded_shapes(path, _where(path)).items()}
+    _load_safely({"model": state}, path, True, "it is damaged")
     return state

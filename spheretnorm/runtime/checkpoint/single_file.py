@@ -1,12 +1,10 @@
 """The single-file checkpoint (ckpt.pt, and its weights-only .safetensors export), and what both
-formats share: the format tag, the errors, atomic writes, safe reads, the check that a
-checkpoint's config describes its weights, RNG state in plain values.
+formats share: the format tag, the errors, atomic writes, safe reads (read_torch_file), the check
+that a checkpoint's config describes its weights (check_checkpoint), RNG state in plain values.
 
 A checkpoint (format spheretnorm-ckpt-v1) is a dict: format, model_config (GPTConfig as a dict),
 model (the state dict), and what train.py adds (optimizer, iter_num, train_config, data_meta,
-every rank's RNG state in plain values: rng_to_plain, resume.write_run_checkpoint). Here: writing
-one atomically, reading one safely (read_torch_file), checking that the model it describes can be
-built from the weights it holds (check_checkpoint), and its safetensors form.
+every rank's RNG state: resume.write_run_checkpoint).
 """
 
 from __future__ import annotations
@@ -60,15 +58,9 @@ def write_failure_reason(e: BaseException) -> str:
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be read, or whose model cannot be built from it.
-
-    Damaged files (truncated, empty, text, a zip archive that is not torch's), foreign ones (no
-    spheretnorm format tag), pickles carrying code, and checkpoints whose model_config is
-    invalid or does not describe the weights they hold. The message is one sentence that names
-    the file; train.py, sample.py and scripts/export_hf.py print it without a traceback. A
-    ValueError, which load_checkpoint raised before this class existed, so callers that catch
-    ValueError keep working.
-    """
+    """A checkpoint that cannot be read (damaged, foreign, a pickle carrying code), or whose model
+    cannot be built from it; one sentence naming the file, which the commands print without a
+    traceback. A ValueError, as load_checkpoint raised before this class existed."""
 
 
 class RecordedImportsError(CheckpointError):
@@ -120,10 +112,8 @@ def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", 
     """What torch.save wrote to `path`, unpickled safely; any failure is a CheckpointError naming it.
 
     Unpickling runs with weights_only=True: besides tensors and plain Python values, only the
-    allow-list below may be rebuilt: numpy's RNG state as earlier commits saved it, an ndarray
-    (rng_to_plain now saves plain values). A file carrying anything else, such as a pickled
-    callable, is refused before any of it runs. mmap=True maps the tensors' storage instead of reading it,
-    for a look at their names and shapes (torch.save's zip archives only).
+    allow-list below (numpy's RNG state as earlier commits saved it) may be rebuilt; anything else
+    is refused before any of it runs. mmap=True maps the tensors instead of reading them (zip archives only).
     """
     path = Path(path)
     allowed = [
@@ -163,13 +153,9 @@ def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", 
 
 
 def check_checkpoint(ckpt: Any, where: str = "The checkpoint") -> GPTConfig:
-    """The model config of a checkpoint dict whose model can be built; else a CheckpointError.
-
-    `where` starts each message ("Checkpoint 'out/ckpt.pt'"). Checked: the format tag, the
-    model config's keys and values, the types of the optional keys (_OPTIONAL_KEYS), and that
-    the weights have the names and shapes of the model the config describes (check_weights).
-    The tensors may be on the meta device: only their shapes are read.
-    """
+    """The model config of a checkpoint dict whose model can be built; else a CheckpointError whose
+    message starts with `where` ("Checkpoint 'out/ckpt.pt'"). The tensors may be on the meta device:
+    only their shapes are read (check_weights)."""
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{where} is not a spheretnorm checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r}).")
@@ -193,10 +179,9 @@ def check_checkpoint(ckpt: Any, where: str = "The checkpoint") -> GPTConfig:
 def check_weights(state: Any, config: GPTConfig, where: str, config_where: str) -> None:
     """A CheckpointError unless `state` holds exactly the weights of GPT(config), by name and shape.
 
-    Nothing the config sizes is allocated: the expected shapes come from the model built on the
-    meta device, and only once n_layer is known to match the weights (even there, a damaged
-    n_layer of 10^9 would take hours to build). `where` names the weights' file and
-    `config_where` the config's ("its model_config", or the config.json of a folder).
+    The expected shapes come from the model built on the meta device, and only once n_layer is known
+    to match the weights (a damaged n_layer of 10^9 would take hours to build even there). `where`
+    names the weights' file and `config_where` the config's ("its model_config", a folder's config.json).
     """
     if not is_state_dict(state):
         found = "a dict with other values" if isinstance(state, dict) else f"a {type(state).__name__}"
@@ -235,10 +220,8 @@ TIED_HEAD, TIED_TO = "lm_head.weight", "transformer.wte.weight"  # one tensor, s
 
 
 def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
-    """Write a checkpoint's weights and config as one safetensors file: no pickle, no optimizer.
-
-    load_checkpoint (and so load_model, sample.py and the evaluator) reads it back.
-    """
+    """Write a checkpoint's weights and config as one safetensors file (no pickle, no optimizer),
+    which load_checkpoint reads back."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -253,11 +236,8 @@ def save_safetensors_checkpoint(ckpt: dict[str, Any], path: str | Path) -> Path:
 
 
 def load_safetensors_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The checkpoint dict (format, model_config, model, ...) of a save_safetensors_checkpoint file.
-
-    The config (from the metadata) is checked against the tensors' shapes in the file's header
-    before any tensor is read, so a damaged size in the metadata allocates nothing.
-    """
+    """The checkpoint dict of a save_safetensors_checkpoint file; its config is checked against the
+    shapes in the file's header before any tensor is read, so a damaged size allocates nothing."""
     where = f"Checkpoint {str(path)!r}"
     metadata, shapes = read_safetensors(path, shapes_only=True)
     if metadata.get("format") != CHECKPOINT_FORMAT:
@@ -271,9 +251,7 @@ def load_safetensors_checkpoint(path: Path, map_location: str | torch.device = "
     return ckpt
 
 
-def read_safetensors(
-    path: Path, shapes_only: bool = False, device: str = "cpu"
-) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+def read_safetensors(path: Path, shapes_only: bool = False, device: str = "cpu") -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """(metadata, tensors by name) of a safetensors file; a file safetensors cannot parse
     (truncated, text, ...) is a CheckpointError naming it. shapes_only: the tensors on the meta
     device, from the file's header alone (nothing read or allocated)."""

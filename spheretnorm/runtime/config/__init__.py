@@ -1,25 +1,14 @@
-"""Training configuration, one package with one front: this module. Every caller imports from
-here; the modules beside it hold the parts along their seams:
-
-- train_config.py: the TrainConfig dataclass, the key tables derived from it and model.GPTConfig,
-  the keys that registered entries declare, ParsedConfig;
-- values.py: a key's value typed from the command line or checked from a file, types in words,
-  model configs rebuilt from files (config_from_dict) and compared;
-- recorded.py: what a run folder records, read back as settings (its config.json, the resume of a
-  folder named by --out_dir alone, the modules a continued run needs);
-- parsing.py: the command line and config files (parse_config);
-- help_text.py: --help, generated from the dataclasses.
+"""Training configuration, one package with one front: this module, which every caller imports
+from; docs/ARCHITECTURE.md ("The runtime") says what each module beside it holds.
 
 There is one source of truth for every key: the fields of ``TrainConfig`` and of
 ``model.GPTConfig``. A run is configured as
 
     python train.py [config/NAME.py ...] [--key=value ...]
 
-Config files are Python files, mostly ``key = value`` assignments, that run as code (as
-nanoGPT's do: only trusted files belong there). They are run into a private namespace (never
-into this module's globals), and every public name they define must be a field of one of the
-two dataclasses. ``--key=value`` strings are converted by the field's
-type. Any unknown key or badly typed value raises ``ConfigError`` before a run does any work.
+Config files are Python that runs (as nanoGPT's: only trusted files belong there), into a private
+namespace; every public name they define must be a key, and ``--key=value`` strings are converted
+by the key's type. Any unknown key or badly typed value raises ``ConfigError`` before any work.
 """
 
 from __future__ import annotations

@@ -43,11 +43,8 @@ _HELP_COLUMN = 32
 
 
 def field_comments(cls: type) -> tuple[dict[str, str], dict[str, str]]:
-    """({field: its trailing comment}, {field: the '# -- section' above it}) from the source.
-
-    Empty when the source is not available (a frozen install): --help then lists the keys and
-    defaults without the comments.
-    """
+    """({field: its trailing comment}, {field: the '# -- section' above it}) from the source; empty
+    without the source (a frozen install): --help then lists the keys and defaults alone."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -151,12 +148,8 @@ def config_help(
     description: str = TRAIN_DESCRIPTION,
     train_keys: bool = True,
 ) -> str:
-    """The --help text of a program configured by GPTConfig (and TrainConfig) keys.
-
-    extra_options maps a program's own options, written as '--name=DEFAULT', to their one-line
-    help; they are listed first. train_keys=False leaves out the training keys (for a tool
-    that only builds models).
-    """
+    """The --help text of a program configured by GPTConfig (and TrainConfig) keys: extra_options
+    ('--name=DEFAULT' -> its help) first; train_keys=False leaves out the training keys."""
     helps = key_help()
     parts = [usage, "", description]
     if extra_options:

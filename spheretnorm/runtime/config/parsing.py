@@ -35,12 +35,7 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"Config file {path!r} is not valid Python (line {e.lineno}: {e.msg}).") from None
     except Exception as e:  # a config file is Python that runs: any error in it is the file's
         raise ConfigError(f"Config file {path!r} failed when run ({type(e).__name__}: {e}).") from None
-    return {
-        k: v
-        for k, v in namespace.items()
-        if not k.startswith("_")
-        and not isinstance(v, (types.ModuleType, types.FunctionType, type))
-    }
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -73,9 +68,8 @@ def grad_accum_steps(global_batch_size: int, batch_size: int, world_size: int) -
 
 def _keys_of_the_named_optimizer(values: dict[str, Any], given: set[str]) -> dict[str, Any]:
     """A config file's optimizer keys follow its optimizer: where the command line names another
-    optimizer (a resume of a Muon run with --optimizer=muonh --fresh_optimizer=true), the file's
-    keys that the named one does not declare (muon_lr) are dropped, not refused; a key given on the
-    command line is the user's and is checked as always."""
+    (--optimizer=muonh --fresh_optimizer=true), the file's keys the named one does not declare
+    (muon_lr) are dropped, not refused; a key given on the command line is checked as always."""
     if "optimizer" not in given or values.get("optimizer") not in OPTIMIZERS:
         return values
     own = {p.key for p in OPTIMIZERS[values["optimizer"]].params}
@@ -85,10 +79,7 @@ def _keys_of_the_named_optimizer(values: dict[str, Any], given: set[str]) -> dic
 
 def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig:
     """Parse `[config.py ...] [--key=value ...]`; files first, then the options, later ones win.
-
-    world_size (default: $WORLD_SIZE, else 1) is checked to divide the global batch; 0 skips
-    that check (for tools that run single micro-batches, such as bench.py).
-    """
+    world_size (default: $WORLD_SIZE, else 1) is checked to divide the global batch; 0 skips it (bench.py)."""
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
     files, pairs = split_argv(argv)
@@ -107,9 +98,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
             raise _unknown_key_error(key, f"--{key}")
         values[key] = parse_value(key, raw)
     values = _keys_of_the_named_optimizer(values, {key for key, _ in pairs})
-    overrides = {
-        key: values[key] for key, _ in pairs if values[key] != from_files.get(key, key_default(key))
-    }
+    overrides = {key: values[key] for key, _ in pairs if values[key] != from_files.get(key, key_default(key))}
     for key, value in values.items():
         _check_choice(key, value)
 
@@ -117,9 +106,7 @@ def parse_config(argv: list[str], world_size: int | None = None) -> ParsedConfig
     derived = tuple(k for k in FOLLOWS if values.get(k) is None)
     train_values = {k: v for k, v in values.items() if is_train_key(k)}
     if not train_values.get("config_name"):
-        train_values["config_name"] = Path(files[-1]).stem if files else train_values.get(
-            "dataset", TrainConfig.dataset
-        )
+        train_values["config_name"] = Path(files[-1]).stem if files else train_values.get("dataset", TrainConfig.dataset)
     try:
         train = TrainConfig(**train_values)
         model = GPTConfig(**model_keys)  # the model's own checks (n_embd % n_head, ranges) up front

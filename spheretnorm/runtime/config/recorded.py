@@ -24,11 +24,10 @@ RUN_RECORD_KEYS = ("method", "world_size", "grad_accum_steps", "tokens_per_step"
 
 
 def read_run_config(path: str) -> dict[str, Any]:
-    """The config keys of a run folder's config.json (train.py writes it): both configs, with the
-    connection's parameters as keys of their own; what it records besides (RUN_RECORD_KEYS) is left
-    out, so that `train.py out/RUN/config.json --eval_only=true` evaluates the run as it was trained.
-    Its out_dir is the folder holding it, not the one it records: a run folder moved (or read from
-    another working folder) is still the run evaluated, never another that took its old place."""
+    """The config keys of a run folder's config.json, the parameters as keys of their own and what it
+    records besides (RUN_RECORD_KEYS) left out, so that `train.py out/RUN/config.json --eval_only=true`
+    evaluates the run as it was trained. Its out_dir is the folder holding it: a run folder moved is
+    still the run evaluated, never another that took its old place."""
     values = read_json_object(path, ConfigError, "give the config.json that train.py wrote into a run folder.")
     nested = {}
     for holder in KEY_HOLDERS:
@@ -44,13 +43,10 @@ def read_run_config(path: str) -> dict[str, Any]:
 
 
 def resumed_run_config(pairs: list[tuple[str, str]]) -> list[str]:
-    """[out_dir/config.json] for a resume of a run folder named by --out_dir alone (no config
-    file): one rule for both forms, `train.py RUN/config.json --init_from=resume` and `train.py
-    --out_dir=RUN --init_from=resume` start from the run's own settings, and the command line
-    changes only the keys it names (before, the second resumed under the defaults: another data
-    set, rates and batch). [] otherwise, or where the folder has no config.json. An evaluation
-    (eval_only) keeps reading the command's keys: it computes no loss term, so a run trained with
-    one of a module of its own is evaluated without consent to import it."""
+    """[out_dir/config.json] for a resume of a run folder named by --out_dir alone (no config file),
+    so that it starts from the run's own settings as `train.py RUN/config.json --init_from=resume`
+    does (not the defaults: another data set, rates and batch); [] otherwise. An evaluation keeps
+    the command's keys: it computes no loss term, so needs no consent to import a module of one."""
     def last(key: str) -> str:
         return next((raw for k, raw in reversed(pairs) if k == key), "")
 
@@ -60,11 +56,10 @@ def resumed_run_config(pairs: list[tuple[str, str]]) -> list[str]:
 
 
 def import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
-    """Import the modules of the imports key (the last one given wins, as for any key) before any
-    other key is checked: they register the connections and parameters those keys may name. A run
-    folder's config.json records its modules rather than gives them: they are imported only with
-    --trust_recorded_imports=true (imports.import_recorded), and only asked for when its connection
-    or optimizer is no registered one."""
+    """Import the modules of the imports key (the last one given wins) before any other key is
+    checked: they register what those keys may name. A run folder's config.json records its modules
+    rather than gives them: imported only with consent (imports.import_recorded), and asked for only
+    where its connection or optimizer is no registered one."""
     trust = [check_value(TRUST_KEY, read[TRUST_KEY], f"in {path}") for path, read in file_values if TRUST_KEY in read]
     trust += [parse_value(TRUST_KEY, raw) for key, raw in pairs if key == TRUST_KEY]
     consent_to_recorded_imports(bool(trust and trust[-1]))
@@ -79,13 +74,10 @@ def import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tupl
 
 
 def _import_resumed_run(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
-    """A run that continues a model (a resume or evaluation of a run folder, --out_dir=RUN
-    --init_from=resume; a fine-tune of a folder, --init_from=hf:DIR) whose command line names a
-    connection, optimizer or key that no imported module registered: import the modules the
-    config.json it continues records (the same its checkpoints record), with the user's consent,
-    so that it needs --trust_recorded_imports=true at most, never the module list; without consent,
-    one sentence naming them and both ways to consent. Runs before any key is checked: otherwise
-    the named connection is refused as unknown before the folder that registers it is read."""
+    """A run that continues a model (a resume or evaluation of a run folder, --init_from=hf:DIR)
+    whose command line names a connection, optimizer or key that no imported module registered:
+    import the modules the config.json it continues records, with the user's consent (without it,
+    one sentence naming them). Before any key is checked, which would refuse the name as unknown."""
     def last(key: str) -> Any:  # the value the full parse will give key: the command line's, else the files' last
         given = [parse_value(key, raw) for k, raw in pairs if k == key] or [read[key] for _, read in file_values if key in read]
         return given[-1] if given else None

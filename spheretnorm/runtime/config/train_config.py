@@ -4,10 +4,7 @@ identity), the keys that registered entries declare, and what the command line's
 (ParsedConfig).
 
 The defaults of both dataclasses are the paper's shared hyperparameters (arXiv 2608.02668,
-Tables 6 and 7) at the S scale, so a config file only sets what differs: AdamW (0.9, 0.95),
-weight decay 0.1, gradient clip 1.0, 50,000 iterations, 2,000 warm-up iterations, cosine decay
-to min_lr at 50,000, 16 sequences per GPU, 128 sequences per optimizer step, seed 1337, bf16 on
-CUDA, no torch.compile; GPTConfig adds block 1024, vocab 50304, bias on, dropout 0.
+Tables 6 and 7) at the S scale, so a config file only sets what differs.
 """
 
 from __future__ import annotations
@@ -161,10 +158,7 @@ class TrainConfig:
                 setattr(self, key, getattr(self, source))
         for f in fields(self):
             if "choices" in f.metadata and not _is_choice(getattr(self, f.name), f.metadata):
-                raise ConfigError(
-                    f"{f.name}={getattr(self, f.name)!r} is not valid; choose one of: "
-                    f"{_choice_text(f.metadata)}."
-                )
+                raise ConfigError(f"{f.name}={getattr(self, f.name)!r} is not valid; choose one of: {_choice_text(f.metadata)}.")
         try:
             self.optimizer_params = resolve_optimizer_params(self.optimizer, self.optimizer_params)
             self.loss_params = resolve_loss_params(self.loss_params)
@@ -241,12 +235,6 @@ def config_keys() -> frozenset[str]:
     return frozenset({*MODEL_KEYS, *TRAIN_KEYS, *param_keys(), *optimizer_params(), *loss_term_params()})
 
 
-def param_type(param: MethodParam) -> Any:
-    """A declared parameter's type as a field's hint: float | None for keel_alpha (default None)."""
-    kind = param.kind or type(param.default)
-    return kind | None if param.default is None else kind
-
-
 def declared_keys() -> dict[str, MethodParam]:
     """The keys that registered entries declare rather than the dataclasses: the connections'
     parameters, the optimizers' and the loss terms' keys (read at call time, so one registered after import counts)."""
@@ -254,9 +242,12 @@ def declared_keys() -> dict[str, MethodParam]:
 
 
 def _key_type(key: str) -> Any:
+    """A key's type hint: its field's, or a declared parameter's (float | None for keel_alpha, default None)."""
     if key in _FIELD_TYPES:
         return _FIELD_TYPES[key]
-    return param_type(declared_keys()[key])
+    param = declared_keys()[key]
+    kind = param.kind or type(param.default)
+    return kind | None if param.default is None else kind
 
 
 def key_default(key: str) -> Any:
@@ -291,11 +282,9 @@ _MODEL_CHOICES = {
 
 @dataclass
 class ParsedConfig:
-    """What the command line asked for, before any data or checkpoint is read.
-
-    model_keys holds only the model keys that a config file or the command line set: the rest
-    come from the dataset (vocab_size) or, when resuming, from the checkpoint.
-    """
+    """What the command line asked for, before any data or checkpoint is read. model_keys holds only
+    the model keys that a config file or the command line set: the rest come from the dataset
+    (vocab_size) or, when resuming, from the checkpoint."""
 
     train: TrainConfig
     model_keys: dict[str, Any]
@@ -339,11 +328,8 @@ WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 
 
 def wandb_mode(train: TrainConfig) -> str:
-    """The W&B mode a run uses: its key, else $WANDB_MODE (wandb's older names too), else online.
-
-    A $WANDB_MODE that is no mode is refused only when W&B logs: with wandb_log=false it is not
-    this run's setting.
-    """
+    """The W&B mode a run uses: its key, else $WANDB_MODE (wandb's older names too), else online; a
+    $WANDB_MODE that is no mode is refused only when W&B logs (else it is not this run's setting)."""
     mode = train.wandb_mode or os.environ.get("WANDB_MODE", "") or WANDB_DEFAULT_MODE
     mode = WANDB_MODE_ALIASES.get(mode, mode)
     if mode in WANDB_MODES:

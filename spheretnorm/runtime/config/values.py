@@ -21,9 +21,7 @@ def _unknown_key_error(key: str, where: str) -> ConfigError:
     valid = MODEL_KEYS + TRAIN_KEYS + tuple(declared_keys())
     close = difflib.get_close_matches(key, valid, n=3)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    return ConfigError(
-        f"Unknown config key {key!r} ({where}).{hint} Valid keys: {', '.join(sorted(valid))}."
-    )
+    return ConfigError(f"Unknown config key {key!r} ({where}).{hint} Valid keys: {', '.join(sorted(valid))}.")
 
 
 def _optional_inner(tp: Any) -> tuple[Any, bool]:
@@ -75,10 +73,7 @@ def check_value(key: str, value: Any, where: str) -> Any:
     if value_fits(value, _key_type(key)):  # the model's own check of values read from files
         tp, _ = _optional_inner(_key_type(key))
         return float(value) if tp is float and value is not None else value
-    raise ConfigError(
-        f"{key} = {value!r} ({where}): expected {type_text(_key_type(key))}, "
-        f"got {type(value).__name__}."
-    )
+    raise ConfigError(f"{key} = {value!r} ({where}): expected {type_text(_key_type(key))}, got {type(value).__name__}.")
 
 
 def _check_choice(key: str, value: Any) -> None:
@@ -125,24 +120,18 @@ def type_text(hint: Any) -> str:
 def config_from_dict(d: dict[str, Any]) -> GPTConfig:
     """The one way to rebuild a GPTConfig (checkpoints, evaluation, sampling).
 
-    The values come from files (a checkpoint, a config.json), so each is checked against its
-    field's type first: GPTConfig's own checks compare them with numbers and would fail with a
-    TypeError on a string; a ValueError names the key, its type and the value found.
-
-    Configs saved before connection_params existed have no such key (it defaults to {}); those
-    saved up to commit 3ab3f93 hold spheret_p, dyt_alpha, keel_alpha and peri_embed_ln at the
-    top level, for every connection. A declared parameter at the top level is read into
-    connection_params when the connection declares it; another connection's (any_connection)
-    is checked and dropped: no connection but its own ever read it, so it changed nothing.
+    The values come from files, so each is checked against its field's type first (GPTConfig's own
+    checks would fail with a TypeError on a string): a ValueError names the key, its type and the
+    value. Configs saved up to commit 3ab3f93 hold the connections' parameters at the top level, for
+    every connection: one the connection declares joins connection_params, another's is checked and
+    dropped (no connection but its own ever read it).
     """
     if not isinstance(d, dict):
         raise ValueError(f"A model config must be a dict of keys and values, got {type(d).__name__} {d!r:.80}.")
     known = set(MODEL_FIELDS) | set(param_keys())
     unknown = sorted(set(d) - known, key=str)
     if unknown:
-        raise ValueError(
-            f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}."
-        )
+        raise ValueError(f"Unknown model config keys {unknown}; valid keys are: {', '.join(sorted(known))}.")
     for key, value in d.items():
         hint = _MODEL_FIELD_TYPES[key] if key in _MODEL_FIELD_TYPES else _key_type(key)
         if not value_fits(value, hint):
@@ -151,18 +140,15 @@ def config_from_dict(d: dict[str, Any]) -> GPTConfig:
 
 
 def model_keys_of(d: dict[str, Any]) -> dict[str, Any]:
-    """The model keys of a dict that holds other keys too (an exported folder's config.json):
-    GPTConfig's fields and the declared parameters it has at the top level (written so up to
-    commit 3ab3f93), as config_from_dict reads them."""
+    """The model keys of a dict that holds other keys too (an exported folder's config.json), as
+    config_from_dict reads them."""
     return {k: v for k, v in d.items() if k in MODEL_FIELDS or k in param_keys()}
 
 
 def model_values(d: dict[str, Any], connection: str | None = None) -> dict[str, Any]:
-    """The model keys of a saved or requested config, flat and in today's form, for comparing
-    two of them: every key of GPTConfig but connection_params, then the parameters of the
-    connection (d's own, else `connection`) from connection_params or the top level (configs
-    saved up to 3ab3f93). Parameters the connection does not declare are left out: they change
-    nothing. No value is checked: a run's config.json may be anything."""
+    """The model keys of a saved or requested config, flat and in today's form, for comparing two of
+    them: every key of GPTConfig but connection_params, then the parameters the connection (d's own,
+    else `connection`) declares, from connection_params or the top level. No value is checked."""
     connection = d.get("connection", connection)
     declares = {p.key for p in CONNECTIONS[connection].params} if connection in CONNECTIONS else set()
     nested = d.get("connection_params")
@@ -174,13 +160,8 @@ def model_values(d: dict[str, Any], connection: str | None = None) -> dict[str, 
 
 
 def model_key_conflicts(explicit: dict[str, Any], saved: dict[str, Any], source: str = "checkpoint") -> list[str]:
-    """'key: <source> has X, ... asks for Y' for every explicitly set model key that differs.
-
-    Both sides are compared as model_values gives them (a config saved by older code, with the
-    parameters at the top level, as well): a parameter that the connection does not declare
-    changes nothing, so it is no conflict either. Execution keys (model.EXECUTION_KEYS, e.g.
-    sphere_impl) change no result: never a conflict.
-    """
+    """'key: <source> has X, ... asks for Y' for every explicitly set model key that differs, both
+    sides as model_values gives them; execution keys (model.EXECUTION_KEYS) change no result: never a conflict."""
     have = model_values(saved, connection=GPTConfig.connection)  # a config without the key has the default
     wanted = model_values(explicit, connection=have.get("connection"))
     return [
