@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data_dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "evaldata"))
     p.add_argument("--n", type=int, default=200, help="PIQA questions (2 requests each)")
     p.add_argument("--batch_size", type=int, default=8, help="nanogpt rows (one question each) per forward pass")
-    p.add_argument(
-        "--hf_batch_size", type=int, default=None, help="hf requests per forward pass (default: --batch_size)"
-    )
+    p.add_argument("--hf_batch_size", type=int, default=None, help="hf requests per forward pass (default: --batch_size)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="gpt2")
     p.add_argument("--ckpt", default=None, help="a pre_ln checkpoint instead of a random model")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per model, alternating; the best counts")

@@ -5,7 +5,6 @@ under its run folder's lock, its id recorded there.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import getpass
 import json
@@ -240,8 +239,7 @@ def claim_lock(path: Path, job: Job, queue: Queue) -> bool:
     A lock found stale when the plan was made is replaced only if it is still that one.
     """
     if path in queue.stale and read_lock(path) == queue.stale[path]:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        path.unlink(missing_ok=True)
     claim = {"job_id": None, "stage": job.stage, "job_name": job.name, "pid": os.getpid(), "host": socket.gethostname(), "claimed_at": time.time()}
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -331,11 +329,6 @@ def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-def release(lock: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        lock.unlink()
-
-
 def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
     """Submit the jobs with sbatch, each under its run folder's lock, its id recorded there;
     returns the number not submitted or not recorded. `skipped`: the runs the plan left out, for the last line."""
@@ -359,7 +352,7 @@ def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
             run.path.mkdir(parents=True, exist_ok=True)  # SLURM's --output folder must exist
             claimed = claim_lock(lock, job, queue)
         except OSError as e:  # a full disk before sbatch: nothing submitted for this run
-            release(lock)
+            lock.unlink(missing_ok=True)
             print(f"{label}: not submitted, {run.out_dir} could not be written ({e.strerror or e}); continuing.", flush=True)
             failed.append(f"{run.name} ({job.stage})")
             continue
@@ -373,7 +366,7 @@ def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
         sys.stderr.write(stderr if status is not None else "")
         twice = given.get(job.job_id) if job.job_id is not None else None
         if status != 0 or job.job_id is None or twice is not None:
-            release(lock)
+            lock.unlink(missing_ok=True)
             if status is None:
                 why = f"{stderr}; its lock is released (the job may still have been queued: check squeue before launching again, it finds it by name)"
             elif status != 0:

@@ -82,15 +82,7 @@ DATASETS: dict[str, DatasetSpec] = {
         # by datasets>=4; sources.py turns that refusal into an error naming the workarounds.
         DatasetSpec("openwebtext", "gpt2", "documents", 0.0005, hub_id="Skylion007/openwebtext"),
         # Streaming by default: --max_tokens / --max_docs then need no full download.
-        DatasetSpec(
-            "fineweb_edu",
-            "gpt2",
-            "documents",
-            0.0005,
-            hub_id="HuggingFaceFW/fineweb-edu",
-            hub_config="sample-10BT",
-            streaming=True,
-        ),
+        DatasetSpec("fineweb_edu", "gpt2", "documents", 0.0005, hub_id="HuggingFaceFW/fineweb-edu", hub_config="sample-10BT", streaming=True),
         DatasetSpec("shakespeare", "gpt2", "contiguous", 0.1, url=_TINY_SHAKESPEARE_URL, embedded=TINY_SHAKESPEARE),
         DatasetSpec("shakespeare_char", "char", "contiguous", 0.1, url=_TINY_SHAKESPEARE_URL, embedded=TINY_SHAKESPEARE),
     )
@@ -124,12 +116,8 @@ def gpt2_encoder(num_threads: int = 1) -> TextEncoder:
     """GPT-2 BPE; documents are encoded as plain text (special-token strings are not special)."""
     enc = get_gpt2_encoding()
     threads = max(1, num_threads)
-    return TextEncoder(
-        name="gpt2",
-        vocab_size=enc.n_vocab,
-        eot_token=EOT_TOKEN,
-        encode_batch=lambda texts: enc.encode_ordinary_batch(texts, num_threads=threads),
-    )
+    return TextEncoder(name="gpt2", vocab_size=enc.n_vocab, eot_token=EOT_TOKEN,
+                       encode_batch=lambda texts: enc.encode_ordinary_batch(texts, num_threads=threads))
 
 
 def char_encoder(text: str) -> TextEncoder:
@@ -143,13 +131,7 @@ def char_encoder(text: str) -> TextEncoder:
         except KeyError as exc:  # only possible if a caller encodes text the vocab was not built on
             raise PrepareError(f"Character {exc.args[0]!r} is not in the character vocabulary.") from None
 
-    return TextEncoder(
-        name="char",
-        vocab_size=len(itos),
-        eot_token=None,
-        encode_batch=encode_batch,
-        meta={"stoi": stoi, "itos": itos},
-    )
+    return TextEncoder(name="char", vocab_size=len(itos), eot_token=None, encode_batch=encode_batch, meta={"stoi": stoi, "itos": itos})
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,15 +139,24 @@ def char_encoder(text: str) -> TextEncoder:
 # --------------------------------------------------------------------------------------------
 
 
-class Splitter:
-    """Decides, document by document in corpus order, which ones go to val."""
+class FixedSplitter:
+    """A precomputed assignment, handed out document by document in corpus order (True = val);
+    the contiguous split's is [False, True] (document 0 = train part, 1 = val part)."""
+
+    def __init__(self, is_val: Sequence[bool]):
+        self._is_val = np.asarray(is_val, dtype=bool)
+        self._next = 0
 
     def assign(self, count: int) -> np.ndarray:
         """Boolean mask (True = val) for the next ``count`` documents."""
-        raise NotImplementedError
+        mask = self._is_val[self._next : self._next + count]
+        if len(mask) < count:
+            raise RuntimeError("the source yielded more documents than it announced")
+        self._next += count
+        return mask
 
 
-class PermutationSplitter(Splitter):
+class PermutationSplitter(FixedSplitter):
     """Exactly max(1, round(n * fraction)) val documents, drawn by a seeded permutation of n."""
 
     def __init__(self, num_docs: int, fraction: float, seed: int):
@@ -175,19 +166,12 @@ class PermutationSplitter(Splitter):
                 f"The corpus has {num_docs} document(s), too few to split into train and val; "
                 "provide at least 2 documents."
             )
-        self._is_val = np.zeros(num_docs, dtype=bool)
-        self._is_val[np.random.default_rng(seed).permutation(num_docs)[:num_val]] = True
-        self._next = 0
-
-    def assign(self, count: int) -> np.ndarray:
-        mask = self._is_val[self._next : self._next + count]
-        if len(mask) < count:
-            raise RuntimeError("the source yielded more documents than it announced")
-        self._next += count
-        return mask
+        is_val = np.zeros(num_docs, dtype=bool)
+        is_val[np.random.default_rng(seed).permutation(num_docs)[:num_val]] = True
+        super().__init__(is_val)
 
 
-class BernoulliSplitter(Splitter):
+class BernoulliSplitter:
     """Each document goes to val with probability ``fraction``, from one seeded stream.
 
     Used when the document count is not known in advance (streaming, --max_tokens). The stream of
@@ -202,17 +186,8 @@ class BernoulliSplitter(Splitter):
         return self._rng.random(count) < self._fraction
 
 
-class FixedSplitter(Splitter):
-    """A precomputed assignment (the contiguous split: document 0 = train part, 1 = val part)."""
-
-    def __init__(self, is_val: Sequence[bool]):
-        self._is_val = np.asarray(is_val, dtype=bool)
-        self._next = 0
-
-    def assign(self, count: int) -> np.ndarray:
-        mask = self._is_val[self._next : self._next + count]
-        self._next += count
-        return mask
+# What decides, document by document in corpus order, which ones go to val.
+Splitter = FixedSplitter | BernoulliSplitter
 
 
 def check_val_fraction(fraction: float) -> float:

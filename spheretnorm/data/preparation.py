@@ -12,15 +12,13 @@ Writes ``data/DATASET/{train.bin,val.bin,meta.json}`` (or ``--out_dir``). Exampl
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
 import itertools
 import os
+import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,15 +66,12 @@ class PrepareOptions:
     progress: bool = True
 
 
-def _check_positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise PrepareError(f"--{name} must be a positive integer, got {value}.")
-
-
 def _resolve(opts: PrepareOptions, spec: DatasetSpec) -> PrepareOptions:
     """Fill table defaults and validate numbers, so later code sees complete, valid options."""
     for name in ("num_proc", "max_docs", "max_tokens", "batch_size"):
-        _check_positive(name, getattr(opts, name))
+        value = getattr(opts, name)
+        if value is not None and value < 1:
+            raise PrepareError(f"--{name} must be a positive integer, got {value}.")
     hub_options = [f"--{name}" for name in ("hub_id", "hub_config", "revision", "data_files") if getattr(opts, name)]
     if opts.input and hub_options:
         raise PrepareError(f"--input prepares local files and cannot be combined with {', '.join(hub_options)}; drop one.")
@@ -131,17 +126,8 @@ def open_source(spec: DatasetSpec, opts: PrepareOptions) -> DocumentSource:
     if opts.input:
         return local_source(opts.input, opts.text_field, opts.batch_size)
     if opts.hub_id:
-        return hub_source(
-            opts.hub_id,
-            config=opts.hub_config,
-            revision=opts.revision,
-            data_files=opts.data_files,
-            split=spec.hub_split,
-            text_field=opts.text_field,
-            streaming=opts.streaming,
-            num_proc=opts.num_proc,
-            batch_size=opts.batch_size,
-        )
+        return hub_source(opts.hub_id, config=opts.hub_config, revision=opts.revision, data_files=opts.data_files, split=spec.hub_split,
+                          text_field=opts.text_field, streaming=opts.streaming, num_proc=opts.num_proc, batch_size=opts.batch_size)
     cached = Path(opts.out_dir) / "input.txt"  # where --download keeps the text
     check_earlier_download(spec, cached)
     if spec.embedded is not None and not opts.download and not cached.is_file():
@@ -253,17 +239,8 @@ def prepare(dataset: str, **options: Any) -> dict[str, Any]:
     source = open_source(spec, opts)
     plan = (_plan_contiguous if spec.split_mode == "contiguous" else _plan_documents)(spec, opts, source)
     with AtomicSplitWriter(Path(opts.out_dir)) as writer:
-        counts = tokenize_and_write(
-            plan.batches,
-            plan.encoder,
-            plan.splitter,
-            writer,
-            max_docs=plan.max_docs,
-            max_tokens=plan.max_tokens,
-            total_docs=plan.total_docs,
-            progress=opts.progress,
-            desc=f"{spec.name}: tokenizing",
-        )
+        counts = tokenize_and_write(plan.batches, plan.encoder, plan.splitter, writer, max_docs=plan.max_docs, max_tokens=plan.max_tokens,
+                                    total_docs=plan.total_docs, progress=opts.progress, desc=f"{spec.name}: tokenizing")
         _check_counts(spec, counts, plan.encoder, opts)
         warning = small_val_warning(spec, counts, opts)
         if warning:
@@ -302,23 +279,14 @@ def prepared_already(dataset: str, inputs: list[str], out_dir: str | os.PathLike
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python data/prepare.py",
-        description="Tokenise a dataset into train.bin / val.bin (uint16) and meta.json.",
-    )
+    parser = argparse.ArgumentParser(prog="python data/prepare.py", description="Tokenise a dataset into train.bin / val.bin (uint16) and meta.json.")
     parser.add_argument("dataset", metavar="DATASET", nargs="?", choices=list(DATASETS), help=f"one of: {', '.join(DATASETS)}")
-    parser.add_argument(
-        "--make_openwebtext_sample",
-        metavar="OUT.jsonl",
-        help="instead of preparing a DATASET, rebuild the studies' openwebtext_sample.jsonl (831 documents, sha256 checked) "
-        "from its public source; needs network (see ../shared/data/PROVENANCE.md)",
-    )
+    parser.add_argument("--make_openwebtext_sample", metavar="OUT.jsonl",
+                        help="instead of preparing a DATASET, rebuild the studies' openwebtext_sample.jsonl (831 documents, sha256 checked) "
+                        "from its public source; needs network (see ../shared/data/PROVENANCE.md)")
     parser.add_argument("--input", nargs="+", metavar="PATH", help="local .jsonl (with a text field), .txt or .parquet files; works offline")
-    parser.add_argument(
-        "--download",
-        action="store_true",
-        help="shakespeare, shakespeare_char: fetch the text from its URL (kept as DATASET/input.txt) instead of using the embedded copy in data/",
-    )
+    parser.add_argument("--download", action="store_true", help="shakespeare, shakespeare_char: fetch the text from its URL (kept as "
+                        "DATASET/input.txt) instead of using the embedded copy in data/")
     parser.add_argument("--out_dir", help="output directory (default: data/DATASET in the repo)")
     parser.add_argument("--num_proc", type=int, help="tokenizer threads and hub download processes (default: all CPUs)")
     parser.add_argument("--max_docs", type=int, help="stop after this many documents (default: all)")

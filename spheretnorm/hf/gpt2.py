@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # the transpose of nn.Linear's.
 GPT2_RENAMES = ((".conn_attn.ln.", ".ln_1."), (".conn_mlp.ln.", ".ln_2."))
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# GPT2Config keys that pre_ln GPTConfig keys are read from.
+# The GPT2Config key of each pre_ln GPTConfig key (read on import, written on export).
 GPT2_KEYS = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions", "vocab_size": "vocab_size"}
 
 
@@ -83,11 +83,7 @@ def to_hf_gpt2(model: GPT) -> "GPT2LMHeadModel":
     special = EOT_TOKEN if cfg.vocab_size > EOT_TOKEN else None
     hf = GPT2LMHeadModel(
         GPT2Config(
-            vocab_size=cfg.vocab_size,
-            n_positions=cfg.block_size,
-            n_embd=cfg.n_embd,
-            n_layer=cfg.n_layer,
-            n_head=cfg.n_head,
+            **{theirs: getattr(cfg, ours) for ours, theirs in GPT2_KEYS.items()},
             activation_function="gelu",  # nn.GELU is exact; HF's default gelu_new is the tanh form
             layer_norm_epsilon=1e-5,
             resid_pdrop=0.0,

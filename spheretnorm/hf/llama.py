@@ -37,7 +37,7 @@ LLAMA_RENAMES = {
 }
 LLAMA_TOP = {"transformer.wte.": "model.embed_tokens.", "transformer.ln_f.": "model.norm.", "lm_head.": "lm_head."}
 _LLAMA_TOP_BACK = {theirs: ours for ours, theirs in LLAMA_TOP.items()}
-# LlamaConfig keys that pre_ln GPTConfig keys are read from.
+# The LlamaConfig key of each pre_ln GPTConfig key (read on import, written on export).
 LLAMA_KEYS = {
     "n_layer": "num_hidden_layers",
     "n_head": "num_attention_heads",
@@ -117,15 +117,11 @@ def from_llama_state(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 def llama_config(cfg: GPTConfig) -> dict[str, Any]:
     """LlamaConfig keys of a pre_ln model with LLaMA's block."""
     return {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.n_embd,
+        **{theirs: getattr(cfg, ours) for ours, theirs in LLAMA_KEYS.items()},
         "intermediate_size": cfg.mlp_hidden,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
         "num_key_value_heads": cfg.n_head,
         "head_dim": cfg.n_embd // cfg.n_head,
         "hidden_act": "silu",
-        "max_position_embeddings": cfg.block_size,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_parameters": dict(LLAMA_ROPE),
         "attention_bias": cfg.bias,

@@ -10,15 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from spheretnorm.runtime.atomic import apply_umask, folder_mode, remove_written, write_failure
-
-from spheretnorm.runtime.methods import method_key
 from spheretnorm.hf.folder import HFFolderError, check_new_folder, export_hf, plain_model_class
-from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.atomic import apply_umask, folder_mode, remove_written, write_failure
 from spheretnorm.runtime.checkpoint import load_checkpoint, load_model, save_safetensors_checkpoint
-from spheretnorm.runtime.run_folder import METRICS_NAME
-from spheretnorm.runtime.methods import display_name, scale_of
-from spheretnorm.runtime.run_folder import read_metrics
+from spheretnorm.runtime.config import config_from_dict
+from spheretnorm.runtime.methods import display_name, method_key, scale_of
+from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
 FORMATS = ("hf", "safetensors")
 NATIVE_NAME = "ckpt.safetensors"

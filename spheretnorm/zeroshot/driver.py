@@ -5,40 +5,14 @@
     python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper --local_data ../shared/evaldata  # offline
     python -m eval.zero_shot ...  (the same)
 
---tasks paper means the paper's 11 benchmarks (PAPER_TASKS); any lm-eval task name works too,
-comma-separated. The full lm-eval results JSON goes to --out (default: beside the checkpoint,
-<ckpt stem>_zero_shot.json; inside a run folder given as --ckpt, ckpt_zero_shot.json, the name the
-tables read) with the paper's columns added under "paper_table", and the table
-is printed: acc_norm for ARC-C, ARC-E, HellaSwag, OBQA, PIQA; acc for BoolQ, LAMBADA, SciQ,
-SocialIQa, WinoGrande (in percent); LAMBADA perplexity and WikiText word perplexity.
-
---limit N evaluates at most N examples per task: partial numbers, never final. They go to
-<out stem>_limit<N>.json (default <ckpt stem>_zero_shot_limit<N>.json), never to the final
-file itself, and carry a "limited" entry, so the launcher does not count the run as evaluated
-and scripts/tables.py marks them.
-
---skip_missing (with --local_data) leaves out the tasks whose files are absent under DIR instead
-of loading them from the hub: they show as "skipped" in the printed table and under "skipped"
-({task: reason}) in the results JSON, and such results are not a complete paper evaluation
-(incomplete_reason says why).
-
-Offline machines: lm-eval's built-in tasks download from the Hugging Face hub. Fill the HF cache
-on a machine with network (python -m eval.prefetch --tasks paper) and set HF_DATASETS_OFFLINE=1,
-read the benchmarks from their original release files with --local_data DIR (layout in
-eval/README.md), or give --include_path DIR with your own task YAMLs. HF_DATASETS_OFFLINE=1,
-HF_HUB_OFFLINE=1 and --local_data each turn the hub off: nothing tries the network, the requested
-tasks' local files are all checked before anything else (a missing one is refused, naming it
-and --skip_missing), and a task whose hub dataset is not in the HF cache is refused before the
-model loads. Bad inputs (a damaged benchmark file among them) print one line "error: ..." and
-exit with status 2.
+--tasks paper means the paper's 11 benchmarks (PAPER_TASKS); any lm-eval task name works too.
+The results JSON (default <ckpt stem>_zero_shot.json, or ckpt_zero_shot.json in a run folder)
+gets the paper's columns under "paper_table". eval/README.md explains the columns, --limit
+(partial results in <out stem>_limit<N>.json), --skip_missing and the offline modes. Bad
+inputs print one line "error: ..." and exit with status 2.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-from pathlib import Path
-
 
 import argparse
 import contextlib
@@ -46,8 +20,11 @@ import difflib
 import errno
 import json
 import math
+import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 from spheretnorm.runtime.imports import add_import_options, use_import_options
@@ -197,13 +174,6 @@ def _data_file_paths(data_files: Any) -> list[str]:
     return []
 
 
-def _known_metrics() -> set[str]:
-    from lm_eval.api import metrics as _  # noqa: F401 - registers the built-in metrics
-    from lm_eval.api.registry import METRIC_REGISTRY
-
-    return set(METRIC_REGISTRY)
-
-
 def task_yaml_problem(config: dict[str, Any], known_metrics: set[str]) -> str | None:
     """What in a task YAML (includes merged) lm-eval would fail on only while evaluating, as a phrase; None if nothing.
 
@@ -242,8 +212,11 @@ def check_user_task_yamls(tasks: list[str], task_manager: Any, include_paths: li
 
     One EvalError naming the YAML file and what is wrong in it.
     """
+    from lm_eval.api import metrics as _  # noqa: F401 - registers the built-in metrics
+    from lm_eval.api.registry import METRIC_REGISTRY
+
     roots = [Path(p).resolve() for p in include_paths]
-    known = _known_metrics()
+    known = set(METRIC_REGISTRY)
     for task, config in task_configs(tasks, task_manager).items():
         path = Path(str(getattr(task_manager.task_index.get(task), "yaml_path", ""))).resolve()
         if not any(path.is_relative_to(root) for root in roots):
@@ -439,12 +412,12 @@ def say_replacing(path: Path) -> None:
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:
-    from lm_eval.utils import handle_non_serializable
-
     """The results JSON, written to a temporary name beside path and renamed: no partial file on failure.
 
     A full disk (or any OSError) is one EvalError naming the file.
     """
+    from lm_eval.utils import handle_non_serializable
+
     from spheretnorm.runtime.atomic import WriteError, write_text_atomically
 
     try:
@@ -538,7 +511,9 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
     check_device(args.device)
     ckpt = resolve_checkpoint_path(args.ckpt)  # fail fast, before lm-eval and its slow task index
     refuse_other_tokenizers(ckpt)
-    check_results_file(results_path(args.ckpt, args.out, _limit(args.limit)))  # not after an hour of evaluation
+    limit = _limit(args.limit)
+    out = results_path(args.ckpt, args.out, limit)
+    check_results_file(out)  # not after an hour of evaluation
     from spheretnorm.zeroshot.harness import NanoGPTLM
     from spheretnorm.zeroshot.local_tasks import check_skip_missing, prepare_local_tasks
 
@@ -555,7 +530,7 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
             include_paths.append(local_dir)
             tasks = [t for t in tasks if t not in plan.skipped]
             source_note, skipped, local = plan.source_note, plan.skipped, plan.local
-        say_replacing(results_path(args.ckpt, args.out, _limit(args.limit)))  # the local files checked: before the slow task index
+        say_replacing(out)  # the local files checked: before the slow task index
         task_manager = make_task_manager(include_paths)
         check_tasks_known(tasks, task_manager.all_tasks)
         check_user_task_yamls(tasks, task_manager, list(args.include_path))
@@ -566,7 +541,6 @@ def evaluate_checkpoint(args: argparse.Namespace, hub_off: str | None = None) ->
             lm = NanoGPTLM(ckpt=ckpt, device=args.device, dtype=args.dtype, batch_size=args.batch_size)
         except DeviceError as exc:  # its message is already the sentence: the device and the valid ones
             raise EvalError(str(exc)) from None
-        limit = _limit(args.limit)
         results = run_lm_eval(lm, tasks, task_manager, source_note, hub_off, limit=limit, bootstrap_iters=args.bootstrap_iters)
     results["paper_table"] = paper_row(results)
     if skipped:
@@ -580,7 +554,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # The offline variables are set before lm-eval and datasets are first imported (offline.py).
     with offline_mode(args.local_data, probe_hub=True) as hub_off:
-        return _run(args, hub_off)
+        try:
+            return _evaluate_and_write(args, hub_off)
+        except OSError as exc:
+            error = full_disk_error(exc)
+            if error is None:
+                raise
+            print(f"error: {error}", file=sys.stderr)
+            return 2
 
 
 def full_disk_error(exc: OSError) -> EvalError | None:
@@ -592,33 +573,18 @@ def full_disk_error(exc: OSError) -> EvalError | None:
     return EvalError(f"Cannot write{where} ({exc.strerror or exc}); the disk (or the file size limit) is full: free space and run again.")
 
 
-def _run(args: argparse.Namespace, hub_off: str | None) -> int:
-    try:
-        return _evaluate_and_write(args, hub_off)
-    except OSError as exc:
-        error = full_disk_error(exc)
-        if error is None:
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
 def _evaluate_and_write(args: argparse.Namespace, hub_off: str | None) -> int:
     try:
         use_import_options(args, EvalError)  # before the checkpoint names a connection of the user's
         results, label = evaluate_checkpoint(args, hub_off)
+        limit = results_limit(results)
+        out = results_path(args.ckpt, args.out, limit)
+        write_results(results, out)
     except EvalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from lm_eval.utils import make_table
 
-    limit = results_limit(results)
-    out = results_path(args.ckpt, args.out, limit)
-    try:
-        write_results(results, out)
-    except EvalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     skipped = results_skipped(results)
     print(make_table(results))
     print(format_paper_table(results["paper_table"], label if limit is None else f"{label} (limit {limit_text(limit)})", skipped))

@@ -1,7 +1,7 @@
 """lm-eval's own command line, with this project's `nanogpt` model registered.
 
-lm-eval's CLI only knows the models it ships; ours is registered when eval.harness is imported,
-so run lm-eval through this module (from the repository root):
+lm-eval's CLI only knows the models it ships; ours is registered when spheretnorm.zeroshot.harness
+is imported, so run lm-eval through this module (from the repository root):
 
     python -m eval.lm_eval_cli run --model nanogpt --model_args ckpt=out/ckpt.pt \
         --tasks piqa,lambada_openai --batch_size 16
@@ -9,14 +9,9 @@ so run lm-eval through this module (from the repository root):
         --tasks piqa,lambada_openai --local_data ../shared/evaldata          # offline
     python -m eval.lm_eval_cli ls tasks
 
-Every lm-eval option works as documented by lm-eval. Two options are this module's own, with the
-meaning they have in eval/zero_shot.py: --local_data DIR reads the benchmarks from their original
-release files (layout in eval/README.md) instead of the hub, and --skip_missing (with
---local_data) leaves out the requested tasks whose files are absent there. With --local_data,
-HF_DATASETS_OFFLINE=1 or HF_HUB_OFFLINE=1 the hub is off, as for eval/zero_shot.py: both
-variables are set before lm-eval is imported, so nothing tries the network, and a requested
-task whose local files are missing is refused before lm-eval starts. For the paper's table,
-use eval/zero_shot.py.
+Every lm-eval option works as documented by lm-eval. --local_data DIR and --skip_missing are this
+module's own and mean what they mean for eval/zero_shot.py, the hub kept off as there (see
+eval/README.md, "lm-eval's own CLI"). For the paper's table, use eval/zero_shot.py.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Offline copies of the paper's 11 zero-shot benchmarks as lm-eval tasks, from their original files.
 
-lm-eval's built-in tasks download their data from the Hugging Face hub. On a machine without
-network, each benchmark can instead be read from the files its authors released:
-
     python eval/zero_shot.py --ckpt out/ckpt.pt --tasks paper --local_data DIR
 
 ``write_local_tasks(data_dir, out_dir)`` converts each benchmark found under data_dir into the
-record schema of the hub dataset that lm-eval's built-in task reads, writes it as jsonl into
-out_dir with one task YAML per benchmark, and returns the task names. Each YAML *includes*
-lm-eval's own built-in YAML, so the prompt, target, metrics and any ``process_docs`` are
-lm-eval's and only the data source changes. The tasks keep the built-in names, so with out_dir
-on lm-eval's include path they replace the hub versions and the paper's table reads them.
-``prepare_local_tasks`` adds what the commands need on top. With --local_data the commands use
-no hub (spheretnorm/zeroshot/offline.py), so every requested task's files are checked first,
-before anything is read or imported from lm-eval's task index: a task that lacks any of them
-is refused in one sentence naming the missing files and --skip_missing, unless its hub dataset
-is in the HF cache (it is then read from there, offline); with ``skip_missing``, such tasks are
-left out and reported instead.
-
-The layout of data_dir (which file each benchmark is read from, and the record fields each
-needs) is documented in eval/README.md; ``LOCAL_TASK_SPECS`` below is its source. Each record
-is checked against its benchmark's fields before any conversion, so a renamed or null field is
-one error naming the file, the record and the field. Each task reads the split that the
-built-in task evaluates (test for LAMBADA, WikiText, ARC, OpenBookQA and SciQ; validation,
-i.e. the released dev file, for the others).
+records of the hub dataset that lm-eval's built-in task reads, and writes them as jsonl with one
+task YAML per benchmark. Each YAML *includes* lm-eval's own YAML, so prompt, target, metrics and
+``process_docs`` stay lm-eval's and only the data source changes; the tasks keep the built-in
+names, so with out_dir on lm-eval's include path they replace the hub versions.
+``prepare_local_tasks`` adds what the commands need: every requested task's files are checked
+before anything is read, and --skip_missing. eval/README.md documents the layout of data_dir
+(``LOCAL_TASK_SPECS`` below is its source), the record fields each benchmark needs, and what is
+refused. Each task reads the split its built-in task evaluates (the released dev file for validation).
 
 WikiText-2 is split into documents at its top-level ``= Title =`` headings (62 articles),
 approximating the hub's EleutherAI/wikitext_document_level; word perplexity can differ from
@@ -399,11 +386,6 @@ def expected_paths(data_dir: str | Path, task: str) -> list[Path]:
     return [Path(data_dir) / f for f in local_task_spec(task).files]
 
 
-def is_present(data_dir: Path, spec: LocalTask) -> bool:
-    """Whether any of the task's files is under data_dir (then all required ones must be)."""
-    return any((data_dir / f).is_file() for f in spec.files)
-
-
 def missing_files(data_dir: str | Path, tasks: list[str] | tuple[str, ...]) -> dict[str, list[Path]]:
     """{task: its required files absent under data_dir}, for those of `tasks` with a local version that lack any."""
     missing = {t: [p for p in expected_paths(data_dir, t) if not p.is_file()] for t in tasks if t in _SPECS}
@@ -457,11 +439,6 @@ def _builtin_yaml(spec: LocalTask) -> Path:
     return path
 
 
-def _write_jsonl(path: Path, records: list[Record]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
 def task_yaml(spec: LocalTask, data_file: Path) -> dict[str, Any]:
     """The built-in task with its data read from one local json file."""
     return {
@@ -497,13 +474,14 @@ def write_local_tasks(data_dir: str | Path, out_dir: str | Path, tasks: list[str
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     _check_data_dir(data_dir)
     wanted = [t for t in LOCAL_TASKS if tasks is None or t in tasks]
-    present = [t for t in wanted if is_present(data_dir, _SPECS[t])]
+    present = [t for t in wanted if any((data_dir / f).is_file() for f in _SPECS[t].files)]  # then all required ones must be
     if wanted and not present:
         raise EvalError(f"No benchmark files of {', '.join(wanted)} under {str(data_dir)!r}; expected {_layout_hint(wanted)}.")
     out_dir.mkdir(parents=True, exist_ok=True)
     for task in present:
         spec = _SPECS[task]
-        data_file = _write_jsonl(out_dir / f"{task}_{spec.split}.jsonl", convert_task(data_dir, task))
+        data_file = out_dir / f"{task}_{spec.split}.jsonl"
+        data_file.write_text("".join(json.dumps(r) + "\n" for r in convert_task(data_dir, task)), encoding="utf-8")
         config = task_yaml(spec, data_file)
         (out_dir / f"local_{task}.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return present
@@ -528,7 +506,6 @@ class LocalPlan:
     """Where each requested task's data comes from."""
 
     local: list[str]  # read from the release files under data_dir
-    hub: list[str]  # left to the hub or a filled HF cache
     skipped: dict[str, str]  # task -> why it is not evaluated (--skip_missing)
     source_note: str  # for the error when a hub task cannot be loaded ("" when none needs the hub)
 
@@ -604,4 +581,4 @@ def prepare_local_tasks(
     kept = [t for t in tasks if t not in skipped]
     local = write_local_tasks(data_dir, out_dir, kept)
     hub = [t for t in kept if t not in local]
-    return LocalPlan(local, hub, skipped, data_source_note(data_dir, local, hub) if hub else "")
+    return LocalPlan(local, skipped, data_source_note(data_dir, local, hub) if hub else "")

@@ -1,21 +1,12 @@
 """Keeping the evaluation commands off the network, and what the Hugging Face cache holds.
 
 The hub is off for a command when HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set (either one
-means both) or when it reads the benchmarks from --local_data DIR. Then ``offline_mode`` sets
-both variables before lm-eval, datasets and huggingface_hub are imported (those read them once,
-at import; modules imported already are switched too), so nothing tries the network: datasets
-loads from the cache or fails at once, instead of retrying the hub for minutes, and the GPT-2
-tokenizer is built from local files (spheretnorm.data.tokenizer honours HF_HUB_OFFLINE).
-
-Without the variables, the evaluation commands first ask the hub's endpoint (HF_ENDPOINT, else
-https://huggingface.co) for an answer, for at most HUB_PROBE_TIMEOUT_S; one that does not come
-turns the hub off the same way. Without that, datasets and huggingface_hub retry an unreachable
-hub with backoff for about 45 s before the one-line error.
-
-``hub_dataset_cached(path)`` says whether the cache may hold a hub dataset: it looks for the
-folders datasets and huggingface_hub write (``<namespace>___<name>`` under HF_DATASETS_CACHE,
-``datasets--<namespace>--<name>`` under the hub cache). A dataset found there is left to
-datasets, which loads it offline or says at once that it cannot.
+means both), when it reads the benchmarks from --local_data DIR, or when the hub's endpoint
+gives no answer within HUB_PROBE_TIMEOUT_S. ``offline_mode`` then sets both variables before
+lm-eval, datasets and huggingface_hub are imported (they read them once, at import), so nothing
+tries the network: datasets fails at once instead of retrying the hub for about 45 s, and the
+GPT-2 tokenizer is built from local files (spheretnorm.data.tokenizer honours HF_HUB_OFFLINE).
+eval/README.md ("No network") says what the commands do then.
 """
 
 from __future__ import annotations
@@ -54,11 +45,6 @@ DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 HUB_PROBE_TIMEOUT_S = 3.0
 
 
-def hub_endpoint() -> str:
-    """The hub's address as huggingface_hub reads it: HF_ENDPOINT, else https://huggingface.co."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/")
-
-
 def _ask_hub(url: str, timeout_s: float, answer: dict[str, str | None]) -> None:
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
@@ -71,7 +57,7 @@ def _ask_hub(url: str, timeout_s: float, answer: dict[str, str | None]) -> None:
 
 def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
     """Why the hub's endpoint gave no answer within timeout_s ('http://127.0.0.1:9 did not answer: [Errno 111] Connection refused'), None when it answered."""
-    url, answer = hub_endpoint(), {}
+    url, answer = (os.environ.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/"), {}  # as huggingface_hub reads it
     # A thread bounds the whole probe: urlopen's timeout does not cover the DNS look-up.
     worker = threading.Thread(target=_ask_hub, args=(url, timeout_s, answer), name="hub-probe", daemon=True)
     worker.start()
@@ -154,17 +140,12 @@ def hub_dataset_cached(dataset_path: str) -> bool:
     return any(c.is_dir() for c in candidates)
 
 
-def describe_dataset(config: dict[str, Any]) -> str:
-    """'allenai/ai2_arc (ARC-Easy)': a task config's dataset as errors name it."""
-    name = config.get("dataset_name")
-    return str(config.get("dataset_path")) + (f" ({name})" if name else "")
-
-
 def uncached_hub_dataset(config: dict[str, Any]) -> str | None:
     """The dataset of a task config (its YAML, includes merged) when it comes from the hub and the
-    cache lacks it, else None (a local loader or folder, a cached dataset, or no dataset_path)."""
-    path = config.get("dataset_path")
+    cache lacks it, as errors name it ('allenai/ai2_arc (ARC-Easy)'), else None (a local loader or
+    folder, a cached dataset, or no dataset_path)."""
+    path, name = config.get("dataset_path"), config.get("dataset_name")
     kwargs = config.get("dataset_kwargs") or {}
     if not isinstance(path, str) or not is_hub_path(path) or (isinstance(kwargs, dict) and kwargs.get("cache_dir")):
         return None  # a cache_dir of the task's own is not ours to look into: datasets will say
-    return None if hub_dataset_cached(path) else describe_dataset(config)
+    return None if hub_dataset_cached(path) else path + (f" ({name})" if name else "")
