@@ -27,13 +27,11 @@ output is projected onto the tangent space at h_L[t]. The singular values are th
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -42,8 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.model import CONNECTIONS, GPT
-from spheretnorm.runtime.checkpoint import clean_state_dict
-from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import clean_state_dict, load_checkpoint
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
 from spheretnorm.runtime.imports import add_import_options, use_import_options
@@ -86,10 +83,7 @@ class PositionMap:
     def __post_init__(self) -> None:
         self.sphere = CONNECTIONS[self.model.config.connection].on_sphere
         self.mask = torch.zeros(self.h1.size(0), 1, dtype=self.h1.dtype)
-        if self.scope == "self":
-            self.mask[self.position] = 1.0
-        else:
-            self.mask[: self.position + 1] = 1.0
+        self.mask[self.position if self.scope == "self" else slice(self.position + 1)] = 1.0
         with torch.no_grad():
             self.h_last = self.output(self.h1)
         # The point of linearisation is fixed: one forward pass serves every VJP of Lanczos.
