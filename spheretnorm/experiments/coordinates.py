@@ -93,10 +93,8 @@ class Setup:
         return TrainConfig(optimizer=optimizer, min_lr=0.0, weight_decay=self.weight_decay, **keys, **dict(self.loss_keys))
 
     def model_config(self, connection: str, width: int, base: int, vocab_size: int) -> GPTConfig:
-        return GPTConfig(
-            n_layer=self.n_layer, n_head=width // self.head_dim, n_embd=width, vocab_size=vocab_size,
-            block_size=self.block_size, connection=connection, mup_base_width=base, sphere_impl="reference",
-        )
+        return GPTConfig(n_layer=self.n_layer, n_head=width // self.head_dim, n_embd=width, vocab_size=vocab_size, block_size=self.block_size,
+                         connection=connection, mup_base_width=base, sphere_impl="reference")
 
 
 def layer_names(n_layer: int) -> list[str]:
@@ -149,10 +147,6 @@ def update_sizes(model: GPT, before: dict[str, torch.Tensor], inputs: dict[str, 
     return {block: float(np.mean(v)) for block, v in sizes.items()}
 
 
-def rms(x: torch.Tensor) -> float:
-    return x.pow(2).mean().sqrt().item()
-
-
 def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean over tokens of the angle between the rows of a and b, in radians."""
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)
@@ -174,7 +168,7 @@ def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tens
         opt.step()
         now = layer_states(model, probe)
         for layer, (h0, h_prev, h) in enumerate(zip(first, previous, now)):
-            out["delta_rms"][layer].append(rms(h - h0))
+            out["delta_rms"][layer].append((h - h0).pow(2).mean().sqrt().item())
             out["angle"][layer].append(mean_angle(h_prev, h))
         sizes = update_sizes(model, before, inputs)
         for layer in range(len(first)):  # the embedding and the logits have no hidden matrix: NaN
@@ -219,11 +213,8 @@ def slopes(results: dict[str, Any]) -> dict[str, Any]:
             widths = sorted(by_width)
             x = np.log(widths)
             fitted = {}
-            for metric in METRICS:
-                if metric not in by_width[widths[0]]:
-                    continue  # a record written before the metric existed
-                layers = len(by_width[widths[0]][metric])
-                ys = [[max(by_width[w][metric][layer], 1e-30) for w in widths] for layer in range(layers)]
+            for metric in (m for m in METRICS if m in by_width[widths[0]]):  # a record written before `update` lacks it
+                ys = [[max(by_width[w][metric][layer], 1e-30) for w in widths] for layer in range(len(by_width[widths[0]][metric]))]
                 fitted[metric] = [float(np.polyfit(x, np.log(y), 1)[0]) if np.isfinite(y).all() else float("nan") for y in ys]
             out.setdefault(connection, {})[param] = fitted
     return out

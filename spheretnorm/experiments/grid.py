@@ -284,8 +284,7 @@ class Run:
 
     @property
     def row(self) -> str:
-        """Its row in tables and its curve in figures (row_key): the method, the block unless GPT-2's,
-        and the settings that tell it from the method's other runs."""
+        """Its row in tables and its curve in figures (row_key)."""
         return row_key(self.method, self.block, self.settings)
 
     @property
@@ -334,11 +333,8 @@ def load_run(path: Path) -> Run:
 
 
 def is_evaluated(out_dir: Path) -> bool:
-    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run
-    and with no task skipped (--skip_missing).
-
-    A limited file there (written before limited results got their own name) does not count.
-    """
+    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run (a limited file
+    written there before limited results got their own name does not count) and with no task skipped (--skip_missing)."""
     path = Path(out_dir) / ZERO_SHOT_NAME
     if not path.is_file():
         return False
