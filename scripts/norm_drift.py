@@ -23,7 +23,6 @@ import json
 
 import torch
 
-
 from spheretnorm.model import GPT, SPHERE_CONNECTIONS, GPTConfig
 
 MODES = ("fp32", "bf16-autocast", "bf16-weights")
@@ -32,14 +31,9 @@ MODES = ("fp32", "bf16-autocast", "bf16-weights")
 def norm_drift(model: GPT, idx: torch.Tensor, mode: str) -> float:
     """max over blocks and tokens of | ||h_l|| / ||h_0|| - 1 |, h_0 the embedding output."""
     norms: list[torch.Tensor] = []
-    record = lambda module, inputs, output: norms.append(output.float().norm(dim=-1))
     modules = [model.transformer.embed_norm, *model.transformer.h]
-    hooks = [m.register_forward_hook(record) for m in modules]
-    ctx = (
-        torch.autocast(idx.device.type, dtype=torch.bfloat16)
-        if mode == "bf16-autocast"
-        else contextlib.nullcontext()
-    )
+    hooks = [m.register_forward_hook(lambda _m, _in, output: norms.append(output.float().norm(dim=-1))) for m in modules]
+    ctx = torch.autocast(idx.device.type, dtype=torch.bfloat16) if mode == "bf16-autocast" else contextlib.nullcontext()
     try:
         with ctx, torch.no_grad():
             model(idx)
@@ -50,9 +44,7 @@ def norm_drift(model: GPT, idx: torch.Tensor, mode: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--n_layer", type=int, default=36, help="blocks of the model")
     parser.add_argument("--n_embd", type=int, default=256, help="width of the hidden states")
     parser.add_argument("--n_head", type=int, default=4, help="attention heads per block")
@@ -64,8 +56,7 @@ def main() -> None:
     results = {}
     for name in SPHERE_CONNECTIONS:
         torch.manual_seed(0)
-        config = GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                           block_size=args.seq, connection=name)
+        config = GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.seq, connection=name)
         model = GPT(config).to(args.device).eval()
         idx = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=args.device)
         row = {}

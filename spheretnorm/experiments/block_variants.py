@@ -70,10 +70,6 @@ def variant_name(p: Point) -> str:
     return f"{display_name(p['method'])} ({BLOCK_TITLES[p['block']]}{lr})"
 
 
-def ngpt_suffix(p: Point) -> str:
-    return f"-lr{p['ngpt_lr']:g}" if p["ngpt_lr"] is not None else ""
-
-
 def ms_per_step(p: Point, out_dir: Path) -> dict[str, float | None]:
     """Median wall-clock of a training step in ms, from the train rows' tokens per second."""
     run = load_run(out_dir) if (out_dir / CONFIG_NAME).is_file() else None
@@ -88,7 +84,7 @@ def block_sweep(seeds: list[int], ngpt_lrs: list[float], max_iters: int, eval_in
         name="block_study",
         base={**CPU_MODEL, "max_iters": max_iters, "lr_decay_iters": max_iters, "eval_interval": eval_interval},
         axes=(Axis("seed", tuple(seeds)), Axis("variant", variants(ngpt_lrs))),
-        folder=lambda p: f"seed{p['seed']}/{p['block']}/{method_dirname(p['method'])}{ngpt_suffix(p)}",
+        folder=lambda p: f"seed{p['seed']}/{p['block']}/{method_dirname(p['method'])}" + (f"-lr{p['ngpt_lr']:g}" if p["ngpt_lr"] is not None else ""),
         settings=recipe,
         label=variant_name,
         baseline=lambda p: p.but(method=BASELINE, ngpt_lr=None),

@@ -27,13 +27,11 @@ output is projected onto the tangent space at h_L[t]. The singular values are th
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -42,8 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spheretnorm.runtime.token_files import load_meta, open_split
 from spheretnorm.model import CONNECTIONS, GPT
-from spheretnorm.runtime.checkpoint import clean_state_dict
-from spheretnorm.runtime.checkpoint import load_checkpoint
+from spheretnorm.runtime.checkpoint import clean_state_dict, load_checkpoint
 from spheretnorm.runtime.config import config_from_dict
 from spheretnorm.runtime.cli import HelpFormatter, UsageError
 from spheretnorm.runtime.imports import add_import_options, use_import_options
@@ -86,10 +83,7 @@ class PositionMap:
     def __post_init__(self) -> None:
         self.sphere = CONNECTIONS[self.model.config.connection].on_sphere
         self.mask = torch.zeros(self.h1.size(0), 1, dtype=self.h1.dtype)
-        if self.scope == "self":
-            self.mask[self.position] = 1.0
-        else:
-            self.mask[: self.position + 1] = 1.0
+        self.mask[self.position if self.scope == "self" else slice(self.position + 1)] = 1.0
         with torch.no_grad():
             self.h_last = self.output(self.h1)
         # The point of linearisation is fixed: one forward pass serves every VJP of Lanczos.
@@ -124,21 +118,15 @@ class PositionMap:
         return self.h1.size(1) - (1 if self.sphere else 0)
 
     def random_output(self, generator: torch.Generator) -> Vector:
-        d = self.h1.size(1)
-        return self.restrict_out(torch.randn(d, generator=generator, dtype=self.h1.dtype))
+        return self.restrict_out(torch.randn(self.h1.size(1), generator=generator, dtype=self.h1.dtype))
 
 
 # -----------------------------------------------------------------------------
 # Lanczos on J J^T
 
 
-def lanczos_eigenvalues(
-    matvec: Callable[[Vector], Vector],
-    fresh: Callable[[], Vector],
-    dim: int,
-    steps: int,
-    project: Callable[[Vector], Vector] = lambda v: v,
-) -> np.ndarray:
+def lanczos_eigenvalues(matvec: Callable[[Vector], Vector], fresh: Callable[[], Vector], dim: int, steps: int,
+                       project: Callable[[Vector], Vector] = lambda v: v) -> np.ndarray:
     """Ritz values of a symmetric PSD operator on a dim-dimensional space after `steps` steps.
 
     Full reorthogonalisation against every earlier Lanczos vector keeps them orthogonal in
@@ -207,9 +195,7 @@ def position_conditioning(pmap: PositionMap, steps: int | None, generator: torch
     """
     dim = pmap.output_dim()
     steps = dim if steps is None else min(steps, dim)
-    eig = lanczos_eigenvalues(
-        lambda u: pmap.jvp(pmap.vjp(u)), lambda: pmap.random_output(generator), dim, steps, project=pmap.restrict_out
-    )
+    eig = lanczos_eigenvalues(lambda u: pmap.jvp(pmap.vjp(u)), lambda: pmap.random_output(generator), dim, steps, project=pmap.restrict_out)
     floor = RESOLUTION * max(eig.max(), 0.0) * dim
     resolved = bool(eig.min() > floor)
     smin = float(np.sqrt(eig.min() if resolved else floor))
@@ -263,16 +249,11 @@ def measure(path: Path, args: argparse.Namespace) -> list[Conditioning]:
 
 
 def table(rows: list[Conditioning]) -> str:
-    lines = [
-        "| checkpoint | method | iter | position | sigma_max | sigma_min | sigma_max / sigma_min | exact |",
-        "|:--|:--|--:|--:|--:|--:|--:|:--|",
-    ]
+    lines = ["| checkpoint | method | iter | position | sigma_max | sigma_min | sigma_max / sigma_min | exact |", "|:--|:--|--:|--:|--:|--:|--:|:--|"]
     for r in rows:
         bound = "<" if not r.resolved or not r.exact else ""  # sigma_min is then an upper bound
-        lines.append(
-            f"| {r.checkpoint} | {r.method} | {r.iter} | {r.position} | {r.sigma_max:.4g} | {bound}{r.sigma_min:.4g} | "
-            f"{'>' if bound else ''}{r.ratio:.4g} | {'yes' if r.exact else f'no ({r.steps} steps)'} |"
-        )
+        lines.append(f"| {r.checkpoint} | {r.method} | {r.iter} | {r.position} | {r.sigma_max:.4g} | {bound}{r.sigma_min:.4g} | "
+                     f"{'>' if bound else ''}{r.ratio:.4g} | {'yes' if r.exact else f'no ({r.steps} steps)'} |")
     return "\n".join(lines)
 
 

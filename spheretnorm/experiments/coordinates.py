@@ -38,14 +38,12 @@ sheets again from a record.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,16 +92,9 @@ class Setup:
         keys = {"learning_rate": self.lr, **({OPTIMIZERS[optimizer].rate_key: rate} if rate is not None else {})}
         return TrainConfig(optimizer=optimizer, min_lr=0.0, weight_decay=self.weight_decay, **keys, **dict(self.loss_keys))
 
-    def rate_text(self, optimizer: str) -> str:
-        train = self.train_config(optimizer)
-        key = OPTIMIZERS[optimizer].rate_key
-        return f"{OPTIMIZERS[optimizer].title} {key}={getattr(train, key):g}"
-
     def model_config(self, connection: str, width: int, base: int, vocab_size: int) -> GPTConfig:
-        return GPTConfig(
-            n_layer=self.n_layer, n_head=width // self.head_dim, n_embd=width, vocab_size=vocab_size,
-            block_size=self.block_size, connection=connection, mup_base_width=base, sphere_impl="reference",
-        )
+        return GPTConfig(n_layer=self.n_layer, n_head=width // self.head_dim, n_embd=width, vocab_size=vocab_size, block_size=self.block_size,
+                         connection=connection, mup_base_width=base, sphere_impl="reference")
 
 
 def layer_names(n_layer: int) -> list[str]:
@@ -156,10 +147,6 @@ def update_sizes(model: GPT, before: dict[str, torch.Tensor], inputs: dict[str, 
     return {block: float(np.mean(v)) for block, v in sizes.items()}
 
 
-def rms(x: torch.Tensor) -> float:
-    return x.pow(2).mean().sqrt().item()
-
-
 def mean_angle(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean over tokens of the angle between the rows of a and b, in radians."""
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)
@@ -181,7 +168,7 @@ def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tens
         opt.step()
         now = layer_states(model, probe)
         for layer, (h0, h_prev, h) in enumerate(zip(first, previous, now)):
-            out["delta_rms"][layer].append(rms(h - h0))
+            out["delta_rms"][layer].append((h - h0).pow(2).mean().sqrt().item())
             out["angle"][layer].append(mean_angle(h_prev, h))
         sizes = update_sizes(model, before, inputs)
         for layer in range(len(first)):  # the embedding and the logits have no hidden matrix: NaN
@@ -191,24 +178,13 @@ def trace(model: GPT, setup: Setup, batches: list[tuple[torch.Tensor, torch.Tens
 
 
 def summary(trace_: dict[str, list[list[float]]]) -> dict[str, list[float]]:
-    """Per layer: delta_rms after the last step, angle averaged over the steps."""
-    return {
-        "delta_rms": [series[-1] for series in trace_["delta_rms"]],
-        "angle": [float(np.mean(series)) for series in trace_["angle"]],
-        "update": [float(np.mean(series)) for series in trace_["update"]],
-    }
+    """Per layer: delta_rms after the last step, angle and update averaged over the steps."""
+    averaged = {m: [float(np.mean(series)) for series in trace_[m]] for m in ("angle", "update")}
+    return {"delta_rms": [series[-1] for series in trace_["delta_rms"]], **averaged}
 
 
-def coord_check(
-    connections: list[str],
-    widths: list[int],
-    setup: Setup,
-    vocab_size: int,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
-    probe: torch.Tensor,
-    log: Any = None,
-    optimizers: tuple[str, ...] = ("adamw",),
-) -> dict[str, Any]:
+def coord_check(connections: list[str], widths: list[int], setup: Setup, vocab_size: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                probe: torch.Tensor, log: Any = None, optimizers: tuple[str, ...] = ("adamw",)) -> dict[str, Any]:
     """{row: {param: {width: summary}}} for every connection, optimizer, parametrisation and width;
     a row is the connection's name (AdamW alone) or 'connection, optimizer'.
 
@@ -237,11 +213,8 @@ def slopes(results: dict[str, Any]) -> dict[str, Any]:
             widths = sorted(by_width)
             x = np.log(widths)
             fitted = {}
-            for metric in METRICS:
-                if metric not in by_width[widths[0]]:
-                    continue  # a record written before the metric existed
-                layers = len(by_width[widths[0]][metric])
-                ys = [[max(by_width[w][metric][layer], 1e-30) for w in widths] for layer in range(layers)]
+            for metric in (m for m in METRICS if m in by_width[widths[0]]):  # a record written before `update` lacks it
+                ys = [[max(by_width[w][metric][layer], 1e-30) for w in widths] for layer in range(len(by_width[widths[0]][metric]))]
                 fitted[metric] = [float(np.polyfit(x, np.log(y), 1)[0]) if np.isfinite(y).all() else float("nan") for y in ys]
             out.setdefault(connection, {})[param] = fitted
     return out
@@ -330,14 +303,14 @@ def coord_sheets(results: dict[str, Any]) -> list[Sheet]:
     return sheets
 
 
-def steps_text(setup: Setup, optimizers: tuple[str, ...]) -> str:
-    if optimizers == ("adamw",):
-        return f"{setup.steps} AdamW steps at lr {setup.lr:g}"
-    return f"{setup.steps} steps; " + ", ".join(setup.rate_text(o) for o in optimizers) + f" (AdamW's part {setup.lr:g})"
-
-
 def check_title(setup: Setup, optimizers: tuple[str, ...], base: int) -> str:
-    return f"Coordinate check: {setup.n_layer} layers, {steps_text(setup, optimizers)} (μP base width {base}); standard vs μP"
+    def rate(o: str) -> str:
+        key = OPTIMIZERS[o].rate_key
+        return f"{OPTIMIZERS[o].title} {key}={getattr(setup.train_config(o), key):g}"
+
+    steps = (f"{setup.steps} AdamW steps at lr {setup.lr:g}" if optimizers == ("adamw",)
+             else f"{setup.steps} steps; {', '.join(map(rate, optimizers))} (AdamW's part {setup.lr:g})")
+    return f"Coordinate check: {setup.n_layer} layers, {steps} (μP base width {base}); standard vs μP"
 
 
 def plot_coord_check(results: dict[str, Any], setup: Setup, optimizers: tuple[str, ...], out: Path) -> list[Path]:
@@ -397,14 +370,6 @@ def load_record(path: Path) -> tuple[Setup, tuple[str, ...], dict[str, Any]]:
         raise UsageError(f"--from_json {path} is not a coordinate check's record ({type(e).__name__}: {e}).") from None
     optimizers = tuple(record.get("optimizers") or dict.fromkeys(row_parts(r)[1] or "adamw" for r in results))
     return setup, optimizers, results
-
-
-def redraw(path: Path, out: Path | None) -> int:
-    """--from_json: the figure of a finished check, from its record alone (nothing runs)."""
-    setup, optimizers, results = load_record(path)
-    figures = plot_coord_check(results, setup, optimizers, out or path.with_suffix(""))
-    print("Written: " + ", ".join(map(str, figures)))
-    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -518,7 +483,12 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        return redraw(Path(args.from_json), Path(args.out) if args.out else None) if args.from_json else run(args)
+        if not args.from_json:
+            return run(args)
+        setup, optimizers, results = load_record(Path(args.from_json))  # the figure of a finished check, from its record alone
+        figures = plot_coord_check(results, setup, optimizers, Path(args.out or Path(args.from_json).with_suffix("")))
+        print("Written: " + ", ".join(map(str, figures)))
+        return 0
     except (UsageError, LossTermError) as e:  # a loss term of --imports that raises or returns no scalar: one line too
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -47,17 +47,13 @@ def pipeline_sweep(methods: list[str], max_iters: int, overrides: list[str]) -> 
     return Sweep(name=name, base=base, axes=(Axis("method", tuple(methods)),), folder=lambda p: f"{name}/{method_dirname(p['method'])}")
 
 
-def seconds_text(row: dict[str, Any]) -> str | None:
-    return None if row["seconds"] is None else f"{row['seconds']:.0f}" + (" (earlier)" if row["reused"] else "")
-
-
 OUTCOME_COLUMNS = (
     Column("Method", lambda r: display_name(r["method"]), align=":--"),
     Column("final val loss", "val_loss", ".3f"),
     Column("final train loss", "train_loss_avg", ".3f"),
     Column("final cosine", "final_cosine", ".3f"),
     Column("status", lambda r: r["status"] + (f" ({r['reason']})" if r["reason"] else ""), align=":--"),
-    Column("time (s)", seconds_text),
+    Column("time (s)", lambda r: None if r["seconds"] is None else f"{r['seconds']:.0f}" + (" (earlier)" if r["reused"] else "")),
 )
 
 

@@ -37,38 +37,22 @@ from spheretnorm.zeroshot.driver import incomplete_reason, results_limit
 from spheretnorm.model import BLOCKS, CONNECTIONS, GPTConfig
 from spheretnorm.runtime.checkpoint import newest_run_checkpoint
 from spheretnorm.runtime.run_folder import (
-    read_metrics,
-    CKPT_NAME,
-    CONFIG_NAME,
-    EXIT_COLLAPSE,
-    EXIT_CONFIG,
-    EXIT_CRASH,
-    EXIT_NON_FINITE,
-    METRICS_NAME,
+    CKPT_NAME, CONFIG_NAME, EXIT_COLLAPSE, EXIT_CONFIG, EXIT_CRASH, EXIT_NON_FINITE, METRICS_NAME, read_metrics,
 )
 from spheretnorm.runtime.config import config_keys
 
 SHARED_DIR = REPO_ROOT.parent / "shared"
 ZERO_SHOT_NAME = "ckpt_zero_shot.json"  # eval/zero_shot.py's default name for <run>/ckpt.pt
 
-# The paper's eight methods, in the row order of its tables.
 PAPER_DATASETS = ("fineweb_edu", "openwebtext")  # column order of Tables 2 and 3
 PAPER_SCALES = ("S", "M", "L")
 # Every scale the launcher can run (config/<dataset>_<scale>.py exists for each): the paper's,
 # and XL past them, whose config sets parallel = "fsdp" (train.py shards it over the GPUs).
 SCALES = (*PAPER_SCALES, "XL")
 
-_DATASET_NAMES = {
-    "fineweb_edu": "FineWeb-Edu",
-    "openwebtext": "OpenWebText",
-    "shakespeare_char": "Shakespeare-char",
-    "shakespeare": "Shakespeare",
-}
+_DATASET_NAMES = {"fineweb_edu": "FineWeb-Edu", "openwebtext": "OpenWebText", "shakespeare_char": "Shakespeare-char", "shakespeare": "Shakespeare"}
 
-# Collapse: the model predicts no better than the token frequencies, i.e. it ignores its
-# context (every position gets about the same distribution). The final hidden states' mean
-# cosine (model.diagnostics) is reported beside it but not used: it is also high early in
-# healthy training.
+# Collapse: no better than the token frequencies (docs/EXPERIMENTS.md's unigram rule; final_cosine is shown, not judged).
 COLLAPSE_MARGIN = 0.05  # nats below the unigram loss that a val loss must reach to count as learning
 
 assert all(m.partition(":")[0] in CONNECTIONS for m in PAPER_METHODS), "a paper method left the registry"
@@ -160,10 +144,8 @@ def config_file(dataset: str, scale: str) -> Path:
 def last_eval_iter(out_dir: Path) -> int | None:
     """Iteration of the last eval row in out_dir/metrics.jsonl (None: no evaluation yet)."""
     path = Path(out_dir) / METRICS_NAME
-    if not path.is_file():
-        return None
-    iters = [r["iter"] for r in read_metrics(path) if r.get("kind") == "eval"]
-    return max(iters) if iters else None
+    iters = [r["iter"] for r in read_metrics(path) if r.get("kind") == "eval"] if path.is_file() else []
+    return max(iters, default=None)
 
 
 def reached_max_iters(out_dir: Path, max_iters: int) -> bool:
@@ -188,10 +170,8 @@ def final_stop(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     A signalled stop (pre-emption) or a crash may be resumed, so it is no end; nor is a stop
     row that a resumed run has since left behind (it is then not the last row).
     """
-    last = rows[-1] if rows else None
-    if last is None or last.get("kind") != "stop" or last.get("reason") not in FINAL_STOP_REASONS:
-        return None
-    return last
+    last = rows[-1] if rows else {}
+    return last if last.get("kind") == "stop" and last.get("reason") in FINAL_STOP_REASONS else None
 
 
 def stopped_row(out_dir: Path) -> dict[str, Any] | None:
@@ -304,8 +284,7 @@ class Run:
 
     @property
     def row(self) -> str:
-        """Its row in tables and its curve in figures (row_key): the method, the block unless GPT-2's,
-        and the settings that tell it from the method's other runs."""
+        """Its row in tables and its curve in figures (row_key)."""
         return row_key(self.method, self.block, self.settings)
 
     @property
@@ -354,11 +333,8 @@ def load_run(path: Path) -> Run:
 
 
 def is_evaluated(out_dir: Path) -> bool:
-    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run
-    and with no task skipped (--skip_missing).
-
-    A limited file there (written before limited results got their own name) does not count.
-    """
+    """True when out_dir holds final zero-shot results: ckpt_zero_shot.json, not from a --limit run (a limited file
+    written there before limited results got their own name does not count) and with no task skipped (--skip_missing)."""
     path = Path(out_dir) / ZERO_SHOT_NAME
     if not path.is_file():
         return False
@@ -367,16 +343,6 @@ def is_evaluated(out_dir: Path) -> bool:
     except json.JSONDecodeError:
         return False  # cut short by a crash: evaluate again
     return "paper_table" in results and incomplete_reason(results) is None
-
-
-def _collision(first: Run, second: Run) -> str:
-    """Why two runs cannot share a row: both folders (they hold the same settings)."""
-    block = "" if first.block == DEFAULT_BLOCK else f" with the {block_title(first.block)} block"
-    settings = f" ({first.settings})" if first.settings else ""
-    return (
-        f"Two runs of {first.method}{block}{settings} on {first.dataset} at scale {first.scale} hold the same settings: "
-        f"{first.path} and {second.path} (a copied folder?); point --runs_root at the folder of one experiment, or move one away."
-    )
 
 
 def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
@@ -391,7 +357,11 @@ def index_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], Run]:
     for run in runs:
         key = (run.dataset, run.scale, run.row)
         if key in index:
-            raise UsageError(_collision(index[key], run))
+            first = index[key]
+            block = "" if first.block == DEFAULT_BLOCK else f" with the {block_title(first.block)} block"
+            settings = f" ({first.settings})" if first.settings else ""
+            raise UsageError(f"Two runs of {first.method}{block}{settings} on {first.dataset} at scale {first.scale} hold the same settings: "
+                             f"{first.path} and {run.path} (a copied folder?); point --runs_root at the folder of one experiment, or move one away.")
         index[key] = run
     return index
 
@@ -480,12 +450,7 @@ STALLED = "stalled"
 # classify's statuses of a run that has its final eval row at max_iters.
 FINISHED = ("ok", STUCK_AT_UNIGRAM, STALLED)
 # What each exit status of train.py means (its EXIT_* constants), for the scripts' progress lines.
-EXIT_TEXT = {
-    EXIT_CRASH: "crashed",
-    EXIT_CONFIG: "refused its config",
-    EXIT_COLLAPSE: STOPPED_COLLAPSE,
-    EXIT_NON_FINITE: "stopped: non-finite loss",
-}
+EXIT_TEXT = {EXIT_CRASH: "crashed", EXIT_CONFIG: "refused its config", EXIT_COLLAPSE: STOPPED_COLLAPSE, EXIT_NON_FINITE: "stopped: non-finite loss"}
 
 
 def exit_text(code: int) -> str:
@@ -514,16 +479,9 @@ def stall_reason(final: Mapping[str, Any], bigram: float, unigram: float | None)
 
 def classify(run: Run | None, returncode: int | None, unigram: float | None, error_line: str = "",
              bigram: float | None = None) -> tuple[str, str]:
-    """(status, reason): status is ok, stuck at unigram, stalled, stopped: collapse, diverged, failed or unfinished.
-
-    stopped: collapse: train.py's collapse alarm stopped the run (exit status 3, or its stop row
-    when the run was not started here). diverged: train.py stopped on a non-finite loss (exit
-    status 4, or its stop row). stuck at unigram: the run finished but its final val loss is above
-    unigram - COLLAPSE_MARGIN, no better than predicting the token frequencies. stalled: the run
-    finished below that line but its final whole-split loss (final_val_loss) is above the bigram
-    loss, no better than the previous token's pair counts. returncode None means the run was not
-    started here (it was found finished or stopped).
-    """
+    """(status, reason): status is ok, stuck at unigram, stalled, stopped: collapse, diverged, failed or unfinished
+    (the constants above, and docs/EXPERIMENTS.md's unigram rule). A stop, from train.py's exit status or, where
+    returncode is None (the run was not started here: found finished or stopped), from its stop row."""
     stop = run.stop if run is not None else None
     reason = stop.get("reason") if stop else None  # a stop row cut short may lack its keys: no KeyError here
     message = str(stop.get("message") or f"stopped ({reason or 'no reason recorded'})") if stop else error_line.removeprefix("error:").strip()

@@ -29,19 +29,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from spheretnorm.experiments.figures import (
-    draw_rate_curve, figure_legend, loss_range, plt, rate_axis, rate_curve, save_figure, titled_grid, trained,
-)
+from spheretnorm.experiments.figures import draw_rate_curve, figure_legend, loss_range, plt, rate_axis, rate_curve, save_figure, titled_grid, trained
 from spheretnorm.optim import OPTIMIZERS
 from spheretnorm.experiments.grid import check_overrides, parse_choices, parse_numbers
-from spheretnorm.runtime.methods import parse_methods
+from spheretnorm.runtime.methods import display_name, method_dirname, parse_methods
 from spheretnorm.experiments.study import (
     CPU_MODEL, RESERVED as STUDY_RESERVED, Axis, Column, Done, Point, Report, Sweep, add_length_options, add_methods_option,
     add_place_options, add_rate_grid_options, pivot_table, rate_grids, sweep_main,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.methods import method_dirname
-from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "p_spheret:0.5,pre_ln"
 DEFAULT_WIDTHS = "64,256"
@@ -109,7 +105,7 @@ def arm(r: dict[str, Any]) -> tuple[str, str]:
 
 
 def arm_name(a: tuple[str, str]) -> str:
-    return f"{display_name(a[0])}, {OPTIMIZERS[a[1]].title}" if a[1] in OPTIMIZERS else f"{display_name(a[0])}, {a[1]}"
+    return f"{display_name(a[0])}, {OPTIMIZERS[a[1]].title if a[1] in OPTIMIZERS else a[1]}"
 
 
 def best_lrs(rows: list[dict[str, Any]]) -> dict[tuple[tuple[str, str], str, int], float | None]:

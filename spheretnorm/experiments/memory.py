@@ -99,14 +99,13 @@ def saved_activation_bytes(model: torch.nn.Module, idx: torch.Tensor, autocast: 
     Each storage counts once (a tensor saved by two ops is one allocation); parameters are
     not activations and are left out.
     """
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[int] = set()
+    seen = {p.untyped_storage().data_ptr() for p in model.parameters()}  # parameters: seen, never counted
     total = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal total
         storage = t.untyped_storage()
-        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
+        if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
         return t

@@ -27,14 +27,12 @@ from typing import Any
 
 from spheretnorm.experiments.figures import method_style, plt, save_figure
 from spheretnorm.experiments.grid import check_overrides, parse_numbers
-from spheretnorm.runtime.methods import parse_methods, sort_methods
+from spheretnorm.runtime.methods import display_name, method_dirname, parse_methods, sort_methods
 from spheretnorm.experiments.study import (
-    CPU_MODEL, RESERVED as STUDY_RESERVED, UNSTABLE, Axis, Column, Done, Point, Report, Sweep, add_length_options, add_methods_option,
+    CPU_MODEL, RESERVED as STUDY_RESERVED, UNSTABLE, Axis, Column, Done, Report, Sweep, add_length_options, add_methods_option,
     add_place_options, add_rate_grid_options, as_args, parse_train_args, pivot_table, study_name, sweep_main,
 )
 from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.methods import method_dirname
-from spheretnorm.runtime.methods import display_name
 
 DEFAULT_METHODS = "pre_ln,proj_spheret,p_spheret:0.5,geonorm"
 DEFAULT_LRS = "1e-3,3e-3"
@@ -51,10 +49,6 @@ RESERVED = {
 }
 
 
-def schedule(p: Point) -> dict[str, Any]:
-    return {"learning_rate": p["lr"], "min_lr": p["lr"] / 10, "warmup_iters": p["warmup"]}
-
-
 def stability_sweep(methods: list[str], lrs: list[float], warmups: list[int], max_iters: int, overrides: list[str]) -> Sweep:
     """Warm-up by warm-up, then rate by rate; the runs and their config_name are named by the
     model's shape (shakespeare_char_24x128), the user's overrides included."""
@@ -65,7 +59,7 @@ def stability_sweep(methods: list[str], lrs: list[float], warmups: list[int], ma
         base=base,
         axes=(Axis("warmup", tuple(warmups)), Axis("lr", tuple(lrs)), Axis("method", tuple(methods))),
         folder=lambda p: f"{name}/{method_dirname(p['method'])}/lr{p['lr']:g}_wu{p['warmup']}",
-        settings=schedule,
+        settings=lambda p: {"learning_rate": p["lr"], "min_lr": p["lr"] / 10, "warmup_iters": p["warmup"]},
     )
 
 
