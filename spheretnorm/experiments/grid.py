@@ -3,7 +3,7 @@
 A *method key* is the paper's name of a model variant: a key of ``model.CONNECTIONS``, or
 ``p_spheret:P`` for p-SpheretNorm with ``spheret_p = P`` (the paper's 0.5-SpheretNorm is
 ``p_spheret:0.5``). Keys map to train.py arguments, run folders and W&B names through
-``spheretnorm.config`` (``method_key``, ``method_dirname``, ``resolve_wandb_names``), so every script
+``spheretnorm.runtime.methods`` (``method_key``, ``method_dirname``, ``resolve_wandb_names``), so every script
 names a run the way train.py does.
 
 A *run folder* is what train.py writes to its out_dir: ``config.json`` (both configs and the
