@@ -75,11 +75,8 @@ def recorded_rows(path: Path) -> dict[str, dict[str, Any]]:
 
 def last_iteration(out_dir: Path) -> int | None:
     """The iteration of a running job's newest metrics row (None before its first)."""
-    path = out_dir / METRICS_NAME
-    if not path.is_file():
-        return None
-    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
-        lines = path.read_text(encoding="utf-8").strip().splitlines()
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):  # none yet, or not a metrics row
+        lines = (out_dir / METRICS_NAME).read_text(encoding="utf-8").strip().splitlines()
         return int(json.loads(lines[-1])["iter"]) if lines else None
     return None
 
