@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments.fair_comparison import ARM_BY_SLUG, PAPER_RECIPE, SHAPE
-from spheretnorm.experiments.study import DEFAULT_DATA_DIR, as_args, ensure_data, method_settings
+from spheretnorm.experiments.study import DEFAULT_DATA_DIR, Column, as_args, ensure_data, markdown_table, method_settings
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
@@ -178,8 +178,7 @@ def progress_text(row: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     keys = ("case", "fixed_s", "ckpt_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    return "\n".join(lines + ["| " + " | ".join(str(r.get(k, r.get("error", ""))) for k in keys) + " |" for r in rows])
+    return markdown_table(rows, [Column(k, lambda r, k=k: str(r.get(k, r.get("error", ""))), align="---") for k in keys])
 
 
 def main(argv: list[str] | None = None) -> int:
