@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.runtime.token_files import read_json_object
+from spheretnorm.data.pipeline import sha256_file
 from spheretnorm.experiments.grid import CONFIG_NAME
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.sweep_plan import UNSTABLE, Place, Seeds, Sweep
@@ -30,10 +31,9 @@ DIGEST_KEYS = ("config_sha256", "metrics_sha256")
 
 def file_digest(path: Path) -> str | None:
     """The sha256 of a file's bytes; None where there is no file."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+    with contextlib.suppress(FileNotFoundError):
+        return sha256_file(path)
+    return None
 
 
 def declaration_digest(declared: dict[str, Any]) -> str:

@@ -220,8 +220,7 @@ def gap_spread(gaps: Gaps) -> Spread | None:
 
 def gap_text(gaps: Gaps, fmt: str = "+.3f") -> str | None:
     """The mean gap, or why there is none: 'failed (seed 1338: the arm failed)', 'runs missing (seed 1339)'."""
-    sides = {1: "the arm failed", -1: "the baseline failed"}
-    failed = [f"seed {s}: {sides.get(int(math.copysign(1, g)), 'both failed') if not math.isnan(g) else 'both failed'}"
+    failed = [f"seed {s}: {'both failed' if math.isnan(g) else 'the arm failed' if g > 0 else 'the baseline failed'}"
               for s, g in gaps.items() if g is not None and not math.isfinite(g)]
     missing = [str(s) for s, g in gaps.items() if g is None]
     if failed:
