@@ -76,13 +76,13 @@ def train_args(case: Case, iters: int, out_dir: Path, data_dir: Path) -> list[st
     return [sys.executable, str(REPO_ROOT / "train.py"), *as_args(settings)]
 
 
-def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path) -> tuple[float, list[dict[str, Any]] | str]:
+def train_once(case: Case, iters: int, data_dir: Path, cache: Path) -> tuple[float, list[dict[str, Any]] | str]:
     """(CPU seconds of the train.py process, its metrics rows or an error line): one case trained
     for `iters` iterations, torch.compile's caches in `cache`. The rows end with a row of kind
     "checkpoint_writes" holding the seconds train.py's last line gives its checkpoint writes."""
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
         out = Path(tmp) / "run"
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
         with open(Path(tmp) / "log", "w+", encoding="utf-8") as log:
             child = subprocess.Popen(train_args(case, iters, out, data_dir), env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -98,15 +98,15 @@ def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path
         return usage.ru_utime + usage.ru_stime, rows
 
 
-def measure(case: Case, short: int, long: int, data_dir: Path, threads: int = 1) -> dict[str, Any]:
+def measure(case: Case, short: int, long: int, data_dir: Path) -> dict[str, Any]:
     """One case trained `short` and `long` iterations (the module's docstring says what their
     difference gives); a compiled case trains the short one second, so that both find
     torch.compile's caches as a sweep's later runs do."""
     with tempfile.TemporaryDirectory(prefix="run_cost_inductor_") as cache:
-        first_cpu, first = train_once(case, long, data_dir, threads, Path(cache))
-        short_cpu, rows = train_once(case, short, data_dir, threads, Path(cache))
+        first_cpu, first = train_once(case, long, data_dir, Path(cache))
+        short_cpu, rows = train_once(case, short, data_dir, Path(cache))
         compiled = PATHS[case.path][0]
-        long_cpu, long_rows = train_once(case, long, data_dir, threads, Path(cache)) if compiled else (first_cpu, first)
+        long_cpu, long_rows = train_once(case, long, data_dir, Path(cache)) if compiled else (first_cpu, first)
     for result in (first, rows, long_rows):
         if isinstance(result, str):
             return {"case": case.name, "error": result}
