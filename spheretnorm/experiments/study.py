@@ -5,12 +5,9 @@ needs one, a follow-up rule) and sweep_main plans it, runs its jobs, resumes or 
 runs, and writes its rows, its Markdown table and the summary over its seeds (where it selects a
 rate, the held-out seeds' at each group's selected rate: selected_summary).
 
-The engine lives beside this module, along its seams, and every name of it a study uses is
-importable from here: sweep_plan.py (the CPU model, the spec and its plan, the follow-up rule that
-selects a rate), sweep_runner.py (the data, train.py jobs, a sweep's runs found, planned and run),
-sweep_record.py (OUT_DIR/<name>.json: the declaration and what the record vouches for) and
-sweep_report.py (the tables, the statistics over the seeds, the rules' verdicts, what a study
-writes). Imports go one way: plan <- record <- runner, plan and record <- report, all <- here.
+The engine lives beside this module along its seams (docs/EXPERIMENTS.md section 6: sweep_plan,
+sweep_runner, sweep_record, sweep_report), and every name of it a study uses is importable from
+here. Imports go one way: plan <- record <- runner, plan and record <- report, all <- here.
 
 The model is deep and narrow, 24 layers of width 128, the regime where the connections differ
 most, on Tiny Shakespeare (characters), one train.py subprocess per run, several at a time.
@@ -190,15 +187,13 @@ def sweep_main(sweep: Sweep | Callable[[argparse.Namespace, list[str]], Sweep], 
                figures: Callable[[Done], list[Path]] | None = None, report: Callable[[Done], Report] | None = None,
                dry_run: Callable[[Done], None] | None = None,
                instead: Callable[[argparse.Namespace, list[str]], int | None] | None = None) -> int:
-    """A study's command. A Sweep runs as declared: the common options, --axis to run part of it,
-    --rule and --mix_kernel_paths, and any train.py --key=value for every run; writes
-    OUT_DIR/<name>.md (runs_text) and .json. A study of its own options gives `options`, which adds
-    them (the place options among them), and as `sweep` the function that checks them and the
-    train.py overrides and turns them into its Sweep. `figures` draws from the rows and returns the
-    paths it wrote; `report` gives the stem, text and record to write instead of runs_text's.
-    `dry_run` prints what a dry run adds after the runs it listed (fair_sweep: the most runs the
-    plan can grow to, and their time). `instead` is a mode of the command that runs no sweep
-    (fair_sweep's --compare, which draws finished sweeps): its exit status, or None to run the sweep."""
+    """A study's command (docs/EXPERIMENTS.md section 6): a Sweep runs as declared, with --axis,
+    --rule and --mix_kernel_paths; or `options` adds a study's own options (the place options among
+    them) and `sweep` is the function that turns them and the train.py overrides into its Sweep.
+    `figures` draws from the rows and returns the paths it wrote; `report` gives the stem, text and
+    record to write instead of runs_text's; `dry_run` prints what a dry run adds after the runs it
+    listed; `instead` is a mode that runs no sweep (fair_sweep's --compare): its exit status, or
+    None to run the sweep."""
     p = study_parser(doc or f"The {getattr(sweep, 'name', 'study')} sweep.")  # a design function has no name: its doc says
     if options:
         options(p)

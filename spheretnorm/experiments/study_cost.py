@@ -5,23 +5,22 @@
     python scripts/run_cost.py --shapes 12x128,36x128 --paths compiled,compiled_blocks --blocks llama,gpt2   # compile scopes
     python scripts/run_cost.py --dtypes float32,bfloat16 --json cost.json
 
-Each (shape, arm, path, dtype) trains the real train.py in a subprocess of one thread, as a
-study's run does (LLaMA's block unless --blocks says, the fair sweep's batch and block, its recipe), twice: SHORT and
-LONG iterations (--iters), each ending as a study run ends (eval_iters batches per split,
-diagnostics and the whole validation split). The costs are the processes' CPU seconds, which on
-one thread are about what the run takes alone on its core: less moved by other work on the machine
-than wall time, not immune to it (a core's sibling thread and the shared caches slow it too, by
-up to 2x in one measurement here), so measure on an idle machine. The
-difference of the two lengths is the step; what is left of the short run is the fixed part
-(imports, data, model, compile, checkpoints). A compiled case trains LONG once more first, cold
-(a cache directory of its own for torch.compile, empty at the start): that first compile's extra
-is `cold_extra_s`, paid by the first run of a shape in a sweep, whose later runs find
-torch.compile's caches; `cold_start_s` = fixed_s + cold_extra_s is such a first run's start,
-compile included. The paths: eager; compiled (compile_scope=model, the whole model one graph, the
-studies' path before 2026-12-07, DDP's default); compiled_blocks (compile_scope=blocks, each block
-compiled, one graph for every layer, the studies' path since). torch.compile compiles on one thread here (TORCHINDUCTOR_COMPILE_THREADS=1),
-so that the CPU seconds hold its whole work. `study_run_s` projects a 600-iteration study run with six
-evaluations. A benchmark, not a test: its numbers belong in the closing note or docs/LOG.md.
+Each (shape, arm, path, dtype) trains the real train.py in a subprocess of one thread, as a study's run
+does (LLaMA's block unless --blocks says; the fair sweep's batch, block and recipe), SHORT and LONG
+iterations (--iters), each ending as a study run ends (eval_iters batches per split, diagnostics and
+the whole validation split). The costs are the processes' CPU seconds: on one thread about what the
+run takes alone on its core, less moved by other work than wall time but not immune to it (a core's
+sibling thread and the shared caches slowed it by up to 2x in one measurement here), so measure on
+an idle machine. The difference of the two lengths is the step; what is left of the short run is the
+fixed part (imports, data, model, compile, checkpoints). A compiled case trains LONG once more first,
+cold (an empty cache directory of its own for torch.compile): `cold_extra_s` is that first compile's
+extra, paid by a sweep's first run of a shape (its later runs find the caches), and `cold_start_s` =
+fixed_s + cold_extra_s that run's start. The paths: eager; compiled (compile_scope=model, the whole
+model one graph, the studies' path before 2026-12-07, DDP's default); compiled_blocks
+(compile_scope=blocks, one graph for every layer, the studies' path since). torch.compile compiles on
+one thread here (TORCHINDUCTOR_COMPILE_THREADS=1), so that the CPU seconds hold its whole work.
+`study_run_s` projects a 600-iteration study run with six evaluations. A benchmark, not a test: its
+numbers belong in the closing note or docs/LOG.md.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.experiments.fair_comparison import ARM_BY_SLUG, PAPER_RECIPE, SHAPE
-from spheretnorm.experiments.study import DEFAULT_DATA_DIR, as_args, ensure_data, method_settings
+from spheretnorm.experiments.study import DEFAULT_DATA_DIR, Column, as_args, ensure_data, markdown_table, method_settings
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.run_folder import METRICS_NAME, read_metrics
 
@@ -77,14 +76,13 @@ def train_args(case: Case, iters: int, out_dir: Path, data_dir: Path) -> list[st
     return [sys.executable, str(REPO_ROOT / "train.py"), *as_args(settings)]
 
 
-def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path) -> tuple[float, list[dict[str, Any]] | str]:
+def train_once(case: Case, iters: int, data_dir: Path, cache: Path) -> tuple[float, list[dict[str, Any]] | str]:
     """(CPU seconds of the train.py process, its metrics rows or an error line): one case trained
-    for `iters` iterations, torch.compile's caches in `cache`. CPU time, not wall time: less moved
-    by other work on the machine. The rows end with a row of kind "checkpoint_writes" holding the
-    seconds train.py's last line gives its checkpoint writes (wall time; on one thread about CPU time)."""
+    for `iters` iterations, torch.compile's caches in `cache`. The rows end with a row of kind
+    "checkpoint_writes" holding the seconds train.py's last line gives its checkpoint writes."""
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
         out = Path(tmp) / "run"
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
         with open(Path(tmp) / "log", "w+", encoding="utf-8") as log:
             child = subprocess.Popen(train_args(case, iters, out, data_dir), env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -100,17 +98,15 @@ def train_once(case: Case, iters: int, data_dir: Path, threads: int, cache: Path
         return usage.ru_utime + usage.ru_stime, rows
 
 
-def measure(case: Case, short: int, long: int, data_dir: Path, threads: int = 1) -> dict[str, Any]:
-    """One case trained twice, `short` and `long` iterations: the difference of their CPU times is
-    the cost of long - short steps, and what is left of the short run is the fixed part (start-up,
-    compile, the final evaluation, checkpoints). Compiled cases run the short one second, so that
-    both find torch.compile's caches as a sweep's later runs do; the first compile's cold cost is
-    reported on its own."""
+def measure(case: Case, short: int, long: int, data_dir: Path) -> dict[str, Any]:
+    """One case trained `short` and `long` iterations (the module's docstring says what their
+    difference gives); a compiled case trains the short one second, so that both find
+    torch.compile's caches as a sweep's later runs do."""
     with tempfile.TemporaryDirectory(prefix="run_cost_inductor_") as cache:
-        first_cpu, first = train_once(case, long, data_dir, threads, Path(cache))
-        short_cpu, rows = train_once(case, short, data_dir, threads, Path(cache))
+        first_cpu, first = train_once(case, long, data_dir, Path(cache))
+        short_cpu, rows = train_once(case, short, data_dir, Path(cache))
         compiled = PATHS[case.path][0]
-        long_cpu, long_rows = train_once(case, long, data_dir, threads, Path(cache)) if compiled else (first_cpu, first)
+        long_cpu, long_rows = train_once(case, long, data_dir, Path(cache)) if compiled else (first_cpu, first)
     for result in (first, rows, long_rows):
         if isinstance(result, str):
             return {"case": case.name, "error": result}
@@ -182,8 +178,7 @@ def progress_text(row: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     keys = ("case", "fixed_s", "ckpt_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    return "\n".join(lines + ["| " + " | ".join(str(r.get(k, r.get("error", ""))) for k in keys) + " |" for r in rows])
+    return markdown_table(rows, [Column(k, lambda r, k=k: str(r.get(k, r.get("error", ""))), align="---") for k in keys])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,8 @@
 folders and table columns), each point's train.py settings, the losses a plan ranks, the rows'
 names, and the follow-up rule that selects each group's rate on its selection seed (BestRate).
 
-A plan is a function of the finished runs' losses alone (plan_points): sweep_runner.py runs its
-jobs and finds its runs, sweep_report.py tabulates its rows, and study.py is the front a study
-imports all of it from. Nothing here starts a process or writes a file.
+A plan is a function of the finished runs' losses alone (plan_points); nothing here starts a
+process or writes a file.
 """
 
 from __future__ import annotations
@@ -144,14 +143,6 @@ class Column:
         return "-" if value is None else format(value, self.fmt)
 
 
-def _no_settings(p: Point) -> dict[str, Any]:
-    return {}
-
-
-def _every_point(p: Point) -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class Sweep:
     """What a study declares; run_sweep does the rest. A point's train.py settings are the base,
@@ -163,10 +154,10 @@ class Sweep:
     axes: tuple[Axis, ...]  # outermost first: runs go in this order, so a sweep cut short has whole outer values
     folder: Callable[[Point], str]  # a run's folder under --out_dir; points that share a folder share its run
     columns: tuple[Column, ...] = ()  # the table of runs
-    settings: Callable[[Point], dict[str, Any]] = _no_settings
+    settings: Callable[[Point], dict[str, Any]] = lambda p: {}
     label: Callable[[Point], str] | None = None  # a row's name; None: distinct_labels
     baseline: Callable[[Point], Point] | None = None  # the run each row is compared with, seed by seed
-    keep: Callable[[Point], bool] = _every_point  # which points of the axes' product run
+    keep: Callable[[Point], bool] = lambda p: True  # which points of the axes' product run
     follow_up: Callable[["Sweep", dict[Point, float]], list[Point]] | None = None  # the plan, from the finished runs' losses
     extra: Callable[[Point, Path], dict[str, Any]] | None = None  # more row keys, read from the run's folder
     diagnostics: bool = False  # whether rows hold the last evaluation's diagnostic summaries
@@ -420,29 +411,23 @@ def refined_rates(rates: list[float], losses: dict[float, float]) -> list[float]
 
 @dataclass(frozen=True)
 class BestRate:
-    """The rule 'each group (every axis but the rate and the seed) at its own best rate': the
-    selection seed (the seed axis's first value, Seeds) at each rate of the group's grid
-    (grid(group); without one, the rate axis's values), extended past the best (swept_rates); with
-    refine, once those are finished, the midpoints on each side of the best (refined_rates). Once
-    the selection seed's rates are all finished, the held-out seeds run at its best rate and (unless
-    neighbours is False: a study that reports the selected rate alone, issue 50's E3) at that
-    rate's neighbours. The best is the selection seed's alone, so the held-out seeds' losses there
-    are free of the choice (selected_cell). In the order to run them: every selection run, then
+    """The rule 'each group (every axis but the rate and the seed) at its own best rate', chosen on
+    the selection seed alone (Seeds), so that the held-out seeds' losses there are free of the
+    choice (docs/EXPERIMENTS.md section 6). In the order to run them: every selection run, then
     the held-out seeds at the best rates, then at their neighbours (so a sweep cut short misses
-    the least telling runs). The points sweep.keep leaves out are left out of the plan too (a
-    whole group, such as nGPT with an optimizer other than AdamW); a group's rates differ by
-    `grid`, not by keep, since the extension lies outside every grid.
+    the least telling runs). The points sweep.keep leaves out are left out of the plan too; a
+    group's rates differ by `grid`, not by keep, since the extension lies outside every grid.
 
     A sweep whose follow_up is a BestRate selects a rate: its table's summary is the held-out one
     (selected_summary), read with the same rate and seed keys as the plan, so that the statistics
     cannot pool the seed that chose with the seeds that did not."""
 
-    extensions: int = 1
+    extensions: int = 1  # grid steps past the end where the best lies (swept_rates)
     rate: str = "lr"
     seed: str = "seed"
-    grid: Callable[[Point], tuple[float, ...]] | None = None
-    refine: bool = False
-    neighbours: bool = True
+    grid: Callable[[Point], tuple[float, ...]] | None = None  # a group's rates; None: the rate axis's values
+    refine: bool = False  # once the grid is finished, the midpoints beside the best (refined_rates)
+    neighbours: bool = True  # the held-out seeds at the best rate's neighbours too (False: issue 50's E3)
 
     def __call__(self, sweep: Sweep, done: dict[Point, float]) -> list[Point]:
         rate, seed = self.rate, self.seed
@@ -468,11 +453,7 @@ class BestRate:
         return [p for p in sweeps + at_best + beside if sweep.keep(p)]
 
 
-def best_rate_follow_up(extensions: int = 1, rate: str = "lr", seed: str = "seed",
-                        grid: Callable[[Point], tuple[float, ...]] | None = None, refine: bool = False,
-                        neighbours: bool = True) -> BestRate:
-    """A Sweep's follow_up that selects each group's rate on the selection seed (BestRate)."""
-    return BestRate(extensions, rate, seed, grid, refine, neighbours)
+best_rate_follow_up = BestRate  # a Sweep's follow_up that selects each group's rate on the selection seed
 
 
 def selection_of(sweep: Sweep) -> BestRate | None:

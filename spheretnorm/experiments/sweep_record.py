@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spheretnorm.runtime.token_files import read_json_object
+from spheretnorm.data.pipeline import sha256_file
 from spheretnorm.experiments.grid import CONFIG_NAME
 from spheretnorm.experiments.stats import Rule, parse_rule
 from spheretnorm.experiments.sweep_plan import UNSTABLE, Place, Seeds, Sweep
@@ -30,10 +31,9 @@ DIGEST_KEYS = ("config_sha256", "metrics_sha256")
 
 def file_digest(path: Path) -> str | None:
     """The sha256 of a file's bytes; None where there is no file."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+    with contextlib.suppress(FileNotFoundError):
+        return sha256_file(path)
+    return None
 
 
 def declaration_digest(declared: dict[str, Any]) -> str:
@@ -75,11 +75,8 @@ def recorded_rows(path: Path) -> dict[str, dict[str, Any]]:
 
 def last_iteration(out_dir: Path) -> int | None:
     """The iteration of a running job's newest metrics row (None before its first)."""
-    path = out_dir / METRICS_NAME
-    if not path.is_file():
-        return None
-    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
-        lines = path.read_text(encoding="utf-8").strip().splitlines()
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):  # none yet, or not a metrics row
+        lines = (out_dir / METRICS_NAME).read_text(encoding="utf-8").strip().splitlines()
         return int(json.loads(lines[-1])["iter"]) if lines else None
     return None
 

@@ -8,6 +8,7 @@ runs nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -219,8 +220,7 @@ def gap_spread(gaps: Gaps) -> Spread | None:
 
 def gap_text(gaps: Gaps, fmt: str = "+.3f") -> str | None:
     """The mean gap, or why there is none: 'failed (seed 1338: the arm failed)', 'runs missing (seed 1339)'."""
-    sides = {1: "the arm failed", -1: "the baseline failed"}
-    failed = [f"seed {s}: {sides.get(int(math.copysign(1, g)), 'both failed') if not math.isnan(g) else 'both failed'}"
+    failed = [f"seed {s}: {'both failed' if math.isnan(g) else 'the arm failed' if g > 0 else 'the baseline failed'}"
               for s, g in gaps.items() if g is not None and not math.isfinite(g)]
     missing = [str(s) for s, g in gaps.items() if g is None]
     if failed:
@@ -250,25 +250,18 @@ GroupKey = tuple[Any, ...]  # a group's values of every row key but the rate and
 def held_out_summary(rows: list[dict[str, Any]], groups: Iterable[GroupKey], key: Callable[[dict[str, Any]], GroupKey],
                      baselines: dict[str, Callable[[GroupKey], GroupKey]], seeds: Seeds, metric: str, rate: str = "lr",
                      seed: str = "seed") -> list[dict[str, Any]]:
-    """The statistics of a study that selects a rate: one summary per group of `groups`, in their
-    order (key(row): a run's group, every rate and seed of it): the rate selected on the selection
-    seed alone ("rate") and that seed's loss there ("selection_loss"); the held-out seeds there,
-    each ("held_out_text") and their mean, the headline ("headline"; a failed seed is named, never
-    averaged; "held_out": the SeedCell's record); for each baseline (prefix: the baseline group's key
-    from the group's), the gaps paired by held-out seed, each group at its own selected rate, with
-    their mean, SD and 95% interval (gap_record's keys; none where a group is its own baseline:
-    a column of zeros would read as a result); and the rates where the selection seed trained and
-    a held-out seed failed ("held_out_failed_at"). A baseline group without runs has every seed missing."""
+    """The statistics of a study that selects a rate (docs/EXPERIMENTS.md section 6): one summary
+    per group of `groups`, in their order (key(row): a run's group, every rate and seed of it): its
+    selected_cell ("rate", "selection_loss"; the held-out seeds: "held_out" the SeedCell's record,
+    "held_out_text" each, "headline" their mean, where a failed seed is named, never averaged;
+    "held_out_failed_at"), and for each baseline (prefix: the baseline group's key from the
+    group's) gap_record's keys of the gaps paired by held-out seed (none where a group is its own
+    baseline: a column of zeros would read as a result). A baseline group without runs has every
+    seed missing."""
     runs: dict[GroupKey, list[dict[str, Any]]] = {}
     for r in rows:
         runs.setdefault(key(r), []).append(r)
-    cells: dict[GroupKey, dict[str, Any]] = {}
-
-    def cell(group: GroupKey) -> dict[str, Any]:
-        if group not in cells:
-            cells[group] = selected_cell(runs.get(group, []), seeds, metric, rate, seed)
-        return cells[group]
-
+    cell = functools.cache(lambda group: selected_cell(runs.get(group, []), seeds, metric, rate, seed))
     out = []
     for group in groups:
         mine = cell(group)

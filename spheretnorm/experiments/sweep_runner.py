@@ -1,9 +1,6 @@
-"""The CPU studies' runner: the data, train.py jobs, and a sweep's runs found, planned and run.
-
-A sweep's runs are planned anew as each one ends (run_as_planned), so that what the finished runs
-call for starts next; a finished or stopped run is reused and an interrupted one resumes, so a
-re-run continues the sweep. Each run's row (point_row) is what its folder says, checked against
-the sweep's record (check_row, sweep_record.py).
+"""The CPU studies' runner: the data, train.py jobs, and a sweep's runs found, planned and run
+(docs/EXPERIMENTS.md section 6). A finished or stopped run is reused and an interrupted one
+resumes, so a re-run continues the sweep.
 
 Jobs run as subprocesses (train.py installs signal handlers and global RNG state, so a fresh
 process per run is the robust choice), several at a time with a fixed number of threads each: on
@@ -34,15 +31,7 @@ from spheretnorm.runtime.token_files import PrepareError, load_meta
 from spheretnorm.data.preparation import prepare, prepared_already
 from spheretnorm.data.pipeline import TINY_SHAKESPEARE, UnwritableFolder
 from spheretnorm.experiments.grid import (
-    CONFIG_NAME,
-    SHARED_DIR,
-    Yardsticks,
-    classify,
-    exit_text,
-    has_checkpoint,
-    load_run,
-    reached_max_iters,
-    stopped_row,
+    CONFIG_NAME, SHARED_DIR, Yardsticks, classify, exit_text, has_checkpoint, load_run, reached_max_iters, stopped_row,
 )
 from spheretnorm.experiments.sweep_plan import (
     DATASET, FULL_METRIC, UNSTABLE, Place, Point, Sweep, current_plan, name_rows, parse_train_args, table_metric, train_argv,
@@ -70,13 +59,10 @@ def check_input(input_path: str | None) -> None:
 
 
 def kept_data(data_dir: Path, input_path: str | None) -> dict[str, Any] | None:
-    """data_dir's meta.json where ensure_data keeps what data_dir holds; None where it would prepare.
-
-    Kept: any prepared data when no input_path is given, else only that file's characters (the same
-    sha256), since a second sweep over a data folder must not replace the files the first one's runs
-    are training from. One function decides for ensure_data and for a dry run, so that the dry run's
-    note says what the real run would do.
-    """
+    """data_dir's meta.json where ensure_data keeps what it holds, None where it would prepare: any
+    prepared data without input_path, else only that file's characters (the same sha256), since a
+    second sweep over a data folder must not replace the files the first one's runs train from. A
+    dry run's note asks it too, so that it says what the real run would do."""
     if not (data_dir / "meta.json").is_file():
         return None
     if input_path is None:
@@ -85,12 +71,9 @@ def kept_data(data_dir: Path, input_path: str | None) -> dict[str, Any] | None:
 
 
 def ensure_data(data_dir: Path, input_path: str | None = None) -> dict[str, Any]:
-    """Prepare a corpus's characters in data_dir unless it is there; returns meta.json.
-
-    The text comes from input_path, else ../shared/data/tinyshakespeare.txt when present, else
-    data/prepare.py's download. An explicit input_path prepares afresh unless data_dir already holds
-    that file's characters (kept_data).
-    """
+    """Prepare a corpus's characters in data_dir unless kept_data keeps them; returns meta.json. The
+    text comes from input_path, else ../shared/data/tinyshakespeare.txt when present, else
+    data/prepare.py's download."""
     data_dir = Path(data_dir)
     check_input(input_path)
     if (meta := kept_data(data_dir, input_path)) is not None:
@@ -259,20 +242,16 @@ def in_progress(out_dir: Path) -> bool:
     try:
         with open(out_dir / SWEEP_LOCK, "rb") as f:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # no lock file: no sweep has trained it since
-        return False
+    except OSError as e:  # held (BlockingIOError), or no lock file: no sweep has trained it since
+        return isinstance(e, BlockingIOError)
     return False
 
 
 def is_done(out_dir: Path, max_iters: int) -> bool:
     """A sweep's run that needs no more training: it ran to max_iters, or train.py stopped it for
-    good (collapse, non-finite loss). Its tables and rules read metrics.jsonl alone, whose last
-    evaluation holds every final loss, so a run restored from its run record (config.json and
-    metrics.jsonl, the checkpoint not kept: docs/run_records) counts as done and a sweep resumed
-    over it adds only what its plan still lacks. (The launcher's runs need their checkpoint for
-    the zero-shot evaluation: grid.is_finished.)"""
+    good (collapse, non-finite loss). Its tables read metrics.jsonl alone, so a run restored from
+    its run record (no checkpoint: docs/run_records) is done too. (The launcher's runs need their
+    checkpoint for the zero-shot evaluation: grid.is_finished.)"""
     return reached_max_iters(out_dir, max_iters) or stopped_row(out_dir) is not None
 
 
@@ -282,11 +261,9 @@ def train_command(job: Job) -> list[str]:
 
 
 def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult:
-    """train.py in a subprocess with `threads` threads, output to out_dir/train.log; a finished run is reused.
-
-    So is a run that train.py stopped for good (collapse, non-finite loss): resuming it would
-    only stop it again. A folder another sweep trains now is left to it (busy).
-    """
+    """train.py in a subprocess with `threads` threads, output to out_dir/train.log; a done run is
+    reused (resuming one stopped for good would only stop it again), and a folder another sweep
+    trains now is left to it (busy)."""
     if is_done(job.out_dir, job.max_iters):
         return JobResult(job, None, 0.0, "")
     job.out_dir.mkdir(parents=True, exist_ok=True)
@@ -371,11 +348,8 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
 
 
 def outcome(result: JobResult, yardsticks: Yardsticks) -> dict[str, Any]:
-    """What a finished job left: status (ok / stuck at unigram / stalled / stopped: collapse / diverged / ...), final losses, time.
-
-    val_loss is None for a diverged run (its last evaluation predates the divergence). seconds
-    is the run's whole time (run_seconds).
-    """
+    """What a finished job left: status (grid.classify), final losses (None for a diverged run: its
+    last evaluation predates the divergence), its whole time (run_seconds)."""
     run = load_run(result.job.out_dir) if (result.job.out_dir / CONFIG_NAME).is_file() else None
     status, reason = classify(run, result.returncode, yardsticks.unigram, result.message, yardsticks.bigram)
     final = run.final_eval if run else None
@@ -435,12 +409,7 @@ def kernel_path_of(config: dict[str, Any]) -> str:
 
 def diagnostic_summary(row: dict[str, Any]) -> dict[str, float | None]:
     """The study columns of an eval row: each Summary of DIAGNOSTICS, None where the row lacks the
-    diagnostic (a run written before it existed), so that runs fit side by side in a table.
-
-    Today: final_cosine; the largest max/median over layers; the attention sink's mean over
-    blocks; contribution and update ratio as means over sublayers, and the last sublayer's
-    contribution over the first's (below 1: the deep layers do less, the curse of depth).
-    """
+    diagnostic (a run written before it existed), so that runs fit side by side in a table."""
     out: dict[str, float | None] = {}
     for entry in DIAGNOSTICS:
         out.update(entry.summarise(row.get(entry.name)))
@@ -536,9 +505,8 @@ def run_state(job: Job) -> str:
 
 def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: int, default_seconds: float) -> str:
     """The dry run's last line: the runs of the plan now by state, the most the design can grow
-    to, and the time the remaining ones would take at --jobs at a time. A run's time is the mean
-    of the finished runs' own (finished_run_seconds: their whole time, start-up and final
-    evaluation included), else `default_seconds`."""
+    to, and the time the remaining ones would take at --jobs at a time, a run's time the mean of
+    the finished runs' own (finished_run_seconds), else `default_seconds`."""
     states = list(place.listed.values())
     counts = ", ".join(f"{states.count(s)} {s}" for s in RUN_STATES if states.count(s))
     measured = [r["seconds"] for r in rows if r.get("reused") and r.get("seconds")]
@@ -559,12 +527,10 @@ def dry_run_summary(name: str, place: Place, rows: list[dict[str, Any]], most: i
 
 
 def run_sweep(sweep: Sweep, place: Place, yardsticks: Yardsticks = Yardsticks()) -> list[dict[str, Any]]:
-    """Plan, run what is missing, plan again with the new losses, until the plan stops growing;
-    the rows in the plan's order. A finished or stopped run is reused and an interrupted one
-    resumes, so a re-run continues the sweep; a run that failed is not tried twice in one call.
-    Runs are planned anew as each one ends (run_as_planned); table_only and dry_run find, a
-    plan's worth at a time, the runs already there. Each run's status is judged against the
-    data's yardsticks (grid.classify; a dry run may find no data yet, and then judges none)."""
+    """Run the sweep (run_as_planned), or with table_only and dry_run find its runs already there a
+    plan's worth at a time, until the plan stops growing; the rows in the plan's order. A run that
+    failed is not tried twice in one call. Each run's status is judged against the data's
+    yardsticks (grid.classify; a dry run may find no data yet, and then judges none)."""
     rows: dict[Point, dict[str, Any]] = {}
     if not (place.table_only or place.dry_run):
         run_as_planned(sweep, place, rows, yardsticks)
