@@ -42,7 +42,9 @@ from spheretnorm.experiments.sweep_record import (
 from spheretnorm.runtime.cli import REPO_ROOT, UsageError
 from spheretnorm.runtime.config import ConfigError
 from spheretnorm.runtime.identity import config_conflicts
-from spheretnorm.runtime.run_folder import METRICS_NAME, OutDirError, check_folder, holds_any_checkpoint
+from spheretnorm.runtime.run_folder import (
+    METRICS_NAME, ZERO_SHOT_GLOB, OutDirError, check_folder, earlier_run, holds_any_checkpoint, read_metrics,
+)
 
 SHARED_CORPUS = SHARED_DIR / "data" / "tinyshakespeare.txt"
 LOG_NAME = "train.log"
@@ -139,6 +141,7 @@ class JobResult:
     message: str  # train.py's "error: ..." line when it failed
     busy: bool = False  # another sweep trains this folder now: not run, not tabulated
     resumed: bool = False  # it started from a checkpoint an earlier (stopped) job left: `seconds` is its last part only
+    set_aside: str = ""  # an earlier attempt killed before its first checkpoint, set aside (set_aside_killed_attempt)
 
     @property
     def reused(self) -> bool:
@@ -274,9 +277,32 @@ def run_job(job: Job, threads: int, stopper: Stopper | None = None) -> JobResult
         if not held:
             return JobResult(job, None, 0.0, "", busy=True)
         resumed = holds_any_checkpoint(job.out_dir)
+        set_aside = "" if resumed else set_aside_killed_attempt(job.out_dir)
         with open(log, "w", encoding="utf-8") as out:
             code = (stopper or Stopper()).run(job, train_command(job), cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "", resumed=resumed)
+    return JobResult(job, code, time.perf_counter() - start, _error_line(log) if code else "", resumed=resumed, set_aside=set_aside)
+
+
+KILLED_SUFFIX = ".killed-"  # metrics.jsonl.killed-1: no reader's name or glob (metrics.jsonl, *.json) takes it
+
+
+def set_aside_killed_attempt(out_dir: Path) -> str:
+    """An earlier attempt of this run that was killed (SIGKILL, the machine lost) before its first
+    checkpoint leaves metrics.jsonl and config.json and nothing to resume from, and train.py refuses to
+    start over them. Its files are renamed (metrics.jsonl.killed-N, kept to read) so that the run starts
+    again from iteration 0: the same seed and settings give the same run, so only time is lost. A folder
+    the sweep does not own in this way (zero-shot results) is left to train.py's refusal; another run's
+    settings were refused when the job was made (make_job), a run that ended is reused (is_done). Returns the words for the sweep's line."""
+    if earlier_run(out_dir) is None or any(out_dir.glob(ZERO_SHOT_GLOB)) or not (out_dir / CONFIG_NAME).is_file():
+        return ""
+    rows = read_metrics(out_dir / METRICS_NAME) if (out_dir / METRICS_NAME).is_file() else []
+    last = max((r["iter"] for r in rows if isinstance(r, dict) and isinstance(r.get("iter"), int)), default=0)
+    n = 1 + sum(1 for _ in out_dir.glob(f"{CONFIG_NAME}{KILLED_SUFFIX}*"))
+    for name in (METRICS_NAME, CONFIG_NAME):
+        if (out_dir / name).is_file():
+            (out_dir / name).rename(out_dir / f"{name}{KILLED_SUFFIX}{n}")
+    return (f"an earlier attempt stopped at iter {last} before its first checkpoint (killed); its files set aside as "
+            f"{METRICS_NAME}{KILLED_SUFFIX}{n} and {CONFIG_NAME}{KILLED_SUFFIX}{n}, the run started again from iteration 0")
 
 
 def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None], parallel: int, threads: int,
@@ -340,7 +366,8 @@ def job_status_line(result: JobResult, index: int, total: int) -> str:
         outcome = "done" if reached_max_iters(job.out_dir, job.max_iters) else "stopped before its end (the same command resumes it)"
     else:
         outcome = f"{exit_text(result.returncode)}: {result.message}".rstrip(": ")
-    return f"[{index}/{total}] {job.label}: {outcome} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
+    again = f" ({result.set_aside})" if result.set_aside else ""
+    return f"[{index}/{total}] {job.label}: {outcome}{again} in {result.seconds:.0f} s (log: {job.out_dir / LOG_NAME})"
 
 
 # -----------------------------------------------------------------------------
