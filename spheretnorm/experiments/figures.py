@@ -197,12 +197,10 @@ SAVE_PAD_INCHES = 0.1  # the margin save_figure keeps around what a figure draws
 
 
 def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
-    """Write fig as out.png and out.pdf, close it, and return the two paths.
-
-    bbox_inches="tight": where a layout still leaves a legend or a title past the canvas (a single
-    label wider than the figure), the file grows to take it rather than cutting it. Each file is
-    drawn to a temporary name and renamed: a failure leaves no partial figure, one UsageError.
-    """
+    """Write fig as out.png and out.pdf, close it, and return the two paths. bbox_inches="tight":
+    where a layout still leaves a legend or a title past the canvas (a single label wider than the
+    figure), the file grows to take it rather than cutting it. Each file is drawn to a temporary
+    name and renamed: a failure leaves no partial figure, one UsageError."""
     paths = [out.with_name(out.name + ext) for ext in (".png", ".pdf")]
     try:
         for path in paths:

@@ -163,8 +163,7 @@ def read_checked_config(path: Path) -> dict[str, Any]:
 
 def read_checked_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """The rows of a metrics.jsonl, each checked, and the line of each; only a last line cut short
-    by a crash is skipped. A loss that is nan or infinite is refused (train.py stops a run before it logs one).
-    """
+    by a crash is skipped. A loss that is nan or infinite is refused (train.py stops a run before it logs one)."""
     lines = read_checked_text(path, "train.py's metrics, one JSON object per line").split("\n")
     rows, row_lines = [], []
     for number, line in enumerate(lines, start=1):
