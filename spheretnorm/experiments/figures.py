@@ -66,21 +66,9 @@ from spheretnorm.zeroshot.errors import NUMBER, non_finite
 from spheretnorm.runtime.atomic import WriteError, write_atomically
 from spheretnorm.diagnostics import DIAGNOSTIC_BY_NAME, DIAGNOSTICS, Diagnostic, lacking, lacking_note
 from spheretnorm.runtime.run_folder import METRICS_NAME
-from spheretnorm.runtime.cli import HelpFormatter
-from spheretnorm.experiments.grid import (
-    BLOCKS,
-    DEFAULT_BLOCK,
-    Run,
-    blocks_text,
-    group_label,
-    index_runs,
-    row_label,
-    sort_rows,
-    split_row,
-)
-from spheretnorm.runtime.methods import PAPER_METHODS, sort_methods
-from spheretnorm.runtime.cli import UsageError
-from spheretnorm.runtime.methods import is_sphere_method
+from spheretnorm.runtime.cli import HelpFormatter, UsageError
+from spheretnorm.experiments.grid import BLOCKS, DEFAULT_BLOCK, Run, blocks_text, group_label, index_runs, row_label, sort_rows, split_row
+from spheretnorm.runtime.methods import PAPER_METHODS, is_sphere_method, sort_methods
 from spheretnorm.experiments.study import UNSTABLE
 from spheretnorm.experiments.tabulate import check_value, groups_text, line_of, load_checked_run, mixed_runs_text, scan_runs
 
@@ -131,15 +119,6 @@ def row_styles(rows: list[str]) -> dict[str, dict[str, object]]:
     return styles
 
 
-def curves(run: Run, smooth: float) -> tuple[tuple[list[int], list[float]], tuple[list[int], list[float]]]:
-    """((iters, smoothed train loss), (iters, val loss)) of one run."""
-    trains = run.of_kind("train")
-    evals = run.of_kind("eval")
-    train = ([r["iter"] for r in trains], ema([r["train_loss"] for r in trains], smooth))
-    val = ([r["iter"] for r in evals], [r["val_loss"] for r in evals])
-    return train, val
-
-
 def _y_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float] | None:
     kept = []
     for iters, values in series:
@@ -160,24 +139,6 @@ def padded(values: list[float], share: float) -> tuple[float, float] | None:
     return lo - pad, hi + pad
 
 
-def block_style(block: str) -> dict[str, object]:
-    """Markers of a block's curves: circles for GPT-2's (the paper's), squares for any other."""
-    return {"marker": "o" if block == DEFAULT_BLOCK else "s"}
-
-
-def is_unfinished(run: Run) -> bool:
-    """Whether a run has not reached max_iters (a config without max_iters counts as finished)."""
-    return "max_iters" in run.config and not run.finished
-
-
-UNFINISHED = " (unfinished)"
-
-
-def x_range(series: list[tuple[list[int], list[float]]]) -> tuple[float, float] | None:
-    """The iterations both panels show: from the first point of any series to the last, padded a little."""
-    return padded([i for xs, _ in series for i in xs], 0.02)
-
-
 def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -> None:
     """A hollow circle on the last point of an unfinished run's curve (not in the legend)."""
     iters, values = series
@@ -187,48 +148,40 @@ def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -
 
 
 def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Path]:
-    """runs_figure's figure, saved as out.png and out.pdf."""
-    return save_figure(runs_figure(runs, title, smooth), out)
-
-
-def runs_figure(runs: list[Run], title: str, smooth: float) -> plt.Figure:
-    """Two panels (train, val) on one iteration axis, with one curve per run, and one legend below them.
-
-    A run is a method in a block with its settings (Run.row): a variant of a method (another
-    optimizer, a changed key) is a line of its own style (row_styles), named by its settings. An
-    unfinished run is named so in the legend and its last points are hollow circles. Constrained
-    layout keeps the title and the legend (as many columns as the width holds) inside the canvas.
-    """
+    """Two panels (train, val) on one iteration axis, a curve per run (Run.row, styled by row_styles)
+    and one legend below them, saved as out.png and out.pdf. Constrained layout keeps the title and
+    the legend (as many columns as the width holds) inside the canvas."""
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True, sharey=True, layout="constrained")
     by_row = {r.row: r for r in runs}
     styles = row_styles(sort_rows(by_row))
-    train_series, val_series = [], []
+    series = []
     for row in sort_rows(by_row):
-        run = by_row[row]
-        train, val = curves(run, smooth)
-        style = styles[row]
+        run, style = by_row[row], styles[row]
+        trains, evals = run.of_kind("train"), run.of_kind("eval")
+        train = ([r["iter"] for r in trains], ema([r["train_loss"] for r in trains], smooth))
+        val = ([r["iter"] for r in evals], [r["val_loss"] for r in evals])
+        unfinished = "max_iters" in run.config and not run.finished  # a config without max_iters counts as finished
         line = {"color": style["color"], "linestyle": style["linestyle"]}
-        marker = style.get("marker") or block_style(run.block)["marker"]
-        label = row_label(row) + (UNFINISHED if is_unfinished(run) else "")
+        marker = style.get("marker") or ("o" if run.block == DEFAULT_BLOCK else "s")  # squares for a block other than GPT-2's
+        label = row_label(row) + (" (unfinished)" if unfinished else "")
         marked = run.block != DEFAULT_BLOCK or "marker" in style  # the train curve has no points otherwise
         marks = {"marker": marker, "markersize": 3, "markevery": 0.1} if marked else {}
         ax_train.plot(*train, label=label, linewidth=1.4, **marks, **line)
         ax_val.plot(*val, markersize=3, linewidth=1.4, label=label, marker=marker, **line)
-        if is_unfinished(run):
+        if unfinished:
             mark_last(ax_train, train, style["color"])
             mark_last(ax_val, val, style["color"])
-        train_series.append(train)
-        val_series.append(val)
+        series += [train, val]
     smoothing = f"EMA {smooth:g} over logged iterations" if smooth else "not smoothed"
     ax_train.set_title("train")
     ax_train.set_ylabel("loss (nats/token)")
     ax_train.set_xlabel(f"iteration (train loss, {smoothing})")
     ax_val.set_title("validation")
     ax_val.set_xlabel("iteration (val loss at each evaluation, not smoothed)")
-    span = x_range(train_series + val_series)
+    span = padded([i for xs, _ in series for i in xs], 0.02)  # from the first point of any curve to the last
     if span:
         ax_train.set_xlim(*span)  # shared: the val panel starts where the train panel does
-    y_range = _y_range(train_series + val_series)
+    y_range = _y_range(series)
     if y_range:
         ax_train.set_ylim(*y_range)
     for ax in (ax_train, ax_val):
@@ -237,21 +190,17 @@ def runs_figure(runs: list[Run], title: str, smooth: float) -> plt.Figure:
     handles, labels = ax_val.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=legend_columns(fig, labels), fontsize=8, frameon=False)
     fitted_suptitle(fig, title)
-    return fig
+    return save_figure(fig, out)
 
 
 SAVE_PAD_INCHES = 0.1  # the margin save_figure keeps around what a figure draws
 
 
 def save_figure(fig: plt.Figure, out: Path) -> list[Path]:
-    """Write fig as out.png and out.pdf, close it, and return the two paths.
-
-    The files hold every artist the figure draws (bbox_inches="tight"): where a layout still
-    leaves a legend or a title past the canvas (a single label wider than the figure), the file
-    grows to take it rather than cutting it. Each file is drawn to a temporary name beside it and
-    renamed, so a failure (a full disk, a folder that cannot be made) leaves no partial figure:
-    one UsageError naming the file.
-    """
+    """Write fig as out.png and out.pdf, close it, and return the two paths. bbox_inches="tight":
+    where a layout still leaves a legend or a title past the canvas (a single label wider than the
+    figure), the file grows to take it rather than cutting it. Each file is drawn to a temporary
+    name and renamed: a failure leaves no partial figure, one UsageError."""
     paths = [out.with_name(out.name + ext) for ext in (".png", ".pdf")]
     try:
         for path in paths:
@@ -278,12 +227,9 @@ def run_label(run: Run) -> str:
 
 
 def diagnostic_rows(run: Run, entry: Diagnostic) -> list[dict[str, Any]]:
-    """The eval rows of a run that hold values of `entry`, each checked; a damaged row is one
-    UsageError naming the run's metrics.jsonl.
-
-    A row without the key predates the diagnostic, an empty list has nothing to draw (the step
-    sizes of a Euclidean model): both are left out.
-    """
+    """The eval rows of a run that hold values of `entry`, each checked (a damaged row is one
+    UsageError naming the run's metrics.jsonl). A row without the key predates the diagnostic, an
+    empty list has nothing to draw (the step sizes of a Euclidean model): both are left out."""
     rows = [r for r in run.of_kind("eval") if entry.name in r and r[entry.name] != []]
     schema = [NUMBER] if entry.is_series else NUMBER
     what = f"a list of numbers, one per {entry.index}, as train.py writes" if entry.is_series else "a number, as train.py writes"
@@ -307,11 +253,8 @@ def diagnostic_rows(run: Run, entry: Diagnostic) -> list[dict[str, Any]]:
 
 
 def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
-    """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run.
-
-    Each eval row's list must hold numbers, as many as the first row's; a damaged row is one
-    UsageError naming the run's metrics.jsonl. A run without the diagnostic gives an empty array.
-    """
+    """(eval iterations, array (layers, evaluations)) of one per-layer diagnostic of a run (empty
+    without it); each eval row's list must hold as many numbers as the first row's."""
     entry = DIAGNOSTIC_BY_NAME[key]
     evals = diagnostic_rows(run, entry)
     for row in evals:
@@ -321,16 +264,6 @@ def diagnostic_matrix(run: Run, key: str) -> tuple[list[int], np.ndarray]:
                 f"of iteration {evals[0]['iter']} has {len(evals[0][key])}; one run's rows must all have one value per {entry.index}."
             )
     return [r["iter"] for r in evals], np.array([r[key] for r in evals], dtype=float).T
-
-
-def grid_axes(panels: int) -> tuple[plt.Figure, list[plt.Axes]]:
-    """A figure of one panel per run, at most four to a row; the spare panels are hidden."""
-    cols = min(max(panels, 1), 4)
-    rows = (max(panels, 1) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.2, 2.8 * rows + 0.8), squeeze=False, layout="constrained")
-    for ax in list(axes.flat)[panels:]:
-        ax.axis("off")
-    return fig, list(axes.flat)[:panels]
 
 
 # The widest character of a title, as a fraction of its font size: a safe bound for wrapping
@@ -363,12 +296,17 @@ def blank_panel(ax: plt.Axes, entry: Diagnostic) -> None:
     ax.set_yticks([])
 
 
-def plot_heatmaps(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> list[Path]:
-    """One heatmap per run (layer against iteration) of a per-layer diagnostic, on one colour scale;
-    a run without it is an empty panel."""
+def heatmaps(runs: list[Run], entry: Diagnostic) -> plt.Figure:
+    """One heatmap per run (layer against iteration) of a per-layer diagnostic, on one colour scale,
+    at most four panels to a row; a run without it is an empty panel."""
     mats = [(run, *diagnostic_matrix(run, entry.name)) for run in runs]
     norm = colour_norm([m for _, _, m in mats if m.size], entry.scale == "log")
-    fig, axes = grid_axes(len(mats))
+    cols = min(max(len(mats), 1), 4)
+    rows = (max(len(mats), 1) + cols - 1) // cols
+    fig, grid = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.2, 2.8 * rows + 0.8), squeeze=False, layout="constrained")
+    axes = list(grid.flat)[: len(mats)]
+    for ax in list(grid.flat)[len(mats):]:
+        ax.axis("off")  # the spare panels
     image = None
     for ax, (run, iters, m) in zip(axes, mats):
         ax.set_title(run_label(run), fontsize=9)
@@ -385,11 +323,10 @@ def plot_heatmaps(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> 
         ax.set_ylabel(entry.index)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.9, label=entry.label)
-    fitted_suptitle(fig, f"{title}: {entry.label}")
-    return save_figure(fig, out)
+    return fig
 
 
-def plot_lines(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> list[Path]:
+def lines(runs: list[Run], entry: Diagnostic) -> plt.Figure:
     """One line per run of a single-number diagnostic against iteration; a run without it has no line."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
     for run in runs:
@@ -405,31 +342,24 @@ def plot_lines(runs: list[Run], entry: Diagnostic, title: str, out: Path) -> lis
     ax.set_xlabel("iteration")
     ax.set_ylabel(entry.label)
     ax.grid(alpha=0.3)
-    fitted_suptitle(fig, f"{title}: {entry.label}")
-    return save_figure(fig, out)
+    return fig
 
 
 def plot_diagnostic(runs: list[Run], key: str, title: str, out: Path) -> list[Path]:
     """The figure of the diagnostic `key`: heatmaps of a per-layer list, lines of a single number."""
     entry = DIAGNOSTIC_BY_NAME[key]
-    draw = plot_heatmaps if entry.is_series else plot_lines
-    return draw(runs, entry, title, out)
-
-
-def drawn_diagnostics() -> list[Diagnostic]:
-    """The entries of DIAGNOSTICS that plot.py --diagnostics draws, in table order."""
-    return [entry for entry in DIAGNOSTICS if entry.drawn]
+    fig = (heatmaps if entry.is_series else lines)(runs, entry)
+    fitted_suptitle(fig, f"{title}: {entry.label}")
+    return save_figure(fig, out)
 
 
 def plot_diagnostics(runs: list[Run], title: str, out: Path) -> list[Path]:
     """Every drawn diagnostic of the runs, as out_<key>.png/.pdf; runs in the paper's method order.
-
-    A diagnostic that some runs predate is drawn blank for them, with one note on stderr.
-    """
+    A diagnostic that some runs predate is drawn blank for them, with one note on stderr."""
     order = {m: i for i, m in enumerate(sort_methods(r.method for r in runs))}
     blocks = {b: i for i, b in enumerate(BLOCKS)}
     runs = sorted(runs, key=lambda r: (order[r.method], blocks.get(r.block, len(blocks)), r.config.get("alpha_index", "")))
-    entries = drawn_diagnostics()
+    entries = [entry for entry in DIAGNOSTICS if entry.drawn]
     missing = lacking([run.of_kind("eval") for run in runs], entries)
     if missing:
         print(lacking_note(missing, len(runs), "drawn blank"), file=sys.stderr)
@@ -572,11 +502,6 @@ def failure_heights(ax: plt.Axes, rates: list[float]) -> list[float]:
     return [FAILURE_Y - FAILURE_STEP * taken[rate] for rate in rates]
 
 
-def failure_handle() -> Line2D:
-    """The legend's entry for the failure markers, in grey: each marker itself has its line's colour."""
-    return Line2D([], [], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color="0.35", label=FAILURE_LABEL)
-
-
 LEGEND_COLUMN_INCHES = 3.0  # room of one legend entry as long as the fair sweep's longest arm name, at font size 8
 LEGEND_CHAR_INCHES = 0.065  # the width of one character of a legend label at font size 8, with room to spare
 
@@ -591,7 +516,8 @@ def figure_legend(fig: plt.Figure, axes: np.ndarray, extra: list[Line2D] | None 
             handles.setdefault(label, handle)
     more = list(extra or [])
     if any(line.get_gid() == FAILURE_GID for ax in axes.flat for line in ax.lines):
-        more.append(failure_handle())
+        # In grey: each failure marker itself has its line's colour.
+        more.append(Line2D([], [], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color="0.35", label=FAILURE_LABEL))
     items = [*handles.values(), *more]
     labels = [*handles, *(h.get_label() for h in more)]
     fig.legend(items, labels, loc="outside lower center", ncol=legend_columns(fig, labels), fontsize=8, frameon=False)
@@ -606,9 +532,7 @@ def legend_columns(fig: plt.Figure, labels: list[str]) -> int:
 
 def select_runs(runs_root: Path, dataset: str, scale: str) -> list[Run]:
     """The runs of one dataset and scale under runs_root, their files checked; the error names the pairs there are.
-
-    Only these runs' metrics are read, and two runs of one method in one block are refused among them only.
-    """
+    Only these runs' metrics are read, and two runs of one method in one block are refused among them only."""
     folders = scan_runs(runs_root)
     chosen = [f for f in folders if f.dataset == dataset and f.scale == scale]
     if not chosen:
@@ -624,17 +548,13 @@ def check_smooth(smooth: float) -> None:
         raise UsageError(f"--smooth {smooth} is not valid; use a value in [0, 1) (0: no smoothing).")
 
 
-def plot_group(
-    runs_root: Path, dataset: str, scale: str, out: Path | None = None, smooth: float = 0.9, diagnostics: bool = False
-) -> list[Path]:
+def plot_group(runs_root: Path, dataset: str, scale: str, out: Path | None = None, smooth: float = 0.9, diagnostics: bool = False) -> list[Path]:
     """Find the runs of (dataset, scale) under runs_root and plot them (and their diagnostics); returns the files written."""
     check_smooth(smooth)
     return plot_chosen(select_runs(runs_root, dataset, scale), runs_root, dataset, scale, out, smooth, diagnostics)
 
 
-def plot_chosen(
-    chosen: list[Run], runs_root: Path, dataset: str, scale: str, out: Path | None, smooth: float, diagnostics: bool
-) -> list[Path]:
+def plot_chosen(chosen: list[Run], runs_root: Path, dataset: str, scale: str, out: Path | None, smooth: float, diagnostics: bool) -> list[Path]:
     """Plot the runs select_runs chose (and their diagnostics); returns the files written."""
     out = out or Path(runs_root) / "figures" / f"{dataset}_{scale}"
     blocks = blocks_text(r.row for r in chosen)  # '' for GPT-2 runs only: the titles stay as they were

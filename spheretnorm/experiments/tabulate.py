@@ -43,56 +43,32 @@ line naming it.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, field
+from itertools import groupby
+from pathlib import Path
 from typing import Any, Collection, Iterable
 
 from spheretnorm.zeroshot.errors import (
-    NUMBER,
-    Schema,
-    UnreadableFile,
-    non_finite,
-    parse_json,
-    problem_sentence,
-    read_text_file,
-    schema_problem,
-    schema_text,
+    NUMBER, Schema, UnreadableFile, non_finite, parse_json, problem_sentence, read_text_file, schema_problem, schema_text,
 )
 from spheretnorm.runtime.atomic import WriteError, write_atomically, write_text_atomically
 from spheretnorm.zeroshot.driver import PAPER_COLUMNS, results_limit, results_skipped
-from spheretnorm.runtime.cli import HelpFormatter
+from spheretnorm.runtime.cli import HelpFormatter, UsageError
 from spheretnorm.runtime.methods import REFERENCE_PATH, load_reference
 from spheretnorm.experiments.grid import (
-    ZERO_SHOT_NAME,
-    Run,
-    blocks_text,
-    dataset_display,
-    group_label,
-    index_runs,
-    row_key,
-    row_label,
-    sort_groups,
-    sort_rows,
+    ZERO_SHOT_NAME, Run, blocks_text, dataset_display, group_label, index_runs, row_key, row_label, sort_groups, sort_rows,
 )
-from spheretnorm.runtime.cli import UsageError
 from spheretnorm.runtime.imports import add_import_options, import_recorded, use_import_options
 from spheretnorm.runtime.identity import keys_differing_within, param_text, run_identity
 from spheretnorm.runtime.run_folder import AVG_WINDOW, CONFIG_NAME, METRICS_NAME
 
-TABLE_NUMBERS = ("2", "3", "4", "5")
 # The reference tables in paper_results.json, and the dataset of each zero-shot table.
-REFERENCE_KEYS = {
-    "2": "table2_loss",
-    "3": "table3_val_ppl",
-    "4": "table4_zero_shot_fineweb_edu_L",
-    "5": "table5_zero_shot_openwebtext_L",
-}
+REFERENCE_KEYS = {"2": "table2_loss", "3": "table3_val_ppl", "4": "table4_zero_shot_fineweb_edu_L", "5": "table5_zero_shot_openwebtext_L"}
+TABLE_NUMBERS = tuple(REFERENCE_KEYS)
 ZERO_SHOT_TABLE = {"fineweb_edu": "4", "openwebtext": "5"}
 BEST, SECOND = "best", "second"
 
@@ -104,10 +80,6 @@ class Column:
     header: str  # e.g. "val"
     higher_is_better: bool
     decimals: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.group} {self.header}".strip()
 
 
 @dataclass
@@ -123,11 +95,6 @@ class Table:
     limited: dict[tuple[str, str], int | float] = field(default_factory=dict)  # (row, column key) -> --limit
     skipped: set[tuple[str, str]] = field(default_factory=set)  # (row, column key) of benchmarks --skip_missing left out
     scale: str | None = None  # the models' scale, for a zero-shot table (one dataset and scale)
-
-    @property
-    def methods(self) -> list[str]:
-        """The rows in order: the paper's methods first, each method's GPT-2 row before its other blocks."""
-        return sort_rows(self.values)
 
 
 # -----------------------------------------------------------------------------
@@ -194,14 +161,11 @@ def read_checked_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def read_checked_metrics(path: Path, row_lines: list[int] | None = None) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl, each checked; only a last line cut short by a crash is skipped.
-
-    The line number of each row is appended to row_lines when given. A loss that is nan or
-    infinite is refused (train.py stops a run before it logs one).
-    """
+def read_checked_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of a metrics.jsonl, each checked, and the line of each; only a last line cut short
+    by a crash is skipped. A loss that is nan or infinite is refused (train.py stops a run before it logs one)."""
     lines = read_checked_text(path, "train.py's metrics, one JSON object per line").split("\n")
-    rows = []
+    rows, row_lines = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -222,14 +186,11 @@ def read_checked_metrics(path: Path, row_lines: list[int] | None = None) -> list
             check_value(row, schema, subject, f"{row['kind']} rows with {schema_text(schema)} as numbers, as train.py writes them")
             bad = [k for k in schema if non_finite(row[k])]
             if bad:
-                raise UsageError(
-                    f"{subject}: {bad[0]} is {row[bad[0]]}, not a finite number; train.py stops a run before it logs a "
-                    "non-finite loss, so this file was not written by it (remove the line, or the run)."
-                )
+                raise UsageError(f"{subject}: {bad[0]} is {row[bad[0]]}, not a finite number; train.py stops a run before it logs a "
+                                 "non-finite loss, so this file was not written by it (remove the line, or the run).")
         rows.append(row)
-        if row_lines is not None:
-            row_lines.append(number)
-    return rows
+        row_lines.append(number)
+    return rows, row_lines
 
 
 def check_each(values: dict[str, Any], schema: Schema, subject: str, what: str) -> None:
@@ -251,10 +212,8 @@ def read_checked_zero_shot(path: Path) -> tuple[dict[str, float | None], int | f
 
 
 def scan_runs(root: Path) -> list[Run]:
-    """Every run folder under root (a config.json beside a metrics.jsonl), sorted by path.
-
-    Only config.json is read (and checked): the Runs have no rows yet; load_checked_run reads them.
-    """
+    """Every run folder under root (a config.json beside a metrics.jsonl), sorted by path; only
+    config.json is read (and checked): the Runs have no rows yet; load_checked_run reads them."""
     root = Path(root)
     if not root.is_dir():
         raise UsageError(f"--runs_root {str(root)!r} is not a folder; point it at the out_dir root of your runs (default out/).")
@@ -264,25 +223,19 @@ def scan_runs(root: Path) -> list[Run]:
 
 def load_checked_run(folder: Run) -> CheckedRun:
     """The run of a folder, its metrics.jsonl and ckpt_zero_shot.json (when present) checked."""
-    row_lines: list[int] = []
-    rows = read_checked_metrics(folder.path / METRICS_NAME, row_lines)
+    rows, row_lines = read_checked_metrics(folder.path / METRICS_NAME)
     zero_shot, limit, skipped = None, None, {}
     if (folder.path / ZERO_SHOT_NAME).is_file():
         zero_shot, limit, skipped = read_checked_zero_shot(folder.path / ZERO_SHOT_NAME)
     run = CheckedRun(folder.path, folder.config, rows, zero_shot, limit, zero_shot_skipped=skipped, row_lines=row_lines)
-    warn_of_rows_past_max_iters(run)
-    return run
-
-
-def warn_of_rows_past_max_iters(run: CheckedRun) -> None:
-    """One warning line for a run whose eval rows go past its max_iters, which train.py never
-    reaches (rows of another run appended, a hand edit): tables and plots show them all the same,
-    as they always have, but not without a word."""
+    # Eval rows past max_iters, which train.py never reaches (rows of another run appended, a hand
+    # edit), are tabulated and plotted all the same, as they always have been, but not without a word.
     max_iters = run.config["max_iters"]
-    late = [row for row in run.rows if row["kind"] == "eval" and row["iter"] > max_iters]
+    late = [row for row in rows if row["kind"] == "eval" and row["iter"] > max_iters]
     if late:
         print(f"warning: {run.path / METRICS_NAME} has {len(late)} eval row(s) past the run's max_iters {max_iters} (the first at iteration "
               f"{late[0]['iter']}, line {line_of(run, late[0])}), which train.py never reaches; they are tabulated and plotted as they are.", file=sys.stderr)
+    return run
 
 
 def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:
@@ -291,10 +244,8 @@ def groups_text(folders: Iterable[Run], form: str = "{} {}") -> str:
 
 
 def load_runs(root: Path, datasets: Collection[str] | None = None, scales: Collection[str] | None = None) -> list[CheckedRun]:
-    """The runs under root of the given datasets and scales (None: all), every file of theirs checked.
-
-    Two runs of one (dataset, scale, method, block) are refused among these runs only (runs.index_runs).
-    """
+    """The runs under root of the given datasets and scales (None: all), every file of theirs checked;
+    two runs of one (dataset, scale, method, block) are refused among these runs only (grid.index_runs)."""
     folders = scan_runs(root)
     if not folders:
         raise UsageError(f"No runs under {str(root)!r} (a run folder holds config.json and metrics.jsonl).")
@@ -311,9 +262,8 @@ def load_runs(root: Path, datasets: Collection[str] | None = None, scales: Colle
 # What a folder of many experiments mixes
 #
 # --runs_root out reads every run under out/: a grid's, a study's, a copy's. The tables name what
-# tells their rows and columns apart (method, block, dataset, scale, and the settings that tell
-# runs of one method apart); they do not say that their runs come from several experiments, or
-# that two rows of one column differ in a setting no label names. mixed_runs_text says both.
+# tells their rows and columns apart, not that their runs come from several experiments, or that
+# two rows of one column differ in a setting no label names: mixed_runs_text says both.
 
 
 def run_root(run: Run, runs_root: Path) -> Path:
@@ -334,25 +284,6 @@ def sorted_values(values: Iterable[Any]) -> list[Any]:
     return sorted(distinct, key=lambda v: (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, param_text(v)))
 
 
-def differing_settings(runs: list[Run]) -> dict[str, list[Any]]:
-    """{key: its values} of each setting in which the runs differ (identity.run_identity: the
-    computing keys less the method's own and the block), by key."""
-    identities = [run_identity(run.config) for run in runs]
-    keys = sorted({key for identity in identities for key in identity})
-    values = {key: sorted_values(identity[key] for identity in identities if key in identity) for key in keys}
-    return {key: v for key, v in values.items() if len(v) > 1}
-
-
-def unlabelled_settings(runs: list[Run]) -> list[str]:
-    """The settings in which two runs of one column (dataset, scale) differ that no row label names:
-    the labels name only what tells runs of one method apart (grid.index_runs), so two methods
-    trained otherwise sit side by side as if the method alone told them apart."""
-    identities = [run_identity(run.config) for run in runs]
-    in_columns = keys_differing_within([(run.dataset, run.scale) for run in runs], identities)
-    in_rows = keys_differing_within([(run.dataset, run.scale, row_key(run.method, run.block)) for run in runs], identities)
-    return sorted(in_columns - in_rows)
-
-
 def and_join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -361,16 +292,21 @@ TABLES_ADVICE = "point --runs_root at one experiment's folder (or give --dataset
 
 
 def mixed_runs_text(runs: list[Run], runs_root: Path, advice: str = TABLES_ADVICE) -> str:
-    """One line saying which roots and which differing settings the tables mix, where their runs
-    come from several experiments' folders (run_root) or two rows of a column differ in a setting
-    no label names; '' for one experiment's runs. advice ends the line: what the command's own
-    options do about it (plot.py has no --datasets)."""
+    """One line saying which roots (run_root) and which differing settings (identity.run_identity:
+    the computing keys less the method's own and the block) the runs mix, where they come from
+    several experiments' folders or two rows of a column differ in a setting no label names (the
+    labels name only what tells runs of one method apart: grid.index_runs); '' for one experiment's
+    runs. advice ends the line: what the command's own options do about it (plot.py has no --datasets)."""
     roots = sorted({run_root(run, runs_root) for run in runs})
-    unlabelled = unlabelled_settings(runs)
+    identities = [run_identity(run.config) for run in runs]
+    in_columns = keys_differing_within([(run.dataset, run.scale) for run in runs], identities)
+    in_rows = keys_differing_within([(run.dataset, run.scale, row_key(run.method, run.block)) for run in runs], identities)
+    unlabelled = sorted(in_columns - in_rows)
     if len(roots) < 2 and not unlabelled:
         return ""
     where = f"{len(roots)} roots ({', '.join(map(str, roots))})" if len(roots) > 1 else f"the runs of one root ({roots[0]})"
-    differ = [f"{key} ({', '.join(param_text(v) for v in values)})" for key, values in differing_settings(runs).items()]
+    values = {key: sorted_values(i[key] for i in identities if key in i) for key in sorted({key for i in identities for key in i})}
+    differ = [f"{key} ({', '.join(map(param_text, v))})" for key, v in values.items() if len(v) > 1]
     text = f"mixed {where} whose runs differ in {and_join(differ)}" if differ else f"mixed {where} whose runs differ in their methods alone"
     if unlabelled:
         text += f"; within a column, rows differ in {and_join(unlabelled)}, which no row label names"
@@ -378,15 +314,11 @@ def mixed_runs_text(runs: list[Run], runs_root: Path, advice: str = TABLES_ADVIC
 
 
 # -----------------------------------------------------------------------------
-# Columns
+# Columns, and tables from the paper and from runs
 
 
 def loss_columns(groups: Iterable[tuple[str, str]]) -> list[Column]:
-    return [
-        Column(f"{d}/{s}/{split}", group_label(d, s), split, False, 3)
-        for d, s in groups
-        for split in ("train", "val")
-    ]
+    return [Column(f"{d}/{s}/{split}", group_label(d, s), split, False, 3) for d, s in groups for split in ("train", "val")]
 
 
 def ppl_columns(groups: Iterable[tuple[str, str]]) -> list[Column]:
@@ -398,23 +330,12 @@ def zero_shot_columns() -> list[Column]:
     return [Column(c.key, "", c.header, c.percent, 2) for c in PAPER_COLUMNS]
 
 
-TITLES = {
-    "2": f"Final train loss (mean of the last {AVG_WINDOW} iterations) and final val loss",
-    "3": "Final val perplexity",
-}
+TITLES = {"2": f"Final train loss (mean of the last {AVG_WINDOW} iterations) and final val loss", "3": "Final val perplexity"}
+COLUMNS = {"2": loss_columns, "3": ppl_columns}
 
 
 def zero_shot_title(dataset: str, scale: str) -> str:
     return f"Zero-shot accuracy (%) and perplexity, models trained on {group_label(dataset, scale)}"
-
-
-# -----------------------------------------------------------------------------
-# Tables from the paper and from runs
-
-
-def _groups_of(keys: Iterable[str]) -> list[tuple[str, str]]:
-    """(dataset, scale) pairs of column keys such as 'fineweb_edu/S/train', in order."""
-    return list(dict.fromkeys(tuple(k.split("/")[:2]) for k in keys))
 
 
 def paper_tables(reference: dict[str, Any]) -> list[Table]:
@@ -422,17 +343,12 @@ def paper_tables(reference: dict[str, Any]) -> list[Table]:
     tables = []
     for number, ref_key in REFERENCE_KEYS.items():
         ref = reference[ref_key]
-        if number == "2":
-            columns = loss_columns(_groups_of(ref["columns"]))
-            title = TITLES[number]
-        elif number == "3":
-            columns = ppl_columns(_groups_of(ref["columns"]))
-            title = TITLES[number]
+        if number in COLUMNS:  # over the (dataset, scale) pairs of its column keys ('fineweb_edu/S/train'), in order
+            groups = list(dict.fromkeys(tuple(k.split("/")[:2]) for k in ref["columns"]))
+            columns, title, scale = COLUMNS[number](groups), TITLES[number], None
         else:
-            columns = zero_shot_columns()
             dataset = next(d for d, n in ZERO_SHOT_TABLE.items() if n == number)
-            title = zero_shot_title(dataset, "L")
-        scale = None if number in ("2", "3") else "L"
+            columns, title, scale = zero_shot_columns(), zero_shot_title(dataset, "L"), "L"
         # The columns are rebuilt from their keys; they must come out in the reference's order.
         assert [c.key for c in columns] == ref["columns"], f"column order of {ref_key} changed"
         values = {m: dict(zip(ref["columns"], row)) for m, row in ref["rows"].items()}
@@ -441,15 +357,11 @@ def paper_tables(reference: dict[str, Any]) -> list[Table]:
 
 
 def run_tables(runs: list[Run]) -> list[Table]:
-    """Tables 2 and 3 over every (dataset, scale) found, and a zero-shot table per group that has results.
-
-    A row is a method in a block (Run.row); when a table has rows of a block other than GPT-2's,
-    its title names the blocks.
-    """
+    """Tables 2 and 3 over every (dataset, scale) found, and a zero-shot table per group that has
+    results; a row is a run's Run.row, and a title names the blocks where not all are GPT-2's."""
     index = index_runs(runs)
     groups = sort_groups((d, s) for d, s, _ in index)
-    loss = Table("2", TITLES["2"], loss_columns(groups), {})
-    ppl = Table("3", TITLES["3"], ppl_columns(groups), {})
+    loss, ppl = (Table(n, TITLES[n], COLUMNS[n](groups), {}) for n in ("2", "3"))
     zero_shot: dict[tuple[str, str], Table] = {}
     for (dataset, scale, row), run in index.items():
         prefix = f"{dataset}/{scale}"
@@ -461,9 +373,7 @@ def run_tables(runs: list[Run]) -> list[Table]:
             ppl.unfinished.add((row, prefix))
         if run.zero_shot:
             number = ZERO_SHOT_TABLE.get(dataset, "Z")
-            table = zero_shot.setdefault(
-                (dataset, scale), Table(number, zero_shot_title(dataset, scale), zero_shot_columns(), {}, scale=scale)
-            )
+            table = zero_shot.setdefault((dataset, scale), Table(number, zero_shot_title(dataset, scale), zero_shot_columns(), {}, scale=scale))
             table.values[row] = {c.key: run.zero_shot.get(c.key) for c in table.columns}
             if not run.finished:
                 table.unfinished |= {(row, c.key) for c in table.columns}
@@ -479,11 +389,8 @@ def run_tables(runs: list[Run]) -> list[Table]:
 
 
 def attach_paper(tables: list[Table], reference: dict[str, Any]) -> None:
-    """Put the paper's value of each (method, column) that the paper has beside ours.
-
-    The paper's models are of the GPT-2 block: a row of another block (its key is not a method
-    key of the paper's tables) gets none.
-    """
+    """Put the paper's value of each (method, column) that the paper has beside ours; the paper's
+    models are of the GPT-2 block: a row of another block (not a method key of its tables) gets none."""
     by_number = {t.number: t for t in paper_tables(reference)}
     for table in tables:
         ref = by_number.get(table.number)
@@ -497,26 +404,24 @@ def attach_paper(tables: list[Table], reference: dict[str, Any]) -> None:
 # Ranking: best bold, second underlined
 
 
-def rounded(value: float | None, decimals: int) -> float | None:
-    if value is None or not math.isfinite(value):
-        return None
-    return round(value, decimals)
-
-
 def rank_marks(table: Table) -> dict[tuple[str, str], str]:
     """{(method, column key): 'best' | 'second'} for each column's best and second-best value."""
     marks: dict[tuple[str, str], str] = {}
     for col in table.columns:
         # Partial (--limit) numbers are not comparable with full ones: they take no rank.
-        cells = {m: rounded(table.values[m].get(col.key), col.decimals) for m in table.values if (m, col.key) not in table.limited}
-        distinct = sorted({v for v in cells.values() if v is not None}, reverse=col.higher_is_better)
-        for mark, target in zip((BEST, SECOND), distinct):
+        values = {m: table.values[m].get(col.key) for m in table.values if (m, col.key) not in table.limited}
+        cells = {m: round(v, col.decimals) for m, v in values.items() if v is not None and math.isfinite(v)}
+        for mark, target in zip((BEST, SECOND), sorted(set(cells.values()), reverse=col.higher_is_better)):
             marks.update({(m, col.key): mark for m, v in cells.items() if v == target})
     return marks
 
 
 # -----------------------------------------------------------------------------
-# Rendering
+# Rendering: a format's marks of rank, of a missing value and of the notes' footnotes
+
+MARKDOWN = {BEST: "**{}**", SECOND: "<u>{}</u>", "missing": "-", "unfinished": "*", "limited": "†", "skipped": "‡"}
+LATEX = {BEST: r"\textbf{{{}}}", SECOND: r"\underline{{{}}}", "missing": "--", "unfinished": "$^*$", "limited": r"$^\dagger$",
+         "skipped": r"$^\ddagger$"}
 
 
 def _number(value: float | None, decimals: int, missing: str) -> str:
@@ -525,8 +430,7 @@ def _number(value: float | None, decimals: int, missing: str) -> str:
 
 def _caption(table: Table) -> str:
     number = f"Table {table.number}" if table.number in TABLE_NUMBERS else "Table"
-    rule = "best in bold, second underlined"
-    return f"{number}. {table.title} ({rule})."
+    return f"{number}. {table.title} (best in bold, second underlined)."
 
 
 def _notes(table: Table, with_paper: bool) -> list[str]:
@@ -537,10 +441,8 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
         notes.append("* the run has not reached max_iters (still training, stopped or diverged).")
     if table.limited:
         limits = ", ".join(sorted({f"{v:g}" for v in table.limited.values()}))
-        notes.append(
-            f"† LIMITED: from a --limit evaluation (at most {limits} examples per task): partial numbers, "
-            "not final and not ranked; rerun eval/zero_shot.py without --limit."
-        )
+        notes.append(f"† LIMITED: from a --limit evaluation (at most {limits} examples per task): partial numbers, "
+                     "not final and not ranked; rerun eval/zero_shot.py without --limit.")
     if table.skipped:
         by_method: dict[str, list[str]] = {}
         for row, key in sorted(table.skipped):
@@ -550,88 +452,44 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
     return notes
 
 
-def _cell(
-    table: Table,
-    method: str,
-    column: Column,
-    marks: dict[tuple[str, str], str],
-    style: dict[str, str],
-    missing: str,
-    unfinished_mark: str,
-    with_paper: bool,
-    limited_mark: str = "†",
-    skipped_mark: str = "‡",
-) -> str:
-    """One formatted cell: the value, its rank mark, the unfinished, limited and skipped marks, the paper's value."""
-    key = (method, column.key)
-    text = _number(table.values[method].get(column.key), column.decimals, missing)
-    if key in marks:
-        text = style[marks[key]].format(text)
-    if key in table.unfinished:
-        text += unfinished_mark
-    if key in table.limited:
-        text += limited_mark
-    if key in table.skipped:
-        text += skipped_mark
-    if with_paper and table.paper:
-        paper_value = table.paper.get(method, {}).get(column.key)
-        text += f" ({_number(paper_value, column.decimals, missing)})"
-    return text
+def _rows(table: Table, style: dict[str, str], with_paper: bool) -> list[tuple[str, list[str]]]:
+    """(label, cells) of each row; a cell is the value, its rank mark, the unfinished, limited and skipped marks, the paper's value."""
+    marks = rank_marks(table)
+    rows = []
+    for method in sort_rows(table.values):  # the paper's methods first, each method's GPT-2 row before its other blocks
+        cells = []
+        for column in table.columns:
+            key = (method, column.key)
+            text = _number(table.values[method].get(column.key), column.decimals, style["missing"])
+            text = style[marks[key]].format(text) if key in marks else text
+            text += "".join(style[name] for name in ("unfinished", "limited", "skipped") if key in getattr(table, name))
+            if with_paper and table.paper:
+                text += f" ({_number(table.paper.get(method, {}).get(column.key), column.decimals, style['missing'])})"
+            cells.append(text)
+        rows.append((row_label(method), cells))
+    return rows
 
 
 def to_markdown(table: Table, with_paper: bool = False) -> str:
-    marks = rank_marks(table)
-    style = {BEST: "**{}**", SECOND: "<u>{}</u>"}
-    lines = [f"**{_caption(table)}**", ""]
-    lines.append("| Method | " + " | ".join(c.label for c in table.columns) + " |")
-    lines.append("|:--|" + "--:|" * len(table.columns))
-    for m in table.methods:
-        cells = [_cell(table, m, c, marks, style, "-", "*", with_paper) for c in table.columns]
-        lines.append(f"| {row_label(m)} | " + " | ".join(cells) + " |")
+    header = " | ".join(f"{c.group} {c.header}".strip() for c in table.columns)
+    lines = [f"**{_caption(table)}**", "", f"| Method | {header} |", "|:--|" + "--:|" * len(table.columns)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in _rows(table, MARKDOWN, with_paper)]
     notes = _notes(table, with_paper)
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-_LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
-
-
-def _latex_group_header(columns: list[Column]) -> str | None:
-    """The \\multicolumn row above the column headers (None when no column has a group)."""
-    if not any(c.group for c in columns):
-        return None
-    spans: list[tuple[str, int]] = []
-    for c in columns:
-        if spans and spans[-1][0] == c.group:
-            spans[-1] = (c.group, spans[-1][1] + 1)
-        else:
-            spans.append((c.group, 1))
-    cells = [rf"\multicolumn{{{n}}}{{c}}{{{latex_escape(g)}}}" for g, n in spans]
-    return " & " + " & ".join(cells) + r" \\"
+LATEX_SPECIAL = str.maketrans({"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$"})
 
 
 def to_latex(table: Table, with_paper: bool = False) -> str:
     """A booktabs tabular (needs \\usepackage{booktabs})."""
-    marks = rank_marks(table)
-    style = {BEST: r"\textbf{{{}}}", SECOND: r"\underline{{{}}}"}
-    lines = [
-        f"% {_caption(table)}",
-        r"\begin{tabular}{l" + "r" * len(table.columns) + "}",
-        r"\toprule",
-    ]
-    group_row = _latex_group_header(table.columns)
-    if group_row:
-        lines.append(group_row)
-    lines.append("Method & " + " & ".join(latex_escape(c.header) for c in table.columns) + r" \\")
-    lines.append(r"\midrule")
-    for m in table.methods:
-        cells = [_cell(table, m, c, marks, style, "--", "$^*$", with_paper, r"$^\dagger$", r"$^\ddagger$") for c in table.columns]
-        lines.append(latex_escape(row_label(m)) + " & " + " & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    lines += [f"% {note}" for note in _notes(table, with_paper)]
+    lines = [f"% {_caption(table)}", r"\begin{tabular}{l" + "r" * len(table.columns) + "}", r"\toprule"]
+    if any(c.group for c in table.columns):  # a \multicolumn row of the groups above the column headers
+        spans = [(group, len(list(run))) for group, run in groupby(c.group for c in table.columns)]
+        lines.append(" & " + " & ".join(rf"\multicolumn{{{n}}}{{c}}{{{g.translate(LATEX_SPECIAL)}}}" for g, n in spans) + r" \\")
+    lines += ["Method & " + " & ".join(c.header.translate(LATEX_SPECIAL) for c in table.columns) + r" \\", r"\midrule"]
+    lines += [label.translate(LATEX_SPECIAL) + " & " + " & ".join(cells) + r" \\" for label, cells in _rows(table, LATEX, with_paper)]
+    lines += [r"\bottomrule", r"\end{tabular}", *(f"% {note}" for note in _notes(table, with_paper))]
     return "\n".join(lines)
 
 
@@ -683,14 +541,8 @@ def tables_of_runs(runs: list[Run], numbers: list[str], with_paper: bool, refere
     return tables
 
 
-def build_tables(
-    runs_root: Path | None,
-    numbers: list[str],
-    with_paper: bool,
-    reference_path: Path = REFERENCE_PATH,
-    datasets: Collection[str] | None = None,
-    scales: Collection[str] | None = None,
-) -> list[Table]:
+def build_tables(runs_root: Path | None, numbers: list[str], with_paper: bool, reference_path: Path = REFERENCE_PATH,
+                 datasets: Collection[str] | None = None, scales: Collection[str] | None = None) -> list[Table]:
     """The selected tables from the runs under runs_root of the given datasets and scales (None:
     all), or the paper's own when runs_root is None."""
     reference = load_reference(Path(reference_path))
@@ -700,12 +552,9 @@ def build_tables(
 
 
 def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) -> list[Path]:
-    """PREFIX.md and PREFIX.tex, each written to a temporary name beside it and renamed.
-
-    The .md is renamed only once the .tex is in place, so a failure leaves both files as they
-    were. A file that cannot be written (a full disk, a folder that cannot be made) is one
-    UsageError naming it, and no partial file is left.
-    """
+    """PREFIX.md and PREFIX.tex, each written to a temporary name beside it and renamed, the .md
+    only once the .tex is in place: a failure (a full disk, a folder that cannot be made) leaves
+    both as they were, no partial file, and one UsageError naming the file."""
     md, tex = (prefix.with_name(prefix.name + suffix) for suffix in (".md", ".tex"))
     markdown, latex = render(tables, "markdown", with_paper), render(tables, "latex", with_paper)
 
@@ -720,21 +569,6 @@ def write_tables(tables: list[Table], prefix: Path, with_paper: bool = False) ->
     return [md, tex]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--runs_root", default="out", help="folder holding the run folders (default: out)")
-    p.add_argument("--source", choices=("runs", "paper"), default="runs", help="our runs, or the paper's own numbers")
-    p.add_argument("--tables", default="2,3,4,5", help="comma-separated table numbers (default: 2,3,4,5)")
-    p.add_argument("--datasets", default=None, help="comma-separated datasets whose runs are tabled, e.g. openwebtext (default: every dataset found)")
-    p.add_argument("--scales", default=None, help="comma-separated scales whose runs are tabled: S, M, L or <layers>x<width> (default: every scale found)")
-    p.add_argument("--format", choices=tuple(RENDERERS), default="markdown", help="output format")
-    p.add_argument("--paper", action="store_true", help="show the paper's value in parentheses beside ours")
-    p.add_argument("--reference", default=str(REFERENCE_PATH), help="the paper's numbers (default: reference/paper_results.json)")
-    p.add_argument("--out", default=None, help="also write the tables to OUT.md and OUT.tex")
-    add_import_options(p)  # the modules of a run's own connection: imported only when named or trusted
-    return p.parse_args(argv)
-
-
 def _filter(spec: str | None, what: str) -> set[str] | None:
     """--datasets / --scales: a set of names, or None (no filter) when not given."""
     if spec is None:
@@ -746,7 +580,19 @@ def _filter(spec: str | None, what: str) -> set[str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--runs_root", default="out", help="folder holding the run folders (default: out)")
+    p.add_argument("--source", choices=("runs", "paper"), default="runs", help="our runs, or the paper's own numbers")
+    p.add_argument("--tables", default="2,3,4,5", help="comma-separated table numbers (default: 2,3,4,5)")
+    p.add_argument("--datasets", default=None, help="comma-separated datasets whose runs are tabled, e.g. openwebtext (default: every dataset found)")
+    p.add_argument("--scales", default=None, help="comma-separated scales whose runs are tabled: S, M, L or <layers>x<width> (default: every scale found)")
+    p.add_argument("--format", choices=tuple(RENDERERS), default="markdown", help="output format")
+    p.add_argument("--paper", action="store_true", help="show the paper's value in parentheses beside ours")
+    p.add_argument("--reference", default=str(REFERENCE_PATH), help="the paper's numbers (default: reference/paper_results.json)")
+    p.add_argument("--out", default=None, help="also write the tables to OUT.md and OUT.tex")
+    add_import_options(p)  # the modules of a run's own connection: imported only when named or trusted
+    args = p.parse_args(argv)
+    written: list[Path] = []
     try:
         use_import_options(args, UsageError)
         numbers = [n.strip() for n in args.tables.split(",") if n.strip()]
@@ -760,28 +606,24 @@ def main(argv: list[str] | None = None) -> int:
             # Built here rather than by build_tables, because the runs also say which tables are missing and why.
             runs = load_runs(Path(args.runs_root), datasets, _filter(args.scales, "scales"))
             tables = tables_of_runs(runs, numbers, args.paper, load_reference(Path(args.reference)))
-            mixed = mixed_runs_text(runs, Path(args.runs_root))
-            if mixed:
+            if mixed := mixed_runs_text(runs, Path(args.runs_root)):
                 print(f"note: {mixed}", file=sys.stderr)
             for number, why in left_out_reasons(runs, tables, numbers, datasets).items():
                 print(f"Table {number} left out: {why}.", file=sys.stderr)
+        if not tables:
+            print("No table has data: zero-shot tables need ckpt_zero_shot.json files (eval/zero_shot.py).", file=sys.stderr)
+        if any(t.limited for t in tables):
+            print("warning: some zero-shot results come from --limit evaluations; they are marked † and are not final.", file=sys.stderr)
+        if any(t.skipped for t in tables):
+            print("warning: some zero-shot evaluations skipped benchmarks whose files were absent; they are marked ‡ and are not complete.",
+                  file=sys.stderr)
+        if args.out:  # before the tables are printed, so that a refusal is the last line
+            written = write_tables(tables, Path(args.out), args.paper)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not tables:
-        print("No table has data: zero-shot tables need ckpt_zero_shot.json files (eval/zero_shot.py).", file=sys.stderr)
-    if any(t.limited for t in tables):
-        print("warning: some zero-shot results come from --limit evaluations; they are marked † and are not final.", file=sys.stderr)
-    if any(t.skipped for t in tables):
-        print("warning: some zero-shot evaluations skipped benchmarks whose files were absent; they are marked ‡ and are not complete.", file=sys.stderr)
-    if args.out:
-        try:  # before the tables are printed, so that a refusal is the last line
-            written = write_tables(tables, Path(args.out), args.paper)
-        except UsageError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
     print(render(tables, args.format, args.paper), end="")
-    for path in written if args.out else []:
+    for path in written:
         print(f"written: {path}", file=sys.stderr)
     return 0
 
