@@ -491,6 +491,16 @@ def test_the_share_below_the_cap_is_read_at_every_evaluation(tmp_path: Path) -> 
     assert fair_sweep.mean_history([{"below_cap": [0.0, 0.5, 0.75]}, {"below_cap": [0.5, 0.25]}, {"below_cap": []}]) == [0.25, 0.375]
 
 
+def test_compare_refuses_a_record_that_holds_only_the_declaration_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A fair_sweep.json written before the runs (the declaration, as a run record may ship it) has no runs to draw."""
+    for name, record in (("done", {"shape": "12 x 64", "unigram_loss": 3.3, "runs": []}), ("declared", {"declared": {"rules": ["r"]}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "fair_sweep.json").write_text(json.dumps(record))
+    assert fair_sweep.main(["--compare", f"{tmp_path / 'done'},{tmp_path / 'declared'}", "--out_dir", str(tmp_path / "fig")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no tabulated runs" in err and f"run --table_only in {tmp_path / 'declared'}" in err
+
+
 def test_compare_draws_finished_sweeps_side_by_side_and_refuses_a_missing_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def record(width: int, losses: dict[float, float]) -> dict:
         runs = [{"block": "llama", "arm": arm, "lr": lr, "seed": 1337, "val_loss": loss + d, "status": "ok"}
