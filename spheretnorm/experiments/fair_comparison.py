@@ -652,6 +652,10 @@ def compare_sweeps(spec: str, folders: list[Path], out_dir: Path, blocks: list[s
     records = [(folder, judged_record(folder)) for folder in folders]
     if len(records) < 2:
         raise UsageError(f"--compare {spec!r} names {len(records)} sweep folder(s); give two or more, comma-separated.")
+    for folder, record in records:
+        if not isinstance(record.get("runs"), list):  # the declaration alone, written before the runs (a run record may ship it)
+            raise UsageError(f"--compare: {folder / 'fair_sweep.json'} holds no tabulated runs (a sweep's declaration, written "
+                             f"before its runs); run --table_only in {folder} to tabulate them.")
     columns = [(b, o) for b in blocks for o in optimizers
                if any(r["block"] == b and optimizer_of(r) == o for _, rec in records for r in rec["runs"])]
     if not columns:
@@ -685,17 +689,13 @@ def read_sweep_record(folder: Path) -> dict[str, Any]:
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--compare: {folder} is a file, not a sweep's folder; give the --out_dir folders of finished sweeps.")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--compare: {path} does not exist; run the sweep (or its --table_only) in {folder} first.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--compare: {path} is not a fair sweep's JSON record ({e}); run --table_only in {folder} to write it again.") from None
     except OSError as e:  # a folder in its place, a file where a folder of its path should be, no permission
         raise UsageError(f"--compare: {path} cannot be read ({e.strerror or e}); give the --out_dir folders of finished sweeps.") from None
-    if not isinstance(record, dict) or not isinstance(record.get("runs"), list):  # a declaration only, written before the runs
-        raise UsageError(f"--compare: {path} holds no tabulated runs (a sweep's declaration, written before its runs); "
-                         f"run --table_only in {folder} to tabulate them.")
-    return record
 
 
 def judged_record(folder: Path) -> dict[str, Any]:
