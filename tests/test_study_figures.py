@@ -418,6 +418,40 @@ def test_plot_runs_keeps_a_legend_of_long_labels_inside_the_figure(tmp_path: Pat
     plt.close(fig)
 
 
+def test_plot_runs_keeps_its_panels_and_names_a_stop_under_a_legend_of_a_whole_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study's record (Table 2's M: 60 runs) gave the legend 60 rows: constrained layout shrank the
+    panels to no height ("axes sizes collapsed to zero") and drew the legend over the curves. And a
+    run the collapse alarm ended read "(unfinished)" like one still training."""
+    import warnings
+
+    from spheretnorm.experiments import figures
+    from spheretnorm.experiments.grid import Run, index_runs
+
+    def run(seed: int) -> Run:
+        config = {"method": "pre_ln", "dataset": "shakespeare_char", "n_layer": 4, "n_head": 4, "n_embd": 128, "max_iters": 20, "seed": seed}
+        ended = 10 if seed == 0 else 20
+        rows = [{"kind": "train", "iter": j, "train_loss": 3.0 - 0.01 * j + 0.01 * seed} for j in range(1, ended + 1)]
+        rows += [{"kind": "eval", "iter": j, "val_loss": 3.0 - 0.01 * j + 0.01 * seed} for j in (10, 20) if j <= ended]
+        rows += [{"kind": "stop", "iter": 10, "reason": "collapse"}] if seed == 0 else []
+        return Run(tmp_path / str(seed), config, rows, None)
+
+    runs = list(index_runs([run(seed) for seed in range(60)]).values())
+    drawn: list[plt.Figure] = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out: drawn.append(fig) or [])
+    figures.plot_runs(runs, "Shakespeare-char 4x128: loss per method", tmp_path / "fig", smooth=0.0)
+    (fig,) = drawn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "constrained_layout not applied" is a UserWarning
+        fig.canvas.draw()
+    labels = legend_labels(fig)
+    assert len(labels) == 60 and "Pre-LN, seed=0 (stopped: collapse at iteration 10)" in labels
+    assert not any("unfinished" in label for label in labels)
+    for ax in drawn_axes(fig):
+        assert ax.get_position().height * fig.get_figheight() > 2.5  # inches: the panels keep their height
+    assert_texts_inside(fig)
+    plt.close(fig)
+
+
 def test_save_figure_writes_what_runs_past_the_canvas_rather_than_cutting_it(tmp_path: Path) -> None:
     from spheretnorm.experiments.figures import save_figure
 

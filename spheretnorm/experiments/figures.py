@@ -19,8 +19,9 @@ dashed; a method keeps its colour in every figure. Runs of one method that diffe
 optimizer, a changed key) are each a curve in the method's colour with a dash pattern and marker
 of its own, named in the legend by what differs ('0.5-SpheretNorm, optimizer=muon'). Both panels share one iteration axis, from
 the first logged iteration of any run to the last. A run that has not reached max_iters (still
-training, stopped or diverged) is named "(unfinished)" in the legend and its last point, in
-both panels, is a hollow circle, so a run with a single evaluation is not a bare dot. In W&B
+training, or stopped by a signal to resume) is named "(unfinished)" in the legend, one that
+ended early for good "(stopped: collapse at iteration 720)" or "(stopped: non_finite at ...)", and
+its last point, in both panels, is a hollow circle, so a run with a single evaluation is not a bare dot. In W&B
 the same runs share the group <config_name> (e.g. openwebtext_s), so these curves can be
 compared there as well.
 
@@ -147,6 +148,13 @@ def mark_last(ax: plt.Axes, series: tuple[list[int], list[float]], color: Any) -
                 markeredgecolor=color, markeredgewidth=1.6, label="_nolegend_", zorder=3)
 
 
+def end_text(run: Run) -> str:
+    """How an unfinished run's curve ends, for its legend entry: the stop that ended it for good
+    (a collapse or a non-finite loss, a failure), else "unfinished" (running, or resumable)."""
+    stop = run.stop
+    return f"stopped: {stop['reason']} at iteration {stop['iter']}" if stop else "unfinished"
+
+
 def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Path]:
     """Two panels (train, val) on one iteration axis, a curve per run (Run.row, styled by row_styles)
     and one legend below them, saved as out.png and out.pdf. Constrained layout keeps the title and
@@ -163,7 +171,7 @@ def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Pat
         unfinished = "max_iters" in run.config and not run.finished  # a config without max_iters counts as finished
         line = {"color": style["color"], "linestyle": style["linestyle"]}
         marker = style.get("marker") or ("o" if run.block == DEFAULT_BLOCK else "s")  # squares for a block other than GPT-2's
-        label = row_label(row) + (" (unfinished)" if unfinished else "")
+        label = row_label(row) + (f" ({end_text(run)})" if unfinished else "")
         marked = run.block != DEFAULT_BLOCK or "marker" in style  # the train curve has no points otherwise
         marks = {"marker": marker, "markersize": 3, "markevery": 0.1} if marked else {}
         ax_train.plot(*train, label=label, linewidth=1.4, **marks, **line)
@@ -186,9 +194,7 @@ def plot_runs(runs: list[Run], title: str, out: Path, smooth: float) -> list[Pat
         ax_train.set_ylim(*y_range)
     for ax in (ax_train, ax_val):
         ax.grid(alpha=0.3)
-    # One legend under the panels, where it hides no curve.
-    handles, labels = ax_val.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=legend_columns(fig, labels), fontsize=8, frameon=False)
+    legend_below(fig, *ax_val.get_legend_handles_labels())
     fitted_suptitle(fig, title)
     return save_figure(fig, out)
 
@@ -519,8 +525,21 @@ def figure_legend(fig: plt.Figure, axes: np.ndarray, extra: list[Line2D] | None 
         # In grey: each failure marker itself has its line's colour.
         more.append(Line2D([], [], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color="0.35", label=FAILURE_LABEL))
     items = [*handles.values(), *more]
-    labels = [*handles, *(h.get_label() for h in more)]
-    fig.legend(items, labels, loc="outside lower center", ncol=legend_columns(fig, labels), fontsize=8, frameon=False)
+    legend_below(fig, items, [*handles, *(h.get_label() for h in more)])
+
+
+LEGEND_ROW_INCHES = 0.17  # one row of a legend at font size 8, with matplotlib's spacing between rows
+LEGEND_FREE_ROWS = 3  # the rows a figure's own height leaves room for below its panels
+
+
+def legend_below(fig: plt.Figure, handles: list[Any], labels: list[str]) -> None:
+    """One legend under the panels, where it hides no curve, in as many columns as the width holds.
+    The figure grows by the rows past LEGEND_FREE_ROWS: constrained layout would otherwise shrink
+    the panels to make room, and a legend of 60 runs (a whole study's record) left them no height
+    at all, the legend drawn over the curves."""
+    ncol = legend_columns(fig, labels)
+    fig.set_figheight(fig.get_figheight() + max(0, math.ceil(len(labels) / ncol) - LEGEND_FREE_ROWS) * LEGEND_ROW_INCHES)
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
 
 
 def legend_columns(fig: plt.Figure, labels: list[str]) -> int:
