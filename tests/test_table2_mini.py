@@ -295,3 +295,18 @@ def test_the_command_runs_s_then_m_then_l_and_writes_the_tables(tmp_path: Path, 
     out = capsys.readouterr().out
     assert "S (12 x 64): 5 runs in the plan now (5 to run), at most 31;" in out
     assert "M (24 x 64): 0 runs in the plan now (none yet: the scale before ends first), at most 66;" in out
+
+
+def test_the_dry_run_counts_no_runs_to_come_once_a_scales_plan_is_whole() -> None:
+    """A whole M (55 runs of at most 66: its grids did not need every extension) was estimated at an
+    hour still to run, its 11 unused places counted at a run's mean time."""
+    chosen, open_ = t2.Selection((4, 5, 6, 7, 8), 6), t2.Selection((4, 5, 6, 7, 8), None)
+    whole_m = t2.ScaleState("M", chosen, {"proj_spheret": chosen}, (), complete=True)
+    assert t2.runs_to_come(whole_m, 55, 66) == 0
+    l_rate_chosen = t2.ScaleState("L", chosen, {}, (), complete=False)  # off the tuned scale, the rate fixes the plan
+    assert t2.runs_to_come(l_rate_chosen, 44, 46) == 0
+    m_tuning = t2.ScaleState("M", chosen, {"proj_spheret": open_}, (), complete=False)  # a tuned arm's grid may still grow
+    assert t2.runs_to_come(m_tuning, 40, 66) == 26
+    l_selecting = t2.ScaleState("L", open_, {}, (), complete=False)
+    assert t2.runs_to_come(l_selecting, 5, 46) == 41
+    assert t2.runs_to_come(None, 0, 31) == 31  # a scale not reached yet

@@ -725,6 +725,15 @@ def run_seconds(rows: list[dict[str, Any]], max_iters: int) -> dict[tuple[str, s
     return out
 
 
+def runs_to_come(state: ScaleState | None, planned: int, most: int) -> int:
+    """The runs a scale's plan may still add to the `planned` ones: none once the scale is complete,
+    or, off the tuned scale, once Pre-LN's shared rate is chosen (the plan is then whole); else up
+    to `most` (the dry run counted a whole M's unused grid extensions as an hour still to run)."""
+    if state is not None and (state.complete or (state.shared.best is not None and state.scale != TUNED_SCALE)):
+        return 0
+    return max(most - planned, 0)
+
+
 def span(low: float, high: float, jobs: int) -> str:
     """'40 min to 1.5 h': the seconds of runs from low to high, `jobs` at a time."""
     return " to ".join(f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h" for s in (low / jobs, high / jobs))
@@ -744,8 +753,9 @@ def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max
         states_now = [place.listed.get(f, RUN_STATES[3]) for f in mine]
         counts = ", ".join(f"{states_now.count(s)} {s}" for s in RUN_STATES if states_now.count(s))
         most = most_runs(scale, cuts)
+        to_come = runs_to_come(next((st for st in states if st.scale == scale), None), len(mine), most)
         left = [sum(seconds[(scale, method_of[f])][i] for f, st in zip(mine, states_now) if st in RUN_STATES[2:])
-                + max(most - len(mine), 0) * statistics.fmean(seconds[(scale, m)][i] for m in METHODS) for i in range(2)]
+                + to_come * statistics.fmean(seconds[(scale, m)][i] for m in METHODS) for i in range(2)]
         total = [a + b for a, b in zip(total, left)]
         off, on = seconds[(scale, BASELINE)], seconds[(scale, SPHERET[0])]
         lines.append(f"  {scale} ({DEPTHS[scale]} x {WIDTH}): {len(mine)} runs in the plan now ({counts or 'none yet: the scale before ends first'}), "
