@@ -50,8 +50,9 @@ from spheretnorm.runtime.schedule import apply_schedule, learning_rate_at
 from spheretnorm.runtime.device import (DeviceError, autocast_context, cpu_threads_in_use, enable_tf32, estimate_mfu, get_device,
                                         peak_flops_for, resolve_dtype, set_rng_state)
 from spheretnorm.runtime.distributed import DistInfo, init_distributed, print0
-from spheretnorm.runtime.checkpoint import (check_newest_is_own, load_checkpoint, read_resume_meta, restore_training_state,
-                                             resume_checkpoint, rng_from_plain, settle_at_start, write_run_checkpoint)
+from spheretnorm.runtime.checkpoint import (check_newest_is_own, load_checkpoint, read_resume_meta, restore_run_config,
+                                             restore_training_state, resume_checkpoint, rng_from_plain, settle_at_start,
+                                             write_run_checkpoint)
 from spheretnorm.runtime.parallel import build_model, grad_sync, init_process_group_for, wrap_model
 from spheretnorm.runtime.step import backward_step, check_terms_finite
 from spheretnorm.runtime.loss_terms import active_loss_terms, with_recorded_loss_terms
@@ -539,6 +540,8 @@ def main(argv: list[str] | None = None) -> None:
     # Stop signals are caught from here on: during start-up they end the process at once,
     # with nothing written; once training runs, at the next step with a checkpoint.
     with StopSignal() as stop:
+        if restored := restore_run_config(argv):  # a resume by --out_dir alone of a folder that lost its config.json
+            print0(restored)
         parsed = parse_config(argv)
         hf_folder = hf_folder_of(parsed.train)
         if hf_folder is not None:  # the folder's model names the run folder, as a resume's checkpoint does

@@ -381,3 +381,19 @@ def test_a_replacement_cut_between_its_renames_is_taken_back(stopped: tuple[Path
     train.resolve_init_from(parse_config(tiny_args(data_dir, tmp_path, "--parallel=fsdp", "--init_from=auto")).train)
     assert (tmp_path / "ckpt.dcp").is_dir() and not (tmp_path / "ckpt.dcp.old").exists()
     assert load_checkpoint(tmp_path / "ckpt.dcp")["iter_num"] >= 10
+
+
+def test_a_sharded_run_that_lost_its_config_json_gets_its_settings_back(stopped: tuple[Path, dict], tmp_path: Path) -> None:
+    """The resume rule's write-back (checkpoint.restore_run_config) from a sharded folder's meta.pt:
+    the settings train.py wrote at the start, parallel=fsdp among them, so the resume takes ckpt.dcp."""
+    from spheretnorm.runtime.checkpoint import restore_run_config
+
+    out = tmp_path / "run"
+    shutil.copytree(stopped[0], out)
+    original = json.loads((out / "config.json").read_text())
+    (out / "config.json").unlink()
+    note = restore_run_config([f"--out_dir={out}", "--init_from=resume"])
+    assert note is not None and "ckpt.dcp records" in note
+    restored = json.loads((out / "config.json").read_text())
+    assert restored["parallel"] == "fsdp" and restored["max_iters"] == 400
+    assert {k: original[k] for k in restored} == restored  # the same settings: only the run's records (method, world_size, ...) not there

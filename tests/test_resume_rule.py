@@ -43,6 +43,41 @@ def test_resuming_a_folder_by_out_dir_keeps_its_own_settings_as_its_config_json_
     assert train_rows(run) == train_rows(twin) and [i for i, _ in train_rows(run)] == [1, 2, 3, 4]  # the two forms are one
 
 
+def test_a_folder_that_lost_its_config_json_resumes_from_its_checkpoints_settings(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A folder copied with its ckpt.pt and metrics.jsonl but not its config.json resumed under
+    train.py's defaults: the default data set (missing here, an error), or with --dataset given, the
+    default rates and batch, each said as a "changed key" and trained with."""
+    data, run = write_markov_data(tmp_path / "data"), tmp_path / "run"
+    train.main(train_args(data, run, *OWN, "--max_iters=2", "--eval_interval=2"))
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    (run / "config.json").unlink()
+    capsys.readouterr()
+    train.main([f"--out_dir={run}", "--init_from=resume", "--max_iters=4"])
+    assert f"NOTE: {run} had no config.json; wrote it from the settings ckpt.pt records (iteration 2)" in capsys.readouterr().out
+    train.main([str(twin / "config.json"), "--init_from=resume", "--max_iters=4"])
+    resumed = config_of(run)
+    assert {k: resumed[k] for k in ("learning_rate", "weight_decay", "global_batch_size", "beta2", "data_dir")} == {
+        "learning_rate": 2e-3, "weight_decay": 0.05, "global_batch_size": 4, "beta2": 0.98, "data_dir": str(data)}
+    assert resumed["settings_history"] == [{"iter": 2, "changed": {"max_iters": [2, 4]}}]  # the one key named
+    assert train_rows(run) == train_rows(twin) and [i for i, _ in train_rows(run)] == [1, 2, 3, 4]
+
+
+def test_nothing_is_written_back_for_another_command_or_a_folder_without_a_checkpoint(tmp_path: Path) -> None:
+    from spheretnorm.runtime.checkpoint import restore_run_config
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert restore_run_config([f"--out_dir={empty}", "--init_from=resume"]) is None  # the resume says there is nothing to resume
+    assert not (empty / "config.json").exists()
+    config = tmp_path / "mine.py"
+    config.write_text("learning_rate = 5e-4\n")
+    (empty / "ckpt.pt").write_bytes(b"not read")  # a command that does not resume by --out_dir alone never opens it
+    for argv in ([str(config), f"--out_dir={empty}", "--init_from=resume"], [f"--out_dir={empty}", "--init_from=auto"],
+                 [f"--out_dir={empty}", "--init_from=resume", "--eval_only=true"], [f"--out_dir={empty}"]):
+        assert restore_run_config(argv) is None and not (empty / "config.json").exists()
+
+
 def test_parse_takes_the_folders_config_for_a_resume_or_an_evaluation_and_nothing_else(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()

@@ -15,7 +15,7 @@ import torch
 
 from spheretnorm.model import GPT
 from spheretnorm.runtime.checkpoint.resume import (
-    read_resume_meta, restore_training_state, settle_at_start, write_run_checkpoint,
+    read_resume_meta, restore_run_config, restore_training_state, settle_at_start, write_run_checkpoint,
 )
 from spheretnorm.runtime.checkpoint.run_choice import (
     EXPORT_NAME, check_newest_is_own, checkpoint_for, checkpoint_iter, is_sharded_checkpoint, newest_run_checkpoint,
@@ -46,7 +46,7 @@ __all__ = [
     "check_newest_is_own", "checkpoint_for", "checkpoint_iter", "is_sharded_checkpoint", "newest_run_checkpoint",
     "resolve_checkpoint", "resume_checkpoint",
     # train.py's save and resume
-    "read_resume_meta", "restore_training_state", "settle_at_start", "write_run_checkpoint",
+    "read_resume_meta", "restore_run_config", "restore_training_state", "settle_at_start", "write_run_checkpoint",
 ]
 
 

@@ -1,5 +1,5 @@
 """What train.py writes at a checkpoint and restores on a resume, in either format: the run's
-checkpoint (write_run_checkpoint), the leftovers of an interrupted sharded save settled before any
+checkpoint (write_run_checkpoint), a run folder's lost config.json (restore_run_config), the leftovers of an interrupted sharded save settled before any
 rank looks (settle_at_start), a sharded folder's meta.pt decided by every rank together
 (read_resume_meta), and the weights and optimizer state trained on under the current settings
 (restore_training_state).
@@ -8,6 +8,7 @@ rank looks (settle_at_start), a sharded folder's meta.pt decided by every rank t
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,48 @@ import torch.distributed as torch_dist
 
 from spheretnorm.optim import Optimizers, apply_group_settings, group_settings, refused_resume_change
 from spheretnorm.runtime.checkpoint.sharded import load_sharded, read_sharded_meta, save_sharded, settle_interrupted_save, wait_for_settled
-from spheretnorm.runtime.checkpoint.single_file import CheckpointError, atomic_torch_save, checkpoint_state, describe_error, rng_to_plain
-from spheretnorm.runtime.config import ConfigError, TrainConfig
+from spheretnorm.runtime.checkpoint.run_choice import newest_run_checkpoint
+from spheretnorm.runtime.checkpoint.single_file import (
+    CheckpointError, atomic_torch_save, check_checkpoint, checkpoint_state, describe_error, read_torch_file, rng_to_plain,
+)
+from spheretnorm.runtime.config import ConfigError, TrainConfig, resume_record, split_argv
+from spheretnorm.runtime.config.recorded import import_first
 from spheretnorm.runtime.device import rng_state
 from spheretnorm.runtime.distributed import DistInfo, every_rank, print0
-from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME, OutDirError
+from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME, OutDirError, write_json_atomic
+
+
+def restore_run_config(argv: list[str]) -> str | None:
+    """Before the command line is parsed: a resume of a run folder named by --out_dir alone starts
+    from the settings its config.json records (config.resumed_run_config). A folder that holds a
+    checkpoint but no config.json (copied in part, the file deleted) would start from train.py's
+    defaults instead (another data set, rates, batch), each then a "changed key" of the resume: its
+    config.json is written back from the settings the checkpoint it resumes records (both configs,
+    as train.py wrote them). Every rank may call it: the same bytes, written atomically. The NOTE
+    line, or None where there was nothing to restore (a resume of an empty folder says so later)."""
+    files, pairs = split_argv(argv)
+    record = None if files else resume_record(pairs)
+    if record is None or record.is_file():
+        return None
+    import_first([], pairs)  # --imports and the consent to a run's recorded modules, which the check below may need
+    try:
+        chosen, _ = newest_run_checkpoint(record.parent)
+        if chosen is None:
+            return None
+        # Checked as a resume checks it, without reading its tensors: a sharded folder's meta.pt (sizes
+        # only), a ckpt.pt mapped (a zip archive) or read whole.
+        if chosen.is_dir():
+            meta = read_sharded_meta(chosen, digests=False)
+        else:
+            meta = read_torch_file(chosen, mmap=zipfile.is_zipfile(chosen))
+            check_checkpoint(meta, repr(str(chosen)))
+    except (CheckpointError, OSError, ValueError):
+        return None  # damaged, or a run of modules not consented to: the resume refuses it, saying why
+    if not isinstance(meta.get("train_config"), dict):
+        return None
+    write_json_atomic(record, {**meta["train_config"], **meta["model_config"]})
+    return (f"NOTE: {record.parent} had no {record.name}; wrote it from the settings {chosen.name} records (iteration "
+            f"{meta.get('iter_num')}), so this resume starts from the run's own settings, not train.py's defaults.")
 
 
 def write_run_checkpoint(

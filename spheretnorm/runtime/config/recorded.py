@@ -42,17 +42,27 @@ def read_run_config(path: str) -> dict[str, Any]:
     return {**{k: v for k, v in values.items() if k not in (*RUN_RECORD_KEYS, TRUST_KEY) and not k.startswith(DEBUG_PREFIX)}, **nested}
 
 
-def resumed_run_config(pairs: list[tuple[str, str]]) -> list[str]:
-    """[out_dir/config.json] for a resume of a run folder named by --out_dir alone (no config file),
-    so that it starts from the run's own settings as `train.py RUN/config.json --init_from=resume`
-    does (not the defaults: another data set, rates and batch); [] otherwise. An evaluation keeps
-    the command's keys: it computes no loss term, so needs no consent to import a module of one."""
+def resume_record(pairs: list[tuple[str, str]]) -> Path | None:
+    """out_dir/config.json, whether there or not, for a resume of a run folder named by --out_dir
+    alone (the command line's pairs; no config file given); None for any other command. An
+    evaluation keeps the command's keys: it computes no loss term, so needs no consent to import a
+    module of one."""
     def last(key: str) -> str:
         return next((raw for k, raw in reversed(pairs) if k == key), "")
 
-    record = Path(last("out_dir"), "config.json")  # run_folder.CONFIG_NAME (which imports this module)
     evaluating = bool(last("eval_only") and parse_value("eval_only", last("eval_only")))
-    return [str(record)] if last("init_from") == "resume" and not evaluating and last("out_dir") and record.is_file() else []
+    if last("init_from") != "resume" or evaluating or not last("out_dir"):
+        return None
+    return Path(last("out_dir"), "config.json")  # run_folder.CONFIG_NAME (which imports this module)
+
+
+def resumed_run_config(pairs: list[tuple[str, str]]) -> list[str]:
+    """[resume_record] where that file is there, so that a resume by --out_dir alone starts from
+    the run's own settings as `train.py RUN/config.json --init_from=resume` does (not the defaults:
+    another data set, rates and batch); [] otherwise. A folder that holds a checkpoint but lost its
+    config.json has it written back from the checkpoint first (checkpoint.restore_run_config)."""
+    record = resume_record(pairs)
+    return [str(record)] if record is not None and record.is_file() else []
 
 
 def import_first(file_values: list[tuple[str, dict[str, Any]]], pairs: list[tuple[str, str]]) -> None:
