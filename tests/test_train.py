@@ -404,7 +404,8 @@ def test_a_resume_keeps_the_lr_decay_iters_its_checkpoint_recorded(data_dir: Pat
     """Resumed without --lr_decay_iters, a run keeps the schedule it trained with (its checkpoint's),
     whether an earlier command gave it or it followed that command's max_iters; each start says which.
     (A resume by --out_dir starts from the run's config.json, which records the value: issue 65's
-    one resume rule. The checkpoint's value is kept where no file gives one, config.json gone.)"""
+    one resume rule; a folder that lost it has it written back from the checkpoint. The checkpoint's
+    value is kept where no file gives one: a config file given that does not set it.)"""
     def args(out: Path, *extra: str) -> list[str]:
         return [a for a in tiny_args(data_dir, out, "--eval_interval=4", *extra) if not a.startswith("--lr_decay_iters")]
 
@@ -414,7 +415,9 @@ def test_a_resume_keeps_the_lr_decay_iters_its_checkpoint_recorded(data_dir: Pat
     # The same run to the launcher and the studies (config_conflicts), not another one they would skip.
     assert config_conflicts(old, parse_config(args(old, "--max_iters=8"), 1)) == []
     (old / "config.json").unlink()  # the checkpoint alone records the schedule
-    train.main(args(old, "--max_iters=8", "--init_from=resume"))
+    plain = tmp_path / "plain.py"  # a config file that sets no schedule: read instead of the config.json written back from the checkpoint
+    plain.write_text("# nothing of the schedule\n")
+    train.main([str(plain), *args(old, "--max_iters=8", "--init_from=resume")])
     assert "NOTE: not given, so lr_decay_iters=6, as the checkpoint records" in capsys.readouterr().out
     assert json.loads((old / "config.json").read_text())["lr_decay_iters"] == 6
     lrs = {r["iter"]: r["lr"] for r in read_metrics(old, "train")}

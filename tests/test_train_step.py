@@ -166,6 +166,20 @@ def test_with_consent_a_resume_keeps_the_term_or_applies_and_says_its_change(
     assert load_checkpoint(off / "ckpt.pt")["train_config"]["loss_params"] == {"fixture_z_loss": 0.0}
 
 
+def test_with_consent_a_folder_that_lost_its_config_json_gets_its_loss_term_back(data_dir: Path, tmp_path: Path, z_loss_module: None,
+                                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The resume rule's write-back (checkpoint.restore_run_config) imports a checkpoint's recorded
+    loss-term module with consent, as the resume does: config.json comes back with the term's key."""
+    out = z_loss_run(data_dir, tmp_path / "run")
+    (out / "config.json").unlink()
+    capsys.readouterr()
+    resume(data_dir, out, "--trust_recorded_imports=true")
+    assert "had no config.json; wrote it from the settings ckpt.pt records (iteration 2)" in capsys.readouterr().out
+    restored = json.loads((out / "config.json").read_text())
+    assert restored["loss_params"] == {"fixture_z_loss": 0.05}  # the run's own, and the keys the command names changed:
+    assert restored["settings_history"] == [{"iter": 2, "changed": {"eval_interval": [2, 4], "max_iters": [2, 4]}}]
+
+
 def test_a_recorded_loss_key_that_no_module_declares_is_refused(data_dir: Path, tmp_path: Path, z_loss_module: None) -> None:
     """A checkpoint that records the term's keys but not its module: even with consent nothing
     declares them, and the resume says which module to import rather than drop them."""

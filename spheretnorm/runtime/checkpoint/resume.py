@@ -25,6 +25,8 @@ from spheretnorm.runtime.config import ConfigError, TrainConfig, resume_record, 
 from spheretnorm.runtime.config.recorded import import_first
 from spheretnorm.runtime.device import rng_state
 from spheretnorm.runtime.distributed import DistInfo, every_rank, print0
+from spheretnorm.runtime.imports import import_recorded
+from spheretnorm.runtime.loss_terms import unregistered_loss_keys
 from spheretnorm.runtime.run_folder import SHARDED_CKPT_NAME, OutDirError, write_json_atomic
 
 
@@ -52,11 +54,16 @@ def restore_run_config(argv: list[str]) -> str | None:
         else:
             meta = read_torch_file(chosen, mmap=zipfile.is_zipfile(chosen))
             check_checkpoint(meta, repr(str(chosen)))
+        train_config = meta.get("train_config")
+        if not isinstance(train_config, dict):
+            return None
+        if unregistered_loss_keys(train_config):  # a loss term's keys: its module imported with consent, as a resume does
+            import_recorded(train_config, repr(str(chosen)), CheckpointError, needed=True)
     except (CheckpointError, OSError, ValueError):
         return None  # damaged, or a run of modules not consented to: the resume refuses it, saying why
-    if not isinstance(meta.get("train_config"), dict):
-        return None
-    write_json_atomic(record, {**meta["train_config"], **meta["model_config"]})
+    if unregistered_loss_keys(train_config):
+        return None  # keys no module declares: the resume names them (loss_terms.with_recorded_loss_terms)
+    write_json_atomic(record, {**train_config, **meta["model_config"]})
     return (f"NOTE: {record.parent} had no {record.name}; wrote it from the settings {chosen.name} records (iteration "
             f"{meta.get('iter_num')}), so this resume starts from the run's own settings, not train.py's defaults.")
 
