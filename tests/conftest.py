@@ -62,3 +62,23 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _loss_terms_as_before() -> Iterator[None]:
+    """A loss term registered during a test is unregistered after it, its module forgotten too (so
+    that the next --imports of it registers it again). Every registered term's keys join every run's
+    loss_params, which the checkpoint records: a term left registered by one test file (the chunked
+    loss's --imports=zloss_term) made a later file's train.py subprocess, in the same xdist worker,
+    refuse the checkpoint its in-process run had written ("records loss_params ['fixture_z_loss']")."""
+    import sys
+
+    from spheretnorm.runtime.loss_terms import LOSS_TERMS
+
+    before = dict(LOSS_TERMS)
+    yield
+    for name in [n for n in LOSS_TERMS if n not in before]:
+        module = getattr(LOSS_TERMS.pop(name), "__module__", "")
+        if not module.startswith(("test_", "conftest")):  # a helper module of its own (tests/zloss_term.py), not a test file
+            sys.modules.pop(module, None)
+    LOSS_TERMS.update(before)
