@@ -1,6 +1,6 @@
 """What train.py writes at a checkpoint and restores on a resume, in either format: the run's
-checkpoint (write_run_checkpoint), a run folder's lost config.json (restore_run_config), the leftovers of an interrupted sharded save settled before any
-rank looks (settle_at_start), a sharded folder's meta.pt decided by every rank together
+checkpoint (write_run_checkpoint), a run folder's lost config.json (restore_run_config), the
+leftovers of an interrupted sharded save settled before any rank looks (settle_at_start), a sharded folder's meta.pt decided by every rank together
 (read_resume_meta), and the weights and optimizer state trained on under the current settings
 (restore_training_state).
 """
@@ -8,7 +8,6 @@ rank looks (settle_at_start), a sharded folder's meta.pt decided by every rank t
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,9 @@ import torch.distributed as torch_dist
 
 from spheretnorm.optim import Optimizers, apply_group_settings, group_settings, refused_resume_change
 from spheretnorm.runtime.checkpoint.sharded import load_sharded, read_sharded_meta, save_sharded, settle_interrupted_save, wait_for_settled
-from spheretnorm.runtime.checkpoint.run_choice import newest_run_checkpoint
+from spheretnorm.runtime.checkpoint.run_choice import newest_run_checkpoint, read_without_tensors
 from spheretnorm.runtime.checkpoint.single_file import (
-    CheckpointError, atomic_torch_save, check_checkpoint, checkpoint_state, describe_error, read_torch_file, rng_to_plain,
+    CheckpointError, atomic_torch_save, check_checkpoint, checkpoint_state, describe_error, rng_to_plain,
 )
 from spheretnorm.runtime.config import ConfigError, TrainConfig, resume_record, split_argv
 from spheretnorm.runtime.config.recorded import import_first
@@ -47,12 +46,11 @@ def restore_run_config(argv: list[str]) -> str | None:
         chosen, _ = newest_run_checkpoint(record.parent)
         if chosen is None:
             return None
-        # Checked as a resume checks it, without reading its tensors: a sharded folder's meta.pt (sizes
-        # only), a ckpt.pt mapped (a zip archive) or read whole.
+        # Checked as a resume checks it, without reading its tensors (a sharded folder's sizes only).
         if chosen.is_dir():
             meta = read_sharded_meta(chosen, digests=False)
         else:
-            meta = read_torch_file(chosen, mmap=zipfile.is_zipfile(chosen))
+            meta = read_without_tensors(chosen)
             check_checkpoint(meta, repr(str(chosen)))
         train_config = meta.get("train_config")
         if not isinstance(train_config, dict):

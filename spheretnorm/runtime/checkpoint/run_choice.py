@@ -11,6 +11,7 @@ import re
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from spheretnorm.runtime.checkpoint.sharded import DCP_METADATA, SHARDED_META
 from spheretnorm.runtime.checkpoint.single_file import SAFETENSORS_SUFFIX, CheckpointError, describe_error, read_torch_file
@@ -22,11 +23,17 @@ from spheretnorm.runtime.run_folder import (
 EXPORT_NAME = "ckpt" + SAFETENSORS_SUFFIX  # what scripts/export_hf.py --format safetensors writes
 
 
+def read_without_tensors(path: str | Path) -> Any:
+    """A ckpt.pt or a sharded folder's meta.pt as torch.load gives it, its tensors not read: a zip
+    archive (what torch.save writes) is mapped; an older file is read whole."""
+    path = Path(path)
+    return read_torch_file(path / SHARDED_META) if path.is_dir() else read_torch_file(path, mmap=zipfile.is_zipfile(path))
+
+
 def checkpoint_iter(path: str | Path) -> int:
     """The iteration a ckpt.pt or a sharded folder holds, read without its tensors (mapped, not read)."""
     path = Path(path)
-    # A zip archive (what torch.save writes) is mapped, its tensors not read; an older file is read whole.
-    meta = read_torch_file(path / SHARDED_META) if path.is_dir() else read_torch_file(path, mmap=zipfile.is_zipfile(path))
+    meta = read_without_tensors(path)
     iteration = meta.get("iter_num") if isinstance(meta, dict) else None
     if not isinstance(iteration, int) or isinstance(iteration, bool):
         raise CheckpointError(f"Checkpoint {str(path)!r} records no iter_num, which train.py writes; it is damaged.")
