@@ -73,7 +73,7 @@ GOLDEN_MARKDOWN = """\
 | 0.5-SpheretNorm | **2.900** (2.826) | **2.800** (2.847) |
 
 In parentheses: the paper's value.
-* the run has not reached max_iters (still training, stopped or diverged).
+* the run has not reached max_iters (still training, or stopped by a signal or a crash).
 
 **Table 3. Final val perplexity (best in bold, second underlined).**
 
@@ -84,7 +84,7 @@ In parentheses: the paper's value.
 | 0.5-SpheretNorm | **16.44** (17.24) |
 
 In parentheses: the paper's value.
-* the run has not reached max_iters (still training, stopped or diverged).
+* the run has not reached max_iters (still training, or stopped by a signal or a crash).
 
 **Table 5. Zero-shot accuracy (%) and perplexity, models trained on OpenWebText L (best in bold, second underlined).**
 
@@ -100,6 +100,31 @@ In parentheses: the paper's value.
 def test_tables_of_gpt2_runs_render_as_before(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert tables.main(["--runs_root", str(gpt2_runs(tmp_path)), "--paper"]) == 0
     assert capsys.readouterr().out == GOLDEN_MARKDOWN
+
+
+def test_a_run_the_alarm_stopped_is_marked_failed_and_takes_no_rank(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A run train.py ended for good (a collapse stop row last) is a failure, not a run that may go
+    on: it gets '§' and its note rather than '*', and its last value takes no rank (GeoNorm's 2.850
+    would be second otherwise); a run stopped by a signal keeps '*'."""
+    write_run(tmp_path, "pre_ln", 2.90)
+    write_run(tmp_path, "p_spheret:0.5", 2.80)
+    geonorm = write_run(tmp_path, "geonorm", 2.85, last_iter=50)
+    with (geonorm / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "stop", "iter": 50, "reason": "collapse"}) + "\n")
+    assert tables.main(["--runs_root", str(tmp_path), "--tables", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "| GeoNorm | 2.950§ | 2.850§ |" in text
+    assert "| Pre-LN | <u>3.000</u> | <u>2.900</u> |" in text
+    assert "§ FAILED: train.py ended the run before max_iters (the collapse alarm or a non-finite loss)" in text
+    assert "* the run has not reached max_iters" not in text
+    assert tables.main(["--runs_root", str(tmp_path), "--tables", "2", "--format", "latex"]) == 0
+    assert r"GeoNorm & 2.950$^\S$ & 2.850$^\S$ \\" in capsys.readouterr().out
+    with (geonorm / "metrics.jsonl").open("a") as f:  # resumed past the stop, then stopped by a signal
+        f.write(json.dumps({"kind": "train", "iter": 60, "train_loss": 3.0, "train_loss_avg200": 2.95}) + "\n")
+        f.write(json.dumps({"kind": "stop", "iter": 60, "reason": "signal"}) + "\n")
+    assert tables.main(["--runs_root", str(tmp_path), "--tables", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "| GeoNorm | <u>2.950</u>* | <u>2.850</u>* |" in text and "§" not in text
 
 
 def both_blocks(root: Path) -> Path:

@@ -13,7 +13,9 @@ Columns are (dataset, scale) pairs: S, M, L for the paper's shapes, else '<layer
 As in the paper, each column's best value is bold and the second best underlined: lowest for
 losses and perplexities, highest for accuracies. Values are compared as printed (rounded);
 tied values share a mark, and the second mark goes to the next distinct value. A '*' marks a
-run that has not reached max_iters (still training, stopped, or diverged). A '†' marks
+run that has not reached max_iters and may go on (still training, or stopped by a signal or a
+crash, which resume); a '§' marks one that train.py ended for good before max_iters (the collapse
+alarm or a non-finite loss: a failure, its value the last before the stop, never ranked). A '†' marks
 zero-shot numbers from a --limit evaluation (a subset of each benchmark): they are partial,
 never ranked, and a note under the table says so. eval/zero_shot.py writes such results to
 ckpt_zero_shot_limit<N>.json, which tables do not read; only an older or copied limited file
@@ -92,6 +94,7 @@ class Table:
     values: dict[str, dict[str, float | None]]
     paper: dict[str, dict[str, float | None]] = field(default_factory=dict)
     unfinished: set[tuple[str, str]] = field(default_factory=set)  # (row, column key)
+    failed: set[tuple[str, str]] = field(default_factory=set)  # (row, column key) of a run stopped for good (grid.final_stop)
     limited: dict[tuple[str, str], int | float] = field(default_factory=dict)  # (row, column key) -> --limit
     skipped: set[tuple[str, str]] = field(default_factory=set)  # (row, column key) of benchmarks --skip_missing left out
     scale: str | None = None  # the models' scale, for a zero-shot table (one dataset and scale)
@@ -369,14 +372,15 @@ def run_tables(runs: list[Run]) -> list[Table]:
         loss.values.setdefault(row, {}).update({f"{prefix}/train": run.final_train_loss, f"{prefix}/val": val})
         ppl.values.setdefault(row, {})[prefix] = math.exp(val) if val is not None and val < 700 else None
         if not run.finished:
-            loss.unfinished |= {(row, f"{prefix}/train"), (row, f"{prefix}/val")}
-            ppl.unfinished.add((row, prefix))
+            mark = "failed" if run.stop else "unfinished"
+            getattr(loss, mark).update({(row, f"{prefix}/train"), (row, f"{prefix}/val")})
+            getattr(ppl, mark).add((row, prefix))
         if run.zero_shot:
             number = ZERO_SHOT_TABLE.get(dataset, "Z")
             table = zero_shot.setdefault((dataset, scale), Table(number, zero_shot_title(dataset, scale), zero_shot_columns(), {}, scale=scale))
             table.values[row] = {c.key: run.zero_shot.get(c.key) for c in table.columns}
             if not run.finished:
-                table.unfinished |= {(row, c.key) for c in table.columns}
+                getattr(table, "failed" if run.stop else "unfinished").update((row, c.key) for c in table.columns)
             if run.zero_shot_limit is not None:
                 table.limited.update({(row, c.key): run.zero_shot_limit for c in table.columns})
             skipped = getattr(run, "zero_shot_skipped", {})  # only a CheckedRun knows them
@@ -408,8 +412,10 @@ def rank_marks(table: Table) -> dict[tuple[str, str], str]:
     """{(method, column key): 'best' | 'second'} for each column's best and second-best value."""
     marks: dict[tuple[str, str], str] = {}
     for col in table.columns:
-        # Partial (--limit) numbers are not comparable with full ones: they take no rank.
-        values = {m: table.values[m].get(col.key) for m in table.values if (m, col.key) not in table.limited}
+        # Partial (--limit) numbers are not comparable with full ones, nor is a failed run's last value
+        # with a final one: they take no rank.
+        values = {m: table.values[m].get(col.key) for m in table.values
+                  if (m, col.key) not in table.limited and (m, col.key) not in table.failed}
         cells = {m: round(v, col.decimals) for m, v in values.items() if v is not None and math.isfinite(v)}
         for mark, target in zip((BEST, SECOND), sorted(set(cells.values()), reverse=col.higher_is_better)):
             marks.update({(m, col.key): mark for m, v in cells.items() if v == target})
@@ -419,9 +425,10 @@ def rank_marks(table: Table) -> dict[tuple[str, str], str]:
 # -----------------------------------------------------------------------------
 # Rendering: a format's marks of rank, of a missing value and of the notes' footnotes
 
-MARKDOWN = {BEST: "**{}**", SECOND: "<u>{}</u>", "missing": "-", "unfinished": "*", "limited": "†", "skipped": "‡"}
-LATEX = {BEST: r"\textbf{{{}}}", SECOND: r"\underline{{{}}}", "missing": "--", "unfinished": "$^*$", "limited": r"$^\dagger$",
-         "skipped": r"$^\ddagger$"}
+MARKDOWN = {BEST: "**{}**", SECOND: "<u>{}</u>", "missing": "-", "unfinished": "*", "failed": "§", "limited": "†", "skipped": "‡"}
+LATEX = {BEST: r"\textbf{{{}}}", SECOND: r"\underline{{{}}}", "missing": "--", "unfinished": "$^*$", "failed": r"$^\S$",
+         "limited": r"$^\dagger$", "skipped": r"$^\ddagger$"}
+CELL_MARKS = ("unfinished", "failed", "limited", "skipped")  # the footnote marks a cell may carry, in this order
 
 
 def _number(value: float | None, decimals: int, missing: str) -> str:
@@ -438,7 +445,10 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
     if with_paper and table.paper:
         notes.append("In parentheses: the paper's value.")
     if table.unfinished:
-        notes.append("* the run has not reached max_iters (still training, stopped or diverged).")
+        notes.append("* the run has not reached max_iters (still training, or stopped by a signal or a crash).")
+    if table.failed:
+        reasons = "the collapse alarm or a non-finite loss"
+        notes.append(f"§ FAILED: train.py ended the run before max_iters ({reasons}); the value is its last before the stop.")
     if table.limited:
         limits = ", ".join(sorted({f"{v:g}" for v in table.limited.values()}))
         notes.append(f"† LIMITED: from a --limit evaluation (at most {limits} examples per task): partial numbers, "
@@ -453,7 +463,7 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
 
 
 def _rows(table: Table, style: dict[str, str], with_paper: bool) -> list[tuple[str, list[str]]]:
-    """(label, cells) of each row; a cell is the value, its rank mark, the unfinished, limited and skipped marks, the paper's value."""
+    """(label, cells) of each row; a cell is the value, its rank mark, its footnote marks (CELL_MARKS), the paper's value."""
     marks = rank_marks(table)
     rows = []
     for method in sort_rows(table.values):  # the paper's methods first, each method's GPT-2 row before its other blocks
@@ -462,7 +472,7 @@ def _rows(table: Table, style: dict[str, str], with_paper: bool) -> list[tuple[s
             key = (method, column.key)
             text = _number(table.values[method].get(column.key), column.decimals, style["missing"])
             text = style[marks[key]].format(text) if key in marks else text
-            text += "".join(style[name] for name in ("unfinished", "limited", "skipped") if key in getattr(table, name))
+            text += "".join(style[name] for name in CELL_MARKS if key in getattr(table, name))
             if with_paper and table.paper:
                 text += f" ({_number(table.paper.get(method, {}).get(column.key), column.decimals, style['missing'])})"
             cells.append(text)
