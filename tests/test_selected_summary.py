@@ -98,6 +98,19 @@ def test_gaps_pair_each_held_out_seed_with_the_baseline_at_the_baselines_own_rat
     assert f"{-0.05 - half:+.3f} to {-0.05 + half:+.3f}" == "-0.075 to -0.025"
 
 
+def rate_column_title(text: str) -> str:
+    header = next(ln for ln in text.split("there, gaps paired", 1)[1].splitlines() if ln.startswith("| method |"))
+    return header.strip("|").split("|")[1].strip()
+
+
+def test_the_rate_column_says_given_where_an_arms_grid_holds_one_rate() -> None:
+    """Where the selection seed ran one rate for an arm, nothing was selected on it: the column says so."""
+    one_rate = replace(SWEEP, axes=(Axis("method", ("pre_ln", "geonorm")), Axis("lr", (2e-3,)), Axis("seed", SEEDS)))
+    assert rate_column_title(runs_text(one_rate, engine_rows(one_rate), "Pre-LN")) == "lr (given, one per arm: none selected)"
+    rows = [r for r in engine_rows(SWEEP) if r["method"] == "pre_ln" or r["lr"] == 2e-3]  # GeoNorm's grid: 2e-3 alone
+    assert rate_column_title(runs_text(SWEEP, rows, "Pre-LN")) == "lr (selected on seed 1; given where an arm has one)"
+
+
 def test_a_failed_held_out_seed_is_named_and_never_averaged_and_fails_the_rule() -> None:
     failed = {("geonorm", 3, 2e-3): "stopped: collapse", ("geonorm", 4, 4e-3): "diverged"}
     sweep = replace(SWEEP, rules=(parse_rule("every_gap<-0.03"),))

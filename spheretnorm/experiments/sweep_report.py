@@ -302,6 +302,22 @@ def selected_summary(sweep: Sweep, rows: list[dict[str, Any]], metric: str) -> l
     return [{"name": name(p), **s} for p, s in zip(points, summary)]
 
 
+def rate_header(sweep: Sweep, rows: list[dict[str, Any]], selection: int) -> str:
+    """The rate column's title: which rate a row shows, selected on the selection seed, or given
+    where an arm's grid holds one rate on that seed (nothing was chosen there)."""
+    chosen = selection_of(sweep)
+    assert chosen is not None
+    keys = [k for k in sweep.row_keys() if k not in (chosen.rate, chosen.seed)]
+    grids: dict[GroupKey, set[Any]] = {}
+    for r in rows:
+        if r.get(chosen.seed) == selection:
+            grids.setdefault(tuple(r.get(k) for k in keys), set()).add(r.get(chosen.rate))
+    sizes = {len(grid) for grid in grids.values()}
+    if sizes == {1}:
+        return f"{chosen.rate} (given, one per arm: none selected)"
+    return f"{chosen.rate} (selected on seed {selection}" + ("; given where an arm has one)" if 1 in sizes else ")")
+
+
 def selected_table(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str, metric: str) -> tuple[str, list[tuple[str, Gaps]]]:
     """selected_summary as a table ('' without rows) and each group's held-out gaps to its
     baseline, for the rules' verdicts (paired_seed_summary's counterpart for a sweep that selects)."""
@@ -312,7 +328,7 @@ def selected_table(sweep: Sweep, rows: list[dict[str, Any]], baseline_title: str
     selection = Seeds.of(sweep.values(chosen.seed)).selection
     gaps = (Column(f"minus {baseline_title} (same seed), each", lambda s: gaps_text(s["gaps"]), align=":--"), Column("mean", "gap_text"),
             Column("SD", "gap_sd", ".3f"), Column("95% interval", "gap_interval")) if sweep.baseline else ()
-    columns = (Column("method", "name", align=":--"), Column(f"{chosen.rate} (selected on seed {selection})", "rate", "g"),
+    columns = (Column("method", "name", align=":--"), Column(rate_header(sweep, rows, selection), "rate", "g"),
                Column(f"seed {selection}", "selection_loss", ".3f"), Column("held-out seeds", "held_out_text", align=":--"),
                Column("held-out mean", "headline"), *gaps, Column("held-out failed at", "held_out_failed_at", align=":--"))
     return markdown_table(summary, columns), [(s["name"], s["gaps"]) for s in summary if s.get("gaps")]
