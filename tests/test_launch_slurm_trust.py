@@ -49,6 +49,16 @@ def test_a_hanging_sbatch_is_stopped_and_its_lock_released(cluster: dict, monkey
     assert not (run_folder(cluster) / "slurm_train.lock").exists()
 
 
+def test_sbatch_timeout_is_this_launchs_alone(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """--sbatch_timeout reaches sbatch through the call, not by rewriting slurm's default, which a
+    later launch in the same process would have inherited."""
+    stand_in(cluster, "sbatch", "time.sleep(60)")
+    default = slurm.SBATCH_TIMEOUT_S
+    result = run_launcher(cluster, monkeypatch, capsys, [*argv(cluster, ONE), "--sbatch_timeout=0.4"], {})
+    assert result["status"] == 1 and "sbatch did not answer within 0.4 s and was stopped" in result["out"]
+    assert slurm.SBATCH_TIMEOUT_S == default
+
+
 def test_squeue_output_that_is_not_utf8_is_read(cluster: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     stand_in(cluster, "squeue", r'sys.stdout.buffer.write(b"7|RUNNING|None|caf\xe9-\xff\n")')
     result = run_launcher(cluster, monkeypatch, capsys, argv(cluster, ONE), {})

@@ -68,7 +68,6 @@ def test_a_slow_sbatch_is_said_to_be_waited_for_and_the_limit_can_be_set(monkeyp
     assert out == f"note: waiting for sbatch to answer (it is stopped after {slurm.SBATCH_TIMEOUT_S:g} s; --sbatch_timeout=S sets that)\n"
     monkeypatch.setattr(slurm, "SBATCH_WAIT_NOTE_S", 5.0)
     assert slurm.run_sbatch(["sbatch", "x"])[0] == 0 and capsys.readouterr().out == ""  # a prompt answer: no line
-    monkeypatch.setattr(slurm, "SBATCH_TIMEOUT_S", slurm.SBATCH_TIMEOUT_S)  # main sets it: restored after the test
     assert launcher.main(["--sbatch_timeout=0", "--dry_run"]) == 2
     assert "--sbatch_timeout 0 is not valid; give a positive number of seconds" in capsys.readouterr().err
 

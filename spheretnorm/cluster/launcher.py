@@ -51,7 +51,7 @@ running, and reads the lock each submission leaves in its run folder (slurm_trai
 slurm_zero_shot.lock: the job id); a run whose job is still listed is skipped, one line saying
 which job, and a lock whose job squeue no longer lists is stale and ignored. Every job id is
 also recorded in the run folder's slurm_jobs.json (a damaged one is kept as slurm_jobs.json.damaged,
-said in a line). sbatch is given SBATCH_TIMEOUT_S to answer, then stopped and its lock released
+said in a line). sbatch is given --sbatch_timeout (default 300 s) to answer, then stopped and its lock released
 (squeue and scontrol SQUEUE_TIMEOUT_S, a line saying what went unchecked);
 a job id sbatch returns for a second run is not recorded; a lock or record that is a folder is
 refused before the first submission; a record that cannot be written (a full disk) is one line
@@ -178,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.sbatch_timeout > 0:
             raise UsageError(f"--sbatch_timeout {args.sbatch_timeout:g} is not valid; give a positive number of seconds, such as 300.")
-        slurm.SBATCH_TIMEOUT_S = args.sbatch_timeout  # run_sbatch reads it
         layout = check_layout(args)
         check_overrides(overrides, RESERVED)
         runs = build_grid(
@@ -210,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {note}")
         for reason in skipped:
             print(f"skip {reason}")
-        failed = slurm.submit(todo, queue, len(skipped)) if queue is not None else execute(todo, args.mode)
+        failed = slurm.submit(todo, queue, len(skipped), args.sbatch_timeout) if queue is not None else execute(todo, args.mode)
         return 1 if failed else 0
     except (UsageError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

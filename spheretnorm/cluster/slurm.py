@@ -86,7 +86,7 @@ class Active:
 PENDING_LOCK_S = 600.0
 # How long squeue (and scontrol) and sbatch may take: a hung slurmctld must not hold a run's lock for ever.
 SQUEUE_TIMEOUT_S = 120.0
-SBATCH_TIMEOUT_S = 300.0  # --sbatch_timeout sets it
+SBATCH_TIMEOUT_S = 300.0  # the default of --sbatch_timeout
 SBATCH_WAIT_NOTE_S = 10.0  # how long sbatch may take before a line says the launcher waits for it
 
 
@@ -309,19 +309,19 @@ def check_slurm_files(todo: list[Job]) -> None:
         raise UsageError("nothing was submitted: " + "; ".join(dict.fromkeys(problems)) + ".")
 
 
-def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
+def run_sbatch(command: list[str], timeout_s: float = SBATCH_TIMEOUT_S) -> tuple[int | None, str, str]:
     """(exit status, stdout, stderr) of sbatch, or (None, "", why) when it did not answer within
-    SBATCH_TIMEOUT_S (a hung slurmctld): the launch goes on, and the run's lock is released."""
+    timeout_s (a hung slurmctld): the launch goes on, and the run's lock is released."""
     # A hung slurmctld holds sbatch for minutes: one line says so once it has waited a while.
     note = threading.Timer(SBATCH_WAIT_NOTE_S, lambda: print(
-        f"note: waiting for sbatch to answer (it is stopped after {SBATCH_TIMEOUT_S:g} s; --sbatch_timeout=S sets that)", flush=True))
+        f"note: waiting for sbatch to answer (it is stopped after {timeout_s:g} s; --sbatch_timeout=S sets that)", flush=True))
     note.daemon = True
     note.start()
     try:
         result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, encoding="utf-8",
-                                errors="replace", timeout=SBATCH_TIMEOUT_S)
+                                errors="replace", timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return None, "", f"sbatch did not answer within {SBATCH_TIMEOUT_S:g} s and was stopped"
+        return None, "", f"sbatch did not answer within {timeout_s:g} s and was stopped"
     except OSError as e:
         return None, "", f"sbatch could not be started ({e.strerror or e})"
     finally:
@@ -329,7 +329,7 @@ def run_sbatch(command: list[str]) -> tuple[int | None, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
+def submit(todo: list[Job], queue: Queue, skipped: int = 0, sbatch_timeout_s: float = SBATCH_TIMEOUT_S) -> int:
     """Submit the jobs with sbatch, each under its run folder's lock, its id recorded there;
     returns the number not submitted or not recorded. `skipped`: the runs the plan left out, for the last line."""
     if shutil.which("sbatch") is None:
@@ -359,7 +359,7 @@ def submit(todo: list[Job], queue: Queue, skipped: int = 0) -> int:
         if not claimed:
             print(f"{label}: skipped, another launch.py has just claimed {run.out_dir / lock.name}.", flush=True)
             continue
-        status, stdout, stderr = run_sbatch(command)
+        status, stdout, stderr = run_sbatch(command, sbatch_timeout_s)
         job.job_id = submitted_job_id(stdout) if status == 0 else None
         if job.job_id is None:  # sbatch's own words, when they are not the job id said below
             sys.stdout.write(stdout)
