@@ -310,3 +310,20 @@ def test_the_dry_run_counts_no_runs_to_come_once_a_scales_plan_is_whole() -> Non
     l_selecting = t2.ScaleState("L", open_, {}, (), complete=False)
     assert t2.runs_to_come(l_selecting, 5, 46) == 41
     assert t2.runs_to_come(None, 0, 31) == 31  # a scale not reached yet
+
+
+def test_a_cut_saves_only_the_time_of_its_runs_still_to_come() -> None:
+    """The dry run priced each cut at all its runs, ended or not: with L's doubled rate ended, '--cuts 1'
+    came out at minus 74 minutes. Here every run has ended but Keel's and Pre-DyT's at L's shared rate
+    (6 runs, 100 to 200 s each): cut 1 (the doubled rate, ended) saves nothing, cut 2 saves all six."""
+    sweep = t2.design()
+    done, _ = run_to_the_end(sweep)
+    to_run = {p for p in done if p["scale"] == "L" and p["method"] in ("keel", "pre_dyt") and p["lr"] == LADDER[6]}
+    assert len(to_run) == 6
+    place = Place(Path("out"), Path("data"), listed={sweep.folder(p): "to run" if p in to_run else "finished" for p in done})
+    seconds = {(s, m): (100.0, 200.0) for s in "SML" for m in EIGHT}
+    ended = {p: loss for p, loss in done.items() if p not in to_run}
+    left = {n: t2.time_left(sweep, ended, place, seconds, n) for n in (0, 1, 2)}
+    assert [left[n]["L"][2] for n in (0, 1, 2)] == [[600.0, 1200.0], [600.0, 1200.0], [0.0, 0.0]]
+    assert all(left[n][s][2] == [0.0, 0.0] for n in (0, 1, 2) for s in "SM")
+    assert len(left[0]["L"][0]) == 44 and len(left[1]["L"][0]) == 29 and len(left[2]["L"][0]) == 23

@@ -739,33 +739,41 @@ def span(low: float, high: float, jobs: int) -> str:
     return " to ".join(f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h" for s in (low / jobs, high / jobs))
 
 
-def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max_iters: int, cuts: int) -> str:
-    """The dry run's account: per scale, the runs of the plan now by state and the most it can hold,
-    and the time of those left at --jobs at a time (a run not planned yet at the mean of its scale's
-    eight rows); then the whole design, and what each further cut of the declared order leaves."""
-    states = study_states(finished_losses(rows, table_metric(rows)), tuple(DEPTHS), cuts)
-    seconds = run_seconds(rows, max_iters)
+def time_left(sweep: Sweep, losses: Any, place: study.Place, seconds: dict[tuple[str, str], tuple[float, float]],
+              cuts: int) -> dict[str, tuple[list[str], list[str], list[float]]]:
+    """Each scale's plan under the first `cuts` cuts: its folders, their states (a dry run's words) and
+    the seconds, low and high, of what is left (the runs to resume or run, and the runs the plan may
+    still add at the mean of its scale's eight rows)."""
+    states = study_states(losses, tuple(DEPTHS), cuts)
     method_of = {sweep.folder(p): p["method"] for st in states for p in st.points}
-    lines = [f"{NAME}: the plan now and the most each scale can hold (S whole, then M, then L), {place.jobs} at a time:"]
-    total = [0.0, 0.0]
+    out = {}
     for scale in DEPTHS:
         mine = list(dict.fromkeys(sweep.folder(p) for st in states if st.scale == scale for p in st.points))
         states_now = [place.listed.get(f, RUN_STATES[3]) for f in mine]
-        counts = ", ".join(f"{states_now.count(s)} {s}" for s in RUN_STATES if states_now.count(s))
-        most = most_runs(scale, cuts)
-        to_come = runs_to_come(next((st for st in states if st.scale == scale), None), len(mine), most)
+        to_come = runs_to_come(next((st for st in states if st.scale == scale), None), len(mine), most_runs(scale, cuts))
         left = [sum(seconds[(scale, method_of[f])][i] for f, st in zip(mine, states_now) if st in RUN_STATES[2:])
                 + to_come * statistics.fmean(seconds[(scale, m)][i] for m in METHODS) for i in range(2)]
-        total = [a + b for a, b in zip(total, left)]
+        out[scale] = (mine, states_now, left)
+    return out
+
+
+def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max_iters: int, cuts: int) -> str:
+    """The dry run's account: per scale, the runs of the plan now by state and the most it can hold,
+    and the time of those left at --jobs at a time (a run not planned yet at the mean of its scale's
+    eight rows); then the whole design, and what is left under each further cut of the declared
+    order (a cut's runs that have ended cost nothing more, so they save nothing)."""
+    losses, seconds = finished_losses(rows, table_metric(rows)), run_seconds(rows, max_iters)
+    lines = [f"{NAME}: the plan now and the most each scale can hold (S whole, then M, then L), {place.jobs} at a time:"]
+    for scale, (mine, states_now, left) in time_left(sweep, losses, place, seconds, cuts).items():
+        counts = ", ".join(f"{states_now.count(s)} {s}" for s in RUN_STATES if states_now.count(s))
         off, on = seconds[(scale, BASELINE)], seconds[(scale, SPHERET[0])]
         lines.append(f"  {scale} ({DEPTHS[scale]} x {WIDTH}): {len(mine)} runs in the plan now ({counts or 'none yet: the scale before ends first'}), "
-                     f"at most {most}; {span(*left, place.jobs)} for what is left (a run: {off[0]:.0f} to {off[1]:.0f} s off the sphere, "
-                     f"{on[0]:.0f} to {on[1]:.0f} s on it)")
-    lines.append(f"  whole design: {span(*total, place.jobs)}.")
-    for i in range(cuts, len(CUT_ORDER)):
-        saved = [sum(seconds[(c.scale, m)][j] * len(HELD_OUT) for c in CUT_ORDER[cuts:i + 1] for m in c.methods) for j in range(2)]
-        lines.append(f"  with --cuts {i + 1} ({'; '.join(c.text for c in CUT_ORDER[:i + 1])}): "
-                     f"{span(total[0] - saved[0], total[1] - saved[1], place.jobs)}.")
+                     f"at most {most_runs(scale, cuts)}; {span(*left, place.jobs)} for what is left (a run: {off[0]:.0f} to {off[1]:.0f} s off "
+                     f"the sphere, {on[0]:.0f} to {on[1]:.0f} s on it)")
+    for n in range(cuts, len(CUT_ORDER) + 1):
+        total = [sum(left[i] for _, _, left in time_left(sweep, losses, place, seconds, n).values()) for i in range(2)]
+        what = "whole design" if n == cuts else f"with --cuts {n} ({'; '.join(c.text for c in CUT_ORDER[:n])})"
+        lines.append(f"  {what}: {span(*total, place.jobs)}.")
     lines.append(f"  Costs: {COST_SOURCE}.")
     return "\n".join(lines)
 
