@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from spheretnorm.experiments.study_cost import WRITES_LINE, Case, costs
+from spheretnorm.experiments.study_cost import WRITES_LINE, Case, costs, table
 from spheretnorm.runtime.tracking import Progress
 
 
@@ -32,3 +32,14 @@ def test_a_run_without_the_line_has_no_writes_figure():
     case = Case(12, 64, "pre_ln", "eager", "float32")
     rows = [{"kind": "eval", "eval_s": 1.0, "full_eval_s": 1.0}, {"kind": "checkpoint_writes", "seconds": None}]
     assert costs(case, rows, 10.0, 20.0, 20, 80, 20.0)["ckpt_s"] is None
+
+
+def test_a_failed_case_is_a_line_under_the_table_not_a_row_of_its_error():
+    case = Case(24, 128, "pre_ln", "compiled_blocks", "float32")
+    rows = [{"kind": "eval", "eval_s": 1.5, "diag_s": 0.5, "full_eval_s": 8.0}]
+    measured = costs(case, rows, short_cpu=20.0, long_cpu=50.0, short=20, long=80, first_cpu=65.0) | {"final_loss": 2.5}
+    text = table([measured, {"case": "36x128_pre_ln_eager", "error": "train.py exited 1: out of memory"}])
+    lines = text.splitlines()
+    assert lines[-1] == "not measured: 36x128_pre_ln_eager: train.py exited 1: out of memory"
+    assert text.count("out of memory") == 1 and sum(line.startswith("|") for line in lines) == 3  # header, rule, one case
+    assert table([{"case": "x", "error": "boom"}]) == "not measured: x: boom"

@@ -177,8 +177,13 @@ def progress_text(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The measured cases' parts as a table, and under it a line for each case that failed (its error,
+    not a row whose every column repeats it)."""
     keys = ("case", "fixed_s", "ckpt_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
-    return markdown_table(rows, [Column(k, lambda r, k=k: str(r.get(k, r.get("error", ""))), align="---") for k in keys])
+    measured = [r for r in rows if "error" not in r]
+    text = markdown_table(measured, [Column(k, lambda r, k=k: str(r.get(k)), align="---") for k in keys]) if measured else ""
+    failed = [f"not measured: {r['case']}: {r['error']}" for r in rows if "error" in r]
+    return "\n".join(filter(None, [text, *failed]))
 
 
 def main(argv: list[str] | None = None) -> int:
