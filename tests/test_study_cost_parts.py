@@ -43,3 +43,4 @@ def test_a_failed_case_is_a_line_under_the_table_not_a_row_of_its_error():
     assert lines[-1] == "not measured: 36x128_pre_ln_eager: train.py exited 1: out of memory"
     assert text.count("out of memory") == 1 and sum(line.startswith("|") for line in lines) == 3  # header, rule, one case
     assert table([{"case": "x", "error": "boom"}]) == "not measured: x: boom"
+    assert "| 2.5 |" in text and "None" not in text  # no checkpoint-writes line: '-', not 'None'

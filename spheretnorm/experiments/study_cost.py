@@ -181,7 +181,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     not a row whose every column repeats it)."""
     keys = ("case", "fixed_s", "ckpt_s", "cold_extra_s", "cold_start_s", "step_ms", "eval_s", "full_eval_s", "study_run_s", "final_loss")
     measured = [r for r in rows if "error" not in r]
-    text = markdown_table(measured, [Column(k, lambda r, k=k: str(r.get(k)), align="---") for k in keys]) if measured else ""
+    text = markdown_table(measured, [Column(k, lambda r, k=k: "-" if r.get(k) is None else str(r[k]), align="---") for k in keys]) if measured else ""
     failed = [f"not measured: {r['case']}: {r['error']}" for r in rows if "error" in r]
     return "\n".join(filter(None, [text, *failed]))
 
