@@ -313,8 +313,7 @@ def schedule(take: Callable[[int], list[Job]], ended: Callable[[JobResult], None
     older batch. A line is printed as each job ends (waiting(): how many more the plan holds now).
     A stop signal reaches the running jobs (which checkpoint), starts no other, and ends in
     SweepStopped once they have exited."""
-    if parallel < 1 or threads < 1:
-        raise UsageError(f"--jobs and --threads must be positive integers, got {parallel} and {threads}.")
+    assert parallel >= 1 and threads >= 1, (parallel, threads)  # Place.of refused them already (positive_count)
     stopper = Stopper()
     running: dict[Future[JobResult], Job] = {}
     count, trained = 0, []  # trained: the seconds of the runs that trained here (the ETA's basis)
