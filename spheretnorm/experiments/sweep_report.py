@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 from spheretnorm.diagnostics import DIAGNOSTICS
 from spheretnorm.experiments.stats import Rule, Spread, parse_rule, spread, verdict
 from spheretnorm.experiments.sweep_plan import (
-    FAILURE_WORDS, FULL_METRIC, SAMPLED_METRIC, Column, Point, Seeds, Sweep, distinct_labels, final_loss, has_ended, point, selection_of,
+    BestRate, FAILURE_WORDS, FULL_METRIC, SAMPLED_METRIC, Column, Point, Seeds, Sweep, distinct_labels, final_loss, has_ended, point, selection_of,
     table_metric,
 )
 from spheretnorm.experiments.sweep_record import read_record
@@ -275,6 +275,11 @@ def held_out_summary(rows: list[dict[str, Any]], groups: Iterable[GroupKey], key
     return out
 
 
+def group_keys(sweep: Sweep, chosen: BestRate) -> list[str]:
+    """The row keys that make a group of a sweep that selects a rate: every one but the rate and the seed."""
+    return [k for k in sweep.row_keys() if k not in (chosen.rate, chosen.seed)]
+
+
 def selected_summary(sweep: Sweep, rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     """held_out_summary of a sweep that selects a rate (selection_of), over its rows (name_rows): a
     group per set of values of every row key but the rate and the seed, in the rows' order, named
@@ -283,7 +288,7 @@ def selected_summary(sweep: Sweep, rows: list[dict[str, Any]], metric: str) -> l
     chosen = selection_of(sweep)
     if chosen is None:
         raise ValueError(f"Sweep {sweep.name!r} selects no rate (its follow_up is not a BestRate); its summary is paired_seed_summary.")
-    keys = [k for k in sweep.row_keys() if k not in (chosen.rate, chosen.seed)]
+    keys = group_keys(sweep, chosen)
 
     def group_of(values: dict[str, Any] | Point) -> GroupKey:
         return tuple(values.get(k) for k in keys)
@@ -307,7 +312,7 @@ def rate_header(sweep: Sweep, rows: list[dict[str, Any]], selection: int) -> str
     where an arm's grid holds one rate on that seed (nothing was chosen there)."""
     chosen = selection_of(sweep)
     assert chosen is not None
-    keys = [k for k in sweep.row_keys() if k not in (chosen.rate, chosen.seed)]
+    keys = group_keys(sweep, chosen)
     grids: dict[GroupKey, set[Any]] = {}
     for r in rows:
         if r.get(chosen.seed) == selection:

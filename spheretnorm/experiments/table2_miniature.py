@@ -764,14 +764,15 @@ def cost_lines(sweep: Sweep, rows: list[dict[str, Any]], place: study.Place, max
     order (a cut's runs that have ended cost nothing more, so they save nothing)."""
     losses, seconds = finished_losses(rows, table_metric(rows)), run_seconds(rows, max_iters)
     lines = [f"{NAME}: the plan now and the most each scale can hold (S whole, then M, then L), {place.jobs} at a time:"]
-    for scale, (mine, states_now, left) in time_left(sweep, losses, place, seconds, cuts).items():
+    plans = {n: time_left(sweep, losses, place, seconds, n) for n in range(cuts, len(CUT_ORDER) + 1)}
+    for scale, (mine, states_now, left) in plans[cuts].items():
         counts = ", ".join(f"{states_now.count(s)} {s}" for s in RUN_STATES if states_now.count(s))
         off, on = seconds[(scale, BASELINE)], seconds[(scale, SPHERET[0])]
         lines.append(f"  {scale} ({DEPTHS[scale]} x {WIDTH}): {len(mine)} runs in the plan now ({counts or 'none yet: the scale before ends first'}), "
                      f"at most {most_runs(scale, cuts)}; {span(*left, place.jobs)} for what is left (a run: {off[0]:.0f} to {off[1]:.0f} s off "
                      f"the sphere, {on[0]:.0f} to {on[1]:.0f} s on it)")
-    for n in range(cuts, len(CUT_ORDER) + 1):
-        total = [sum(left[i] for _, _, left in time_left(sweep, losses, place, seconds, n).values()) for i in range(2)]
+    for n, plan in plans.items():
+        total = [sum(left[i] for _, _, left in plan.values()) for i in range(2)]
         what = "whole design" if n == cuts else f"with --cuts {n} ({'; '.join(c.text for c in CUT_ORDER[:n])})"
         lines.append(f"  {what}: {span(*total, place.jobs)}.")
     lines.append(f"  Costs: {COST_SOURCE}.")

@@ -371,16 +371,16 @@ def run_tables(runs: list[Run]) -> list[Table]:
         val = run.final_val_loss
         loss.values.setdefault(row, {}).update({f"{prefix}/train": run.final_train_loss, f"{prefix}/val": val})
         ppl.values.setdefault(row, {})[prefix] = math.exp(val) if val is not None and val < 700 else None
-        if not run.finished:
-            mark = "failed" if run.stop else "unfinished"
+        mark = None if run.finished else "failed" if run.stop else "unfinished"  # a stop for good is a failure
+        if mark:
             getattr(loss, mark).update({(row, f"{prefix}/train"), (row, f"{prefix}/val")})
             getattr(ppl, mark).add((row, prefix))
         if run.zero_shot:
             number = ZERO_SHOT_TABLE.get(dataset, "Z")
             table = zero_shot.setdefault((dataset, scale), Table(number, zero_shot_title(dataset, scale), zero_shot_columns(), {}, scale=scale))
             table.values[row] = {c.key: run.zero_shot.get(c.key) for c in table.columns}
-            if not run.finished:
-                getattr(table, "failed" if run.stop else "unfinished").update((row, c.key) for c in table.columns)
+            if mark:
+                getattr(table, mark).update((row, c.key) for c in table.columns)
             if run.zero_shot_limit is not None:
                 table.limited.update({(row, c.key): run.zero_shot_limit for c in table.columns})
             skipped = getattr(run, "zero_shot_skipped", {})  # only a CheckedRun knows them
@@ -447,8 +447,7 @@ def _notes(table: Table, with_paper: bool) -> list[str]:
     if table.unfinished:
         notes.append("* the run has not reached max_iters (still training, or stopped by a signal or a crash).")
     if table.failed:
-        reasons = "the collapse alarm or a non-finite loss"
-        notes.append(f"§ FAILED: train.py ended the run before max_iters ({reasons}); the value is its last before the stop.")
+        notes.append("§ FAILED: train.py ended the run before max_iters (the collapse alarm or a non-finite loss); the value is its last before the stop.")
     if table.limited:
         limits = ", ".join(sorted({f"{v:g}" for v in table.limited.values()}))
         notes.append(f"† LIMITED: from a --limit evaluation (at most {limits} examples per task): partial numbers, "
